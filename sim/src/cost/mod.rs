@@ -1,0 +1,89 @@
+//! Cost models: how long an op takes on a device, and the static memory of a plan.
+//!
+//! Compute follows a roofline: `max(flops / (peak x efficiency(shape)), bytes / (bandwidth x
+//! mem_efficiency)) + launch`. The GEMM efficiency starts from the device's large-GEMM
+//! efficiency and loses what tile quantization (partial 128x128 output tiles), wave
+//! quantization (the last wave of tiles leaves SMs idle) and a short K loop (prologue and
+//! epilogue of the main loop, two 32-deep steps) cost. A [`Calibration`] from measurements
+//! replaces the device defaults.
+//! Communication time is not here: the engine moves bytes over links (see `network`).
+
+pub mod memory;
+
+use crate::hardware::{DeviceKind, DeviceSpec, Precision};
+use crate::workload::{OpClass, OpSpec};
+
+/// Measured corrections of a device's defaults (from the executor's calibration).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Calibration {
+    pub gemm_efficiency: f64,
+    pub mem_efficiency: f64,
+    pub kernel_launch_s: f64,
+}
+
+/// Times ops on one device at one precision.
+#[derive(Clone, Debug)]
+pub struct ComputeModel {
+    peak_flops: f64,
+    gemm_efficiency: f64,
+    mem_bytes_per_s: f64,
+    launch_s: f64,
+    units: f64,
+    quantize: bool,
+}
+
+const TILE: f64 = 128.0;
+const K_STEP: f64 = 32.0;
+
+impl ComputeModel {
+    pub fn new(device: &DeviceSpec, precision: Precision, calibration: Option<Calibration>) -> ComputeModel {
+        let (ge, me, launch) = match calibration {
+            Some(c) => (c.gemm_efficiency, c.mem_efficiency, c.kernel_launch_s),
+            None => (device.gemm_efficiency, device.mem_efficiency, device.kernel_launch_s),
+        };
+        ComputeModel {
+            peak_flops: device.peak_flops.at(precision),
+            gemm_efficiency: ge,
+            mem_bytes_per_s: device.mem_bandwidth_bytes_per_s * me,
+            launch_s: launch,
+            units: device.compute_units.max(1) as f64,
+            quantize: device.kind == DeviceKind::Gpu,
+        }
+    }
+
+    /// Fraction of peak a GEMM of this shape reaches.
+    pub fn gemm_efficiency(&self, batch: f64, m: f64, n: f64, k: f64) -> f64 {
+        let k_eff = (k / K_STEP) / (k / K_STEP + 2.0);
+        if !self.quantize {
+            return self.gemm_efficiency * k_eff;
+        }
+        let tm = (m / TILE).ceil().max(1.0);
+        let tn = (n / TILE).ceil().max(1.0);
+        let tile_util = (m * n) / (tm * tn * TILE * TILE);
+        let tiles = batch * tm * tn;
+        let waves = (tiles / self.units).ceil().max(1.0);
+        let wave_util = tiles / (waves * self.units);
+        self.gemm_efficiency * tile_util * wave_util * k_eff
+    }
+
+    pub fn memory_s(&self, bytes: f64) -> f64 {
+        bytes / self.mem_bytes_per_s
+    }
+
+    /// Seconds for one op, forward or backward.
+    pub fn op_s(&self, op: &OpSpec, backward: bool) -> f64 {
+        let (flops, bytes) =
+            if backward { (op.backward_flops, op.backward_bytes) } else { (op.forward_flops, op.forward_bytes) };
+        let compute = match op.class {
+            OpClass::Gemm { batch, m, n, k } => flops / (self.peak_flops * self.gemm_efficiency(batch, m, n, k)),
+            OpClass::Memory => 0.0,
+        };
+        // Backward of a GEMM is two GEMMs, so two launches.
+        let launches = if backward && matches!(op.class, OpClass::Gemm { .. }) { 2.0 } else { 1.0 };
+        compute.max(self.memory_s(bytes)) + launches * self.launch_s
+    }
+
+    pub fn launch_s(&self) -> f64 {
+        self.launch_s
+    }
+}

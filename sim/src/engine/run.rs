@@ -1,0 +1,444 @@
+//! Interpreting a Program: streams, dependencies, flows and memory, event by event.
+
+use super::collective::{Steps, expand};
+use super::queue::{Event, EventQueue};
+use crate::hardware::Topology;
+use crate::lower::{NONE, Program, TaskKind};
+use crate::network::{FlowId, Network, NetworkKind, Reschedule};
+use crate::report::timeline::{FlowSpan, MemorySample, Span, Timeline};
+
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    pub network: NetworkKind,
+    /// Keep every span, flow and memory change (for traces and plots).
+    pub record: bool,
+    /// Fixed cost of starting a collective or transfer (its kernel launch).
+    pub collective_launch_ns: u64,
+}
+
+/// What a run measured, per simulated device (indices as in `Program::devices`).
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    pub iteration_ns: u64,
+    pub events: u64,
+    pub flows: u64,
+    /// Time the compute stream was busy (kernels and blocking collectives).
+    pub compute_busy_ns: Vec<u64>,
+    /// End of the compute stream's pipeline part (its first `compute_marks` tasks).
+    pub pipeline_end_ns: Vec<u64>,
+    /// Busy time of the compute stream within its pipeline part.
+    pub pipeline_busy_ns: Vec<u64>,
+    /// Peak dynamic memory (activations, buffers) of each device, and when.
+    pub peak_activations: Vec<f64>,
+    pub peak_buffers: Vec<f64>,
+    pub peak_time_ns: Vec<u64>,
+    pub timeline: Timeline,
+}
+
+const TASK_END: u8 = 0;
+const FLOW_END: u8 = 1;
+const STEP_START: u8 = 2;
+const VERSION_MASK: u32 = 0xff_ffff;
+
+/// A collective's expansion with routes resolved and symmetry applied.
+struct Expanded {
+    steps: Vec<ExpStep>,
+    /// Simulated members, as device indices.
+    members: Vec<u32>,
+}
+
+struct ExpStep {
+    flows: Vec<([u32; 2], f64, u32, u32)>,
+    latency_ns: u64,
+}
+
+/// An in-flight transfer or collective.
+struct Active {
+    task: u32,
+    /// Collective id, or NONE for a transfer (then `transfer` holds its only flow).
+    collective: u32,
+    step: u32,
+    pending: u32,
+}
+
+fn ns(s: f64) -> u64 {
+    (s * 1e9).round() as u64
+}
+
+struct Engine<'a> {
+    p: &'a Program,
+    topo: &'a Topology,
+    op_ns: &'a [u64],
+    opts: RunOptions,
+    q: EventQueue,
+    net: Network,
+    remaining: Vec<u32>,
+    succ_start: Vec<u32>,
+    succ: Vec<u32>,
+    pos: Vec<u32>,
+    stream_start: Vec<u64>,
+    stream_busy: Vec<u64>,
+    marks: Vec<u32>,
+    expanded: Vec<Option<Expanded>>,
+    active: Vec<Active>,
+    free_active: Vec<u32>,
+    flow_owner: Vec<u32>,
+    flow_start: Vec<u64>,
+    flow_meta: Vec<([u32; 2], u32, u32, f64)>,
+    changes: Vec<Reschedule>,
+    ready: Vec<u32>,
+    cur_act: Vec<f64>,
+    cur_buf: Vec<f64>,
+    res: RunResult,
+    flows: u64,
+}
+
+/// Run a program. `op_ns[i]` is the duration of `Program::ops[i]`.
+pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> RunResult {
+    let nt = p.tasks.len();
+    let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams as u32).collect();
+    let mut succ_start = vec![0u32; nt + 1];
+    for &(_, b) in &p.deps {
+        remaining[b as usize] += 1;
+    }
+    for &(a, _) in &p.deps {
+        succ_start[a as usize + 1] += 1;
+    }
+    for i in 0..nt {
+        succ_start[i + 1] += succ_start[i];
+    }
+    let mut fill = succ_start.clone();
+    let mut succ = vec![0u32; p.deps.len()];
+    for &(a, b) in &p.deps {
+        succ[fill[a as usize] as usize] = b;
+        fill[a as usize] += 1;
+    }
+    let nd = p.devices.len();
+    let mut marks = vec![u32::MAX; p.streams.len()];
+    for (d, &m) in p.compute_marks.iter().enumerate() {
+        marks[d * 3] = m;
+    }
+    let mut e = Engine {
+        p,
+        topo,
+        op_ns,
+        opts,
+        q: EventQueue::new(),
+        net: Network::new(opts.network, topo.capacities()),
+        remaining,
+        succ_start,
+        succ,
+        pos: vec![0; p.streams.len()],
+        stream_start: vec![0; p.streams.len()],
+        stream_busy: vec![0; p.streams.len()],
+        marks,
+        expanded: (0..p.collectives.len()).map(|_| None).collect(),
+        active: Vec::new(),
+        free_active: Vec::new(),
+        flow_owner: Vec::new(),
+        flow_start: Vec::new(),
+        flow_meta: Vec::new(),
+        changes: Vec::new(),
+        ready: Vec::new(),
+        cur_act: vec![0.0; nd],
+        cur_buf: vec![0.0; nd],
+        res: RunResult {
+            compute_busy_ns: vec![0; nd],
+            pipeline_end_ns: vec![0; nd],
+            pipeline_busy_ns: vec![0; nd],
+            peak_activations: vec![0.0; nd],
+            peak_buffers: vec![0.0; nd],
+            peak_time_ns: vec![0; nd],
+            ..RunResult::default()
+        },
+        flows: 0,
+    };
+    e.res.timeline.devices = p.devices.clone();
+    e.res.timeline.stages = p.stages.clone();
+    e.res.timeline.labels = p.labels.clone();
+    for s in 0..p.streams.len() {
+        if let Some(&t) = p.streams[s].first() {
+            e.dec(t);
+        }
+    }
+    e.drain_ready(0);
+    while let Some((now, ev)) = e.q.pop() {
+        match ev.kind {
+            TASK_END => e.complete(ev.id, now),
+            FLOW_END => e.flow_end(ev.id, ev.version, now),
+            STEP_START => e.step_start(ev.id, now),
+            _ => unreachable!("unknown event kind"),
+        }
+        e.drain_ready(now);
+    }
+    let unfinished = e.pos.iter().zip(&p.streams).filter(|(pos, s)| (**pos as usize) < s.len()).count();
+    assert_eq!(unfinished, 0, "deadlock: {unfinished} streams did not finish (a lowering bug)");
+    e.res.events = e.q.processed();
+    e.res.flows = e.flows;
+    for d in 0..nd {
+        e.res.compute_busy_ns[d] = e.stream_busy[d * 3];
+    }
+    e.res.timeline.iteration_ns = e.res.iteration_ns;
+    e.res
+}
+
+impl<'a> Engine<'a> {
+    fn dec(&mut self, t: u32) {
+        let r = &mut self.remaining[t as usize];
+        *r -= 1;
+        if *r == 0 {
+            self.ready.push(t);
+        }
+    }
+
+    fn drain_ready(&mut self, now: u64) {
+        while let Some(t) = self.ready.pop() {
+            self.start(t, now);
+        }
+    }
+
+    /// Streams a task sits on.
+    fn for_streams(&mut self, t: u32, mut f: impl FnMut(&mut Self, u32)) {
+        let task = self.p.tasks[t as usize];
+        if task.streams == 1 {
+            f(self, task.stream);
+            return;
+        }
+        let kind = task.stream % 3;
+        self.ensure_expanded(task.payload);
+        let n = self.expanded[task.payload as usize].as_ref().map_or(0, |x| x.members.len());
+        for i in 0..n {
+            let d = self.expanded[task.payload as usize].as_ref().expect("expanded").members[i];
+            f(self, d * 3 + kind);
+        }
+    }
+
+    fn memory(&mut self, t: u32, at_end: bool, now: u64) {
+        let m = self.p.tasks[t as usize].memory;
+        if m == NONE {
+            return;
+        }
+        let ev = self.p.memory_events[m as usize];
+        if ev.at_end != at_end {
+            return;
+        }
+        let d = ev.device as usize;
+        self.cur_act[d] += ev.activation_bytes;
+        self.cur_buf[d] += ev.buffer_bytes;
+        let total = self.cur_act[d] + self.cur_buf[d];
+        if total > self.res.peak_activations[d] + self.res.peak_buffers[d] {
+            self.res.peak_activations[d] = self.cur_act[d];
+            self.res.peak_buffers[d] = self.cur_buf[d];
+            self.res.peak_time_ns[d] = now;
+        }
+        if self.opts.record {
+            self.res.timeline.memory.push(MemorySample {
+                device: self.p.devices[d],
+                time_ns: now,
+                activations: self.cur_act[d],
+                buffers: self.cur_buf[d],
+            });
+        }
+    }
+
+    fn start(&mut self, t: u32, now: u64) {
+        self.for_streams(t, |e, s| e.stream_start[s as usize] = now);
+        self.memory(t, false, now);
+        let task = self.p.tasks[t as usize];
+        match task.kind {
+            TaskKind::Compute => {
+                let end = now + self.op_ns[task.payload as usize];
+                self.q.push(end, Event { kind: TASK_END, id: t, version: 0 });
+            }
+            TaskKind::Transfer | TaskKind::Collective => {
+                let collective = if task.kind == TaskKind::Collective { task.payload } else { NONE };
+                if collective != NONE {
+                    self.ensure_expanded(collective);
+                    if self.expanded[collective as usize].as_ref().expect("expanded").steps.is_empty() {
+                        self.complete(t, now);
+                        return;
+                    }
+                }
+                let a = Active { task: t, collective, step: 0, pending: 0 };
+                let slot = match self.free_active.pop() {
+                    Some(i) => {
+                        self.active[i as usize] = a;
+                        i
+                    }
+                    None => {
+                        self.active.push(a);
+                        (self.active.len() - 1) as u32
+                    }
+                };
+                let lat = self.step_latency(slot);
+                self.q
+                    .push(now + self.opts.collective_launch_ns + lat, Event { kind: STEP_START, id: slot, version: 0 });
+            }
+        }
+    }
+
+    fn step_latency(&self, slot: u32) -> u64 {
+        let a = &self.active[slot as usize];
+        if a.collective == NONE {
+            let tr = self.p.transfers[self.p.tasks[a.task as usize].payload as usize];
+            ns(self.topo.route(tr.source, tr.target).latency_s)
+        } else {
+            self.expanded[a.collective as usize].as_ref().expect("expanded").steps[a.step as usize].latency_ns
+        }
+    }
+
+    fn ensure_expanded(&mut self, c: u32) {
+        if self.expanded[c as usize].is_some() {
+            return;
+        }
+        let col = &self.p.collectives[c as usize];
+        let steps: Steps = expand(col, self.topo);
+        let p = self.p;
+        let simulated = |d: u32| {
+            let m = p.mirror[d as usize];
+            m != NONE && p.devices[m as usize] == d
+        };
+        let map = |d: u32| p.devices[p.mirror[d as usize] as usize];
+        let steps = steps
+            .into_iter()
+            .map(|st| {
+                let mut latency = 0.0f64;
+                let flows = st
+                    .iter()
+                    .filter(|f| simulated(f.source))
+                    .map(|f| {
+                        let r = self.topo.route(f.source, f.target);
+                        latency = latency.max(r.latency_s);
+                        let mut links = r.links;
+                        if p.symmetric {
+                            for l in links.iter_mut() {
+                                *l = self.topo.map_link(*l, &map);
+                            }
+                        }
+                        (links, f.bytes, f.source, f.target)
+                    })
+                    .collect();
+                ExpStep { flows, latency_ns: ns(latency) }
+            })
+            .collect();
+        let members = col.members.iter().filter(|&&d| simulated(d)).map(|&d| p.mirror[d as usize]).collect();
+        self.expanded[c as usize] = Some(Expanded { steps, members });
+    }
+
+    fn add_flow(&mut self, slot: u32, links: [u32; 2], bytes: f64, source: u32, target: u32, now: u64) {
+        let id = self.net.add(now, &links, bytes) as usize;
+        if self.flow_owner.len() <= id {
+            self.flow_owner.resize(id + 1, NONE);
+            self.flow_start.resize(id + 1, 0);
+            self.flow_meta.resize(id + 1, ([0, 0], 0, 0, 0.0));
+        }
+        self.flow_owner[id] = slot;
+        self.flow_start[id] = now;
+        self.flow_meta[id] = (links, source, target, bytes);
+        self.flows += 1;
+        self.active[slot as usize].pending += 1;
+    }
+
+    fn push_changes(&mut self) {
+        self.net.drain_changes(&mut self.changes);
+        for c in self.changes.drain(..) {
+            self.q.push(c.finish_ns, Event { kind: FLOW_END, id: c.id, version: c.version & VERSION_MASK });
+        }
+    }
+
+    fn step_start(&mut self, slot: u32, now: u64) {
+        let a = &self.active[slot as usize];
+        if a.collective == NONE {
+            let tr = self.p.transfers[self.p.tasks[a.task as usize].payload as usize];
+            let r = self.topo.route(tr.source, tr.target);
+            self.add_flow(slot, r.links, tr.bytes, tr.source, tr.target, now);
+        } else {
+            let (c, step) = (a.collective as usize, a.step as usize);
+            let n = self.expanded[c].as_ref().expect("expanded").steps[step].flows.len();
+            for i in 0..n {
+                let (links, bytes, s, t) = self.expanded[c].as_ref().expect("expanded").steps[step].flows[i];
+                self.add_flow(slot, links, bytes, s, t, now);
+            }
+        }
+        if self.active[slot as usize].pending == 0 {
+            self.step_done(slot, now);
+        }
+        self.push_changes();
+    }
+
+    fn flow_end(&mut self, id: FlowId, version: u32, now: u64) {
+        if !self.net.is_live(id) || self.net.version(id) & VERSION_MASK != version {
+            return;
+        }
+        if self.opts.record {
+            let (links, source, target, bytes) = self.flow_meta[id as usize];
+            self.res.timeline.flows.push(FlowSpan {
+                links,
+                source,
+                target,
+                start_ns: self.flow_start[id as usize],
+                end_ns: now,
+                bytes,
+            });
+        }
+        self.net.remove(now, id);
+        self.push_changes();
+        let slot = self.flow_owner[id as usize];
+        let a = &mut self.active[slot as usize];
+        a.pending -= 1;
+        if a.pending == 0 {
+            self.step_done(slot, now);
+        }
+    }
+
+    fn step_done(&mut self, slot: u32, now: u64) {
+        let a = &mut self.active[slot as usize];
+        a.step += 1;
+        let more = a.collective != NONE
+            && (a.step as usize) < self.expanded[a.collective as usize].as_ref().expect("expanded").steps.len();
+        if more {
+            let lat = self.step_latency(slot);
+            self.q.push(now + lat, Event { kind: STEP_START, id: slot, version: 0 });
+        } else {
+            let t = a.task;
+            self.free_active.push(slot);
+            self.complete(t, now);
+        }
+    }
+
+    fn complete(&mut self, t: u32, now: u64) {
+        self.memory(t, true, now);
+        let task = self.p.tasks[t as usize];
+        let record = self.opts.record;
+        self.for_streams(t, |e, s| {
+            let su = s as usize;
+            let begun = e.stream_start[su];
+            e.stream_busy[su] += now - begun;
+            if record {
+                e.res.timeline.spans.push(Span {
+                    device: e.p.devices[Program::stream_device(s) as usize],
+                    stream: Program::stream_kind(s),
+                    start_ns: begun,
+                    end_ns: now,
+                    label: task.label,
+                    micro_batch: task.micro_batch,
+                });
+            }
+            e.pos[su] += 1;
+            let pos = e.pos[su];
+            if pos == e.marks[su] {
+                let d = Program::stream_device(s) as usize;
+                e.res.pipeline_end_ns[d] = now;
+                e.res.pipeline_busy_ns[d] = e.stream_busy[su];
+            }
+            if let Some(&next) = e.p.streams[su].get(pos as usize) {
+                e.dec(next);
+            }
+        });
+        for i in self.succ_start[t as usize]..self.succ_start[t as usize + 1] {
+            let s = self.succ[i as usize];
+            self.dec(s);
+        }
+        self.res.iteration_ns = self.res.iteration_ns.max(now);
+    }
+}

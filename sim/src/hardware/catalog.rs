@@ -1,0 +1,228 @@
+//! Built-in devices, links and nodes, with the sources of their numbers.
+//!
+//! Rates are per direction and dense (no 2:4 sparsity). Memory sizes that NVIDIA sells as
+//! "16/32/40/80 GB" of HBM are binary gibibytes on the card; H200's 141 GB is decimal.
+//! Numbers marked "default" are starting points that a calibration profile replaces; they
+//! come from common knowledge of the device class, never from a scenario's result.
+
+use super::*;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+const GB: f64 = 1e9;
+const T: f64 = 1e12;
+
+const SPECS: &str = "shared/reference/hardware_specs.json";
+
+fn gpu(
+    name: &str,
+    fp32: f64,
+    fp16: f64,
+    bf16: Option<f64>,
+    fp8: Option<f64>,
+    hbm_bytes: f64,
+    mem_bw: f64,
+    sms: u32,
+    gemm_efficiency: f64,
+    source: &str,
+) -> DeviceSpec {
+    DeviceSpec {
+        name: name.into(),
+        kind: DeviceKind::Gpu,
+        peak_flops: PeakFlops {
+            fp32: Some(fp32 * T),
+            fp16: Some(fp16 * T),
+            bf16: bf16.map(|v| v * T),
+            fp8: fp8.map(|v| v * T),
+        },
+        hbm_bytes,
+        mem_bandwidth_bytes_per_s: mem_bw * GB,
+        compute_units: sms,
+        gemm_efficiency,
+        // STREAM-class kernels reach ~85-90% of HBM bandwidth on these parts (default).
+        mem_efficiency: 0.85,
+        // Launch plus inter-kernel gap of an eager framework (default).
+        kernel_launch_s: 3e-6,
+        fpga: None,
+        source: source.into(),
+    }
+}
+
+fn fpga(name: &str, dsp: f64, sram_bytes: f64, mem_bytes: f64, mem_bw: f64, source: &str) -> DeviceSpec {
+    // Default fabric: 300 MHz, one fp16 multiply-accumulate (2 FLOP) per two DSP48E2 slices
+    // => 1 FLOP per DSP per cycle at fp16; fp32 takes ~2.5x the DSPs; int8/fp8 packs two.
+    let fabric = FpgaFabric { dsp_count: dsp, clock_hz: 300e6, ops_per_dsp_per_cycle: 1.0, sram_bytes };
+    let fp16 = fabric.peak_flops();
+    DeviceSpec {
+        name: name.into(),
+        kind: DeviceKind::Fpga,
+        peak_flops: PeakFlops { fp32: Some(fp16 * 0.4), fp16: Some(fp16), bf16: Some(fp16), fp8: Some(fp16 * 2.0) },
+        hbm_bytes: mem_bytes,
+        mem_bandwidth_bytes_per_s: mem_bw,
+        compute_units: 1,
+        // A systolic array sized to the layer keeps most DSPs busy (default).
+        gemm_efficiency: 0.8,
+        mem_efficiency: 0.8,
+        kernel_launch_s: 1e-6,
+        fpga: Some(fabric),
+        source: source.into(),
+    }
+}
+
+/// Every device preset.
+pub fn devices() -> Vec<DeviceSpec> {
+    // gemm_efficiency defaults: cuBLAS reaches ~85% of dense tensor peak on large GEMMs on
+    // V100/A100 and ~75% on H100/H200 (power- and clock-limited); replaced by calibration.
+    let v100 = "NVIDIA V100 datasheet via ".to_string() + SPECS;
+    let a100 = "NVIDIA A100 datasheet via ".to_string() + SPECS;
+    let h100 = "NVIDIA H100 datasheet via ".to_string() + SPECS;
+    vec![
+        gpu("v100-sxm2-16gb", 15.7, 125.0, None, None, 16.0 * GIB, 900.0, 80, 0.85, &v100),
+        gpu("v100-sxm2-32gb", 15.7, 125.0, None, None, 32.0 * GIB, 900.0, 80, 0.85, &v100),
+        gpu("a100-sxm-40gb", 19.5, 312.0, Some(312.0), None, 40.0 * GIB, 1555.0, 108, 0.85, &a100),
+        gpu("a100-sxm-80gb", 19.5, 312.0, Some(312.0), None, 80.0 * GIB, 2039.0, 108, 0.85, &a100),
+        gpu("h100-sxm", 66.9, 989.4, Some(989.4), Some(1978.9), 80.0 * GIB, 3350.0, 132, 0.75, &h100),
+        gpu(
+            "h200",
+            66.9,
+            989.4,
+            Some(989.4),
+            Some(1978.9),
+            141.0 * GB,
+            4800.0,
+            132,
+            0.75,
+            &("NVIDIA H200 product page via ".to_string() + SPECS),
+        ),
+        // Turing TU104: 11.2 TFLOP/s fp32, 89.2 fp16 tensor, 448 GB/s GDDR6 (NVIDIA Quadro
+        // RTX 5000 datasheet; not in the reference file).
+        gpu("quadro-rtx5000", 11.2, 89.2, None, None, 16.0 * GIB, 448.0, 48, 0.8, "NVIDIA Quadro RTX 5000 datasheet"),
+        host_cpu(),
+        fpga(
+            "alveo-u280",
+            8490.0,
+            41e6,
+            8.0 * GIB,
+            460.0 * GB,
+            "AMD UG1393 (HBM 460 GB/s) and DS963 (DSPs, SRAM; unverified) via hardware_specs.json",
+        ),
+        fpga(
+            "alveo-u250",
+            11508.0,
+            54e6,
+            64.0 * GIB,
+            77.0 * GB,
+            "AMD UG1393 (4 DDR4 channels, 77 GB/s) and DS962 (DSPs; unverified) via hardware_specs.json",
+        ),
+        fpga(
+            "vu9p",
+            6840.0,
+            (75.9e6 + 270e6) / 8.0,
+            64.0 * GIB,
+            77.0 * GB,
+            "Xilinx UltraScale+ product table (VU9P: 6,840 DSP48E2, BRAM+URAM; unverified) via hardware_specs.json",
+        ),
+    ]
+}
+
+/// A generic two-socket server CPU used as the host of GPU nodes.
+pub fn host_cpu() -> DeviceSpec {
+    DeviceSpec {
+        name: "host-cpu".into(),
+        kind: DeviceKind::Cpu,
+        // 64 cores x 2.5 GHz x 32 fp32 FLOP/cycle (AVX-512 FMA x2), default.
+        peak_flops: PeakFlops { fp32: Some(5.1e12), fp16: None, bf16: None, fp8: None },
+        hbm_bytes: 1024.0 * GIB,
+        mem_bandwidth_bytes_per_s: 200.0 * GB,
+        compute_units: 64,
+        gemm_efficiency: 0.7,
+        mem_efficiency: 0.7,
+        kernel_launch_s: 1e-6,
+        fpga: None,
+        source: "default two-socket server".into(),
+    }
+}
+
+fn link(name: &str, bandwidth: f64, latency_s: f64, efficiency: f64, source: &str) -> LinkSpec {
+    LinkSpec { name: name.into(), bandwidth_bytes_per_s: bandwidth, latency_s, efficiency, source: source.into() }
+}
+
+/// Every link preset. Bandwidths per direction; an NVLink entry is a GPU's whole NVLink port
+/// (all its links) to the NVSwitch or mesh.
+pub fn links() -> Vec<LinkSpec> {
+    let nccl = "shared/reference/nccl_measurements.json";
+    vec![
+        // 6 links x 25 GB/s. Efficiency as measured on A100/H100 NVLink by NCCL (~80%).
+        link("nvlink2", 150.0 * GB, 2e-6, 0.8, "V100 datasheet; NCCL per-step latency ~2 us (nccl-tests #123)"),
+        // 12 x 25 GB/s = 300 GB/s; ~240 effective (sjeaugey, nccl-tests #149).
+        link("nvlink3", 300.0 * GB, 2e-6, 0.8, nccl),
+        // 450 GB/s line; ~370 effective (nccl-tests #212).
+        link("nvlink4", 450.0 * GB, 2e-6, 0.82, nccl),
+        // PCIe x16: 8/16/32 GT/s with 128b/130b encoding; ~80% achievable for DMA (default).
+        link("pcie3", 15.754 * GB, 3e-6, 0.8, "PCIe 3.0 x16 signalling rate; NCCL hwLat PCI"),
+        link("pcie4", 31.5 * GB, 3e-6, 0.8, "PCIe 4.0 x16 signalling rate"),
+        link("pcie5", 63.0 * GB, 3e-6, 0.8, "PCIe 5.0 x16 signalling rate"),
+        // NCCL reaches 46-48 of 50 GB/s per NDR NIC (~94%), 192 of 200 GB/s on 8x HDR.
+        link("ib-edr", 12.5 * GB, 5e-6, 0.94, nccl),
+        link("ib-hdr", 25.0 * GB, 5e-6, 0.94, nccl),
+        link("ib-ndr", 50.0 * GB, 5e-6, 0.94, nccl),
+        // TCP/EFA over Ethernet: ~90% of line rate for large messages, higher latency (default).
+        link("eth-25g", 3.125 * GB, 15e-6, 0.9, "25 Gb/s line rate"),
+        link("eth-100g", 12.5 * GB, 10e-6, 0.9, "100 Gb/s line rate"),
+        link("eth-400g", 50.0 * GB, 10e-6, 0.9, "400 Gb/s line rate"),
+        link("opa-100", 12.5 * GB, 5e-6, 0.9, "Omni-Path 100 Gb/s (bigscience tr11)"),
+        link("qsfp28", 12.5 * GB, 1e-6, 0.9, "QSFP28 100 GbE board-to-board serial link"),
+        // The PipeTransformer rig's inter-node InfiniBand CX353A, quoted at 5 GB/s.
+        link("ib-cx353a-5gbs", 5.0 * GB, 5e-6, 0.94, "PipeTransformer paper, SEEDS.md 1.7"),
+    ]
+}
+
+pub fn device(name: &str) -> Option<DeviceSpec> {
+    devices().into_iter().find(|d| d.name == name)
+}
+
+pub fn link_preset(name: &str) -> Option<LinkSpec> {
+    links().into_iter().find(|l| l.name == name)
+}
+
+fn host(dram_gib: f64, pcie: &str) -> HostSpec {
+    HostSpec {
+        dram_bytes: dram_gib * GIB,
+        pcie: link_preset(pcie).expect("pcie preset"),
+        cpu: Some(host_cpu()),
+        nvme_bytes: 15e12,
+        nvme_bandwidth_bytes_per_s: 25.0 * GB,
+    }
+}
+
+fn node(name: &str, dev: &str, intra: Option<&str>, nics: u32, nic: &str, host: HostSpec) -> NodeSpec {
+    NodeSpec {
+        name: name.into(),
+        device: device(dev).expect("device preset"),
+        devices: 8,
+        intra_node: intra.map(|l| link_preset(l).expect("link preset")),
+        nics,
+        nic: link_preset(nic).expect("link preset"),
+        host,
+    }
+}
+
+/// Every node preset.
+pub fn nodes() -> Vec<NodeSpec> {
+    vec![
+        node("dgx-1-v100", "v100-sxm2-16gb", Some("nvlink2"), 4, "ib-edr", host(512.0, "pcie3")),
+        node("p3.16xlarge", "v100-sxm2-16gb", Some("nvlink2"), 1, "eth-25g", host(488.0, "pcie3")),
+        node("p3dn.24xlarge", "v100-sxm2-32gb", Some("nvlink2"), 1, "eth-100g", host(768.0, "pcie3")),
+        node("dgx-a100-40gb", "a100-sxm-40gb", Some("nvlink3"), 8, "ib-hdr", host(1024.0, "pcie4")),
+        node("dgx-a100-80gb", "a100-sxm-80gb", Some("nvlink3"), 8, "ib-hdr", host(2048.0, "pcie4")),
+        // 400 Gb/s EFA as 4 x 100 Gb/s adapters.
+        node("p4d.24xlarge", "a100-sxm-40gb", Some("nvlink3"), 4, "eth-100g", host(1152.0, "pcie4")),
+        node("dgx-h100", "h100-sxm", Some("nvlink4"), 8, "ib-ndr", host(2048.0, "pcie5")),
+        node("hgx-h200", "h200", Some("nvlink4"), 8, "ib-ndr", host(2048.0, "pcie5")),
+        // PipeTransformer: 8 x RTX 5000 per machine on PCIe 3.0 x16, machines at 5 GB/s.
+        node("rtx5000-pcie-2x8", "quadro-rtx5000", Some("pcie3"), 1, "ib-cx353a-5gbs", host(512.0, "pcie3")),
+    ]
+}
+
+pub fn node_preset(name: &str) -> Option<NodeSpec> {
+    nodes().into_iter().find(|n| n.name == name)
+}

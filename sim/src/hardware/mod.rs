@@ -1,0 +1,337 @@
+//! The hardware the simulator runs on: devices (GPU, FPGA, CPU), links, nodes and clusters.
+//!
+//! A [`ClusterSpec`] is `nodes` identical [`NodeSpec`]s. Inside a node every device has one
+//! full-duplex port to a non-blocking switch (NVSwitch, or a PCIe switch for PCIe-only rigs);
+//! between nodes each node has `nics` full-duplex NICs into a non-blocking fabric. The
+//! [`Topology`] turns this into numbered links and routes a transfer between two devices onto
+//! them:
+//!
+//! ```text
+//!   node 0                                   node 1
+//!   dev0 ─port─┐                       ┌─port─ dev8
+//!   dev1 ─port─┤ switch     fabric     ├─port─ dev9
+//!   ...        ┘   nic0 ════════════ nic0  └ ...
+//! ```
+//!
+//! Presets live in [`catalog`]; a scenario may also describe its own devices, nodes and links.
+
+pub mod catalog;
+
+use serde::Serialize;
+
+/// Numeric precision of the training math.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Fp16,
+    Bf16,
+    Fp8,
+}
+
+impl Precision {
+    pub const NAMES: [&'static str; 4] = ["fp32", "fp16", "bf16", "fp8"];
+
+    pub fn parse(name: &str) -> Option<Precision> {
+        Some(match name {
+            "fp32" => Precision::Fp32,
+            "fp16" => Precision::Fp16,
+            "bf16" => Precision::Bf16,
+            "fp8" => Precision::Fp8,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
+        }
+    }
+
+    /// Bytes of one activation or low-precision weight element. FP8 training keeps
+    /// activations and weights in 16 bits outside the GEMMs (as Transformer Engine does).
+    pub fn activation_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            _ => 2.0,
+        }
+    }
+}
+
+/// What kind of silicon a device is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Gpu,
+    Fpga,
+    Cpu,
+}
+
+/// Dense peak rates per precision, in FLOP/s. `None` where the device has no such unit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PeakFlops {
+    pub fp32: Option<f64>,
+    pub fp16: Option<f64>,
+    pub bf16: Option<f64>,
+    pub fp8: Option<f64>,
+}
+
+impl PeakFlops {
+    /// The rate used for matrix math at `p`, falling back to the next wider format the
+    /// device supports (a V100 runs bf16 workloads at its fp16 tensor rate would be wrong:
+    /// it has no bf16, so it falls back to fp32).
+    pub fn at(&self, p: Precision) -> f64 {
+        let chain: &[Option<f64>] = match p {
+            Precision::Fp8 => &[self.fp8, self.bf16, self.fp16, self.fp32],
+            Precision::Bf16 => &[self.bf16, self.fp32],
+            Precision::Fp16 => &[self.fp16, self.fp32],
+            Precision::Fp32 => &[self.fp32],
+        };
+        chain.iter().flatten().copied().next().unwrap_or(0.0)
+    }
+}
+
+/// FPGA compute described by its fabric: peak = dsp_count x clock x ops per DSP per cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct FpgaFabric {
+    pub dsp_count: f64,
+    pub clock_hz: f64,
+    /// Multiply-accumulates count as 2 operations.
+    pub ops_per_dsp_per_cycle: f64,
+    pub sram_bytes: f64,
+}
+
+impl FpgaFabric {
+    pub fn peak_flops(&self) -> f64 {
+        self.dsp_count * self.clock_hz * self.ops_per_dsp_per_cycle
+    }
+}
+
+/// One compute device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeviceSpec {
+    pub name: String,
+    pub kind: DeviceKind,
+    pub peak_flops: PeakFlops,
+    /// Capacity of the device's own (first-tier) memory.
+    pub hbm_bytes: f64,
+    pub mem_bandwidth_bytes_per_s: f64,
+    /// Parallel compute units (SMs); drives wave quantization of GEMMs.
+    pub compute_units: u32,
+    /// Fraction of peak a large, well-shaped GEMM reaches (cuBLAS-class kernels).
+    pub gemm_efficiency: f64,
+    /// Fraction of memory bandwidth a streaming kernel reaches.
+    pub mem_efficiency: f64,
+    /// Fixed cost of starting one kernel.
+    pub kernel_launch_s: f64,
+    pub fpga: Option<FpgaFabric>,
+    /// Where the numbers come from.
+    pub source: String,
+}
+
+/// One direction of a full-duplex link (each direction has this bandwidth).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LinkSpec {
+    pub name: String,
+    /// Line rate per direction.
+    pub bandwidth_bytes_per_s: f64,
+    pub latency_s: f64,
+    /// Fraction of the line rate a large transfer achieves (protocol overhead).
+    pub efficiency: f64,
+    pub source: String,
+}
+
+impl LinkSpec {
+    pub fn effective_bytes_per_s(&self) -> f64 {
+        self.bandwidth_bytes_per_s * self.efficiency
+    }
+}
+
+/// The host side of a node: DRAM and the PCIe link of each device to it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostSpec {
+    pub dram_bytes: f64,
+    pub pcie: LinkSpec,
+    pub cpu: Option<DeviceSpec>,
+    pub nvme_bytes: f64,
+    pub nvme_bandwidth_bytes_per_s: f64,
+}
+
+/// A node: `devices` identical devices on one switch, `nics` NICs to the fabric.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NodeSpec {
+    pub name: String,
+    pub device: DeviceSpec,
+    pub devices: u32,
+    /// Each device's port to the node's switch; `None` when devices cannot talk inside
+    /// the node except through the NIC (one device per node).
+    pub intra_node: Option<LinkSpec>,
+    pub nics: u32,
+    pub nic: LinkSpec,
+    pub host: HostSpec,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClusterSpec {
+    pub node: NodeSpec,
+    pub nodes: u32,
+}
+
+impl ClusterSpec {
+    pub fn device_count(&self) -> u32 {
+        self.node.devices * self.nodes
+    }
+}
+
+pub type LinkId = u32;
+
+/// Numbered links of a cluster and routes between devices.
+///
+/// Link numbering: per device `2*d` (port out) and `2*d+1` (port in); then per node and NIC
+/// `base + 2*(node*nics + k)` (NIC out) and `+1` (NIC in); then per device its PCIe link to
+/// the host, down (`pcie_base + 2*d`) and up (`+1`).
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub devices_per_node: u32,
+    pub nodes: u32,
+    pub nics: u32,
+    nic_base: u32,
+    pcie_base: u32,
+    capacity_bytes_per_s: Vec<f64>,
+    latency_s: Vec<f64>,
+    has_intra: bool,
+}
+
+/// A route: at most two links, plus the summed latency.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Route {
+    pub links: [LinkId; 2],
+    pub len: u8,
+    pub latency_s: f64,
+}
+
+impl Route {
+    pub fn links(&self) -> &[LinkId] {
+        &self.links[..self.len as usize]
+    }
+}
+
+impl Topology {
+    pub fn new(cluster: &ClusterSpec) -> Topology {
+        let n = cluster.node.devices;
+        let devices = cluster.device_count();
+        let nics = cluster.node.nics.max(1);
+        let nic_base = 2 * devices;
+        let pcie_base = nic_base + 2 * cluster.nodes * nics;
+        let total = pcie_base + 2 * devices;
+        let mut capacity = vec![0.0; total as usize];
+        let mut latency = vec![0.0; total as usize];
+        let intra = cluster.node.intra_node.as_ref();
+        for d in 0..2 * devices {
+            if let Some(l) = intra {
+                capacity[d as usize] = l.effective_bytes_per_s();
+                latency[d as usize] = l.latency_s;
+            }
+        }
+        for i in nic_base..pcie_base {
+            capacity[i as usize] = cluster.node.nic.effective_bytes_per_s();
+            latency[i as usize] = cluster.node.nic.latency_s;
+        }
+        for i in pcie_base..total {
+            capacity[i as usize] = cluster.node.host.pcie.effective_bytes_per_s();
+            latency[i as usize] = cluster.node.host.pcie.latency_s;
+        }
+        Topology {
+            devices_per_node: n,
+            nodes: cluster.nodes,
+            nics,
+            nic_base,
+            pcie_base,
+            capacity_bytes_per_s: capacity,
+            latency_s: latency,
+            has_intra: intra.is_some(),
+        }
+    }
+
+    pub fn link_count(&self) -> usize {
+        self.capacity_bytes_per_s.len()
+    }
+
+    pub fn capacities(&self) -> &[f64] {
+        &self.capacity_bytes_per_s
+    }
+
+    pub fn node_of(&self, device: u32) -> u32 {
+        device / self.devices_per_node
+    }
+
+    /// The NIC a device uses: devices are spread evenly over the node's NICs.
+    pub fn nic_of(&self, device: u32) -> u32 {
+        let local = device % self.devices_per_node;
+        local * self.nics / self.devices_per_node
+    }
+
+    pub fn nic_out(&self, node: u32, nic: u32) -> LinkId {
+        self.nic_base + 2 * (node * self.nics + nic)
+    }
+
+    pub fn pcie_down(&self, device: u32) -> LinkId {
+        self.pcie_base + 2 * device
+    }
+
+    pub fn pcie_up(&self, device: u32) -> LinkId {
+        self.pcie_base + 2 * device + 1
+    }
+
+    /// Route of a transfer from `source` to `target` (distinct devices).
+    pub fn route(&self, source: u32, target: u32) -> Route {
+        debug_assert_ne!(source, target);
+        let (a, b) = if self.node_of(source) == self.node_of(target) && self.has_intra {
+            (2 * source, 2 * target + 1)
+        } else {
+            let out = self.nic_out(self.node_of(source), self.nic_of(source));
+            let inn = self.nic_out(self.node_of(target), self.nic_of(target)) + 1;
+            (out, inn)
+        };
+        Route { links: [a, b], len: 2, latency_s: self.latency_s[a as usize].max(self.latency_s[b as usize]) }
+    }
+
+    /// The link that plays `link`'s part for the device that `map` sends each device to
+    /// (used to fold a symmetric replica's traffic onto the simulated one).
+    pub fn map_link(&self, link: LinkId, map: &dyn Fn(u32) -> u32) -> LinkId {
+        let parity = link % 2;
+        if link < self.nic_base {
+            2 * map(link / 2) + parity
+        } else if link < self.pcie_base {
+            let idx = (link - self.nic_base) / 2;
+            let (node, nic) = (idx / self.nics, idx % self.nics);
+            let local = (nic * self.devices_per_node).div_ceil(self.nics);
+            let m = map(node * self.devices_per_node + local);
+            self.nic_out(self.node_of(m), self.nic_of(m)) + parity
+        } else {
+            self.pcie_base + 2 * map((link - self.pcie_base) / 2) + parity
+        }
+    }
+
+    /// A readable name for a link ("dev3 port out", "node1 nic0 in", "dev3 pcie down").
+    pub fn link_name(&self, link: LinkId) -> String {
+        let dir = if link % 2 == 0 { "out" } else { "in" };
+        if link < self.nic_base {
+            format!("dev{} port {dir}", link / 2)
+        } else if link < self.pcie_base {
+            let idx = (link - self.nic_base) / 2;
+            format!("node{} nic{} {dir}", idx / self.nics, idx % self.nics)
+        } else {
+            let dir = if link % 2 == 0 { "down" } else { "up" };
+            format!("dev{} pcie {dir}", (link - self.pcie_base) / 2)
+        }
+    }
+
+    /// Whether two devices share a node-internal switch.
+    pub fn same_switch(&self, a: u32, b: u32) -> bool {
+        self.has_intra && self.node_of(a) == self.node_of(b)
+    }
+}

@@ -1,0 +1,648 @@
+//! Lowering: (workload, plan, cluster) to a [`Program`] of per-device task streams.
+//!
+//! For every pipeline stage the schedule gives the order of (micro-batch, chunk, pass)
+//! steps; each step expands into the layers' ops, with the tensor-parallel all-reduces as
+//! collectives shared by the group's compute streams, the pipeline sends on a send stream,
+//! the data-parallel gradient all-reduces in buckets on a third stream as soon as the last
+//! micro-batch's backward has produced them, and the optimizer step at the end.
+//!
+//! Under symmetry (every node holds devices of one data-parallel replica only) only replica
+//! 0 is lowered; its data-parallel collectives name the other replicas as members, and the
+//! engine maps their links onto replica 0's mirror links.
+
+pub mod program;
+
+pub use program::*;
+
+use crate::cost::memory::{bytes_per_parameter, optimizer_traffic_bytes};
+use crate::plan::{Plan, Recompute};
+use crate::report::timeline::{Label, MemoryBreakdown, Phase, StreamKind};
+use crate::scenario::Scenario;
+use crate::schedule::{self, Pass, ScheduleShape};
+use crate::workload::{LayerOp, LayerShape, OpClass, OpSpec, Saved};
+use std::collections::HashMap;
+
+/// Whether one replica can stand for all: each node's devices belong to one replica.
+pub fn symmetry_is_exact(plan: &Plan, devices_per_node: u32) -> bool {
+    if plan.dp <= 1 {
+        return false;
+    }
+    let n = plan.devices();
+    (0..n).all(|d| {
+        let node_first = d / devices_per_node * devices_per_node;
+        plan.coords(d).0 == plan.coords(node_first).0
+    })
+}
+
+/// The ops of one kind of block (a transformer layer, the embedding, the head), with their
+/// op-instance ids for forward and backward.
+struct Block {
+    ops: Vec<LayerOp>,
+    fwd: Vec<u32>,
+    bwd: Vec<u32>,
+    saved: f64,
+    saved_full: f64,
+}
+
+struct Builder {
+    p: Program,
+
+    labels: HashMap<Label, u32>,
+    /// Per-layer label ids: [layer][op][phase], built on first use.
+    layer_labels: Vec<Vec<[u32; 3]>>,
+    dev_index: Vec<u32>,
+    /// Data-parallel collective tasks per (stage, tp rank), in creation order.
+    dp_tasks: HashMap<(u32, u32), Vec<u32>>,
+    /// How many data-parallel collectives each (replica, stage, tp rank) has lowered.
+    dp_seq: HashMap<(u32, u32, u32), u32>,
+    collective_ids: HashMap<(u8, Vec<u32>, u64), u32>,
+}
+
+const PH: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::Recompute];
+
+impl Builder {
+    fn label(&mut self, l: Label) -> u32 {
+        let next = self.p.labels.len() as u32;
+        *self.labels.entry(l.clone()).or_insert_with(|| {
+            self.p.labels.push(l);
+            next
+        })
+    }
+
+    fn op(&mut self, spec: &OpSpec, backward: bool) -> u32 {
+        self.p.ops.push(OpInstance { spec: spec.clone(), backward });
+        (self.p.ops.len() - 1) as u32
+    }
+
+    fn block(&mut self, ops: Vec<LayerOp>, recompute: Recompute, full_input_bytes: f64) -> Block {
+        let mut fwd = Vec::new();
+        let mut bwd = Vec::new();
+        let mut saved = 0.0;
+        let mut saved_none = 0.0;
+        for op in &ops {
+            match op {
+                LayerOp::Compute(spec) => {
+                    fwd.push(self.op(spec, false));
+                    bwd.push(self.op(spec, true));
+                    saved += spec.saved.bytes(recompute);
+                    saved_none += spec.saved.bytes(Recompute::None);
+                }
+                LayerOp::TpAllReduce { .. } => {
+                    fwd.push(NONE);
+                    bwd.push(NONE);
+                }
+            }
+        }
+        if recompute == Recompute::Full {
+            saved = full_input_bytes;
+        }
+        Block { ops, fwd, bwd, saved, saved_full: saved_none }
+    }
+
+    fn task(&mut self, kind: TaskKind, payload: u32, label: u32, mb: u32, streams: &[u32]) -> u32 {
+        let id = self.p.tasks.len() as u32;
+        self.p.tasks.push(Task {
+            kind,
+            streams: streams.len() as u8,
+            payload,
+            label,
+            micro_batch: mb,
+            memory: NONE,
+            stream: streams[0],
+        });
+        for &s in streams {
+            self.p.streams[s as usize].push(id);
+        }
+        id
+    }
+
+    /// The id of a collective, shared by every task with the same kind, members and size.
+    fn collective_id(&mut self, kind: CollectiveKind, members: &[u32], bytes: f64) -> u32 {
+        let key = (kind as u8, members.to_vec(), bytes.to_bits());
+        let next = self.p.collectives.len() as u32;
+        if let Some(&id) = self.collective_ids.get(&key) {
+            return id;
+        }
+        self.p.collectives.push(Collective { kind, members: members.to_vec(), bytes });
+        self.collective_ids.insert(key, next);
+        next
+    }
+
+    fn memory(&mut self, task: u32, device: u32, at_end: bool, activation_bytes: f64) {
+        debug_assert_eq!(self.p.tasks[task as usize].memory, NONE);
+        self.p.tasks[task as usize].memory = self.p.memory_events.len() as u32;
+        self.p.memory_events.push(MemoryEvent { device, at_end, activation_bytes, buffer_bytes: 0.0 });
+    }
+
+    fn compute_streams(&self, group: &[u32]) -> Vec<u32> {
+        group.iter().map(|&d| Program::stream_index(self.dev_index[d as usize], StreamKind::Compute)).collect()
+    }
+}
+
+/// Everything per TP group that one step's lowering needs.
+struct StepCtx<'b> {
+    group: &'b [u32],
+    streams: Vec<u32>,
+}
+
+/// Lower a validated scenario.
+pub fn lower(s: &Scenario) -> Program {
+    let plan = &s.plan;
+    let w = &s.workload.transformer;
+    let devices = plan.devices();
+    let symmetric = s.options.symmetry && symmetry_is_exact(plan, s.cluster.node.devices);
+    let simulated: Vec<u32> = (0..devices).filter(|&d| !symmetric || plan.coords(d).0 == 0).collect();
+    let mut dev_index = vec![NONE; devices as usize];
+    for (i, &d) in simulated.iter().enumerate() {
+        dev_index[d as usize] = i as u32;
+    }
+    let mirror: Vec<u32> = (0..devices)
+        .map(|d| {
+            let (_, st, t) = plan.coords(d);
+            if symmetric { dev_index[plan.device(0, st, t) as usize] } else { dev_index[d as usize] }
+        })
+        .collect();
+    let mut b = Builder {
+        p: Program {
+            devices: simulated.clone(),
+            stages: simulated.iter().map(|&d| plan.coords(d).1).collect(),
+            mirror,
+            streams: vec![Vec::new(); simulated.len() * 3],
+            symmetric,
+            ..Program::default()
+        },
+
+        labels: HashMap::new(),
+        layer_labels: Vec::new(),
+        dev_index,
+        dp_tasks: HashMap::new(),
+        dp_seq: HashMap::new(),
+        collective_ids: HashMap::new(),
+    };
+
+    let e = plan.precision.activation_bytes();
+    let shape = LayerShape {
+        micro_batch: plan.micro_batch,
+        seq_len: plan.seq_len,
+        tp: plan.tp,
+        sequence_parallel: plan.sequence_parallel,
+        activation_bytes: e,
+    };
+    let boundary_bytes = e * plan.micro_batch as f64 * plan.seq_len as f64 * w.hidden as f64
+        / if plan.sequence_parallel { plan.tp as f64 } else { 1.0 };
+    let layer = b.block(w.layer_ops(shape), plan.recompute, boundary_bytes);
+    // Embedding and head are not recomputed.
+    let embed = b.block(w.embedding_ops(shape), Recompute::None, 0.0);
+    let head = b.block(w.head_ops(shape), Recompute::None, 0.0);
+    b.layer_labels = vec![Vec::new(); w.layers as usize];
+
+    let chunks = plan.chunks();
+    let starts = plan.chunk_starts();
+    let m = plan.micro_batches;
+    let sched_shape = ScheduleShape { stages: plan.pp, micro_batches: m, virtual_stages: plan.virtual_stages };
+    let t = plan.tp;
+    // Producer/consumer tasks of each (chunk, micro-batch, tp rank) and pass, for p2p.
+    let replicas: Vec<u32> = if symmetric { vec![0] } else { (0..plan.dp).collect() };
+    let key = |r: u32, c: u32, mb: u32, x: u32| (((r * chunks + c) * m + mb) * t + x) as usize;
+    let slots = (replicas.len() as u32 * chunks * m * t) as usize;
+    let mut fwd_first = vec![NONE; slots];
+    let mut bwd_first = vec![NONE; slots];
+    let mut fwd_send = vec![NONE; slots];
+    let mut bwd_send = vec![NONE; slots];
+
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let tf = t as f64;
+    let layer_params = w.layer_parameters() / tf;
+    let vocab_params = w.head_classes() * w.hidden as f64 / tf;
+    let first_params =
+        (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
+    let last_params = vocab_params;
+
+    for &r in &replicas {
+        for stage in 0..plan.pp {
+            let group: Vec<u32> = (0..t).map(|x| plan.device(r, stage, x)).collect();
+            let ctx = StepCtx { streams: b.compute_streams(&group), group: &group };
+            let order = schedule::stage_order(plan.schedule, sched_shape, stage).expect("schedule validated at parse");
+            // Parameters held per chunk on this stage, and the last backward step per chunk.
+            let my_chunks: Vec<u32> = (0..chunks).filter(|c| c % plan.pp == stage).collect();
+            let chunk_params = |c: u32| {
+                let mut p = (starts[c as usize + 1] - starts[c as usize]) as f64 * layer_params;
+                if c == 0 {
+                    p += first_params;
+                }
+                if c == chunks - 1 {
+                    p += last_params;
+                }
+                p
+            };
+            let params: f64 = my_chunks.iter().map(|&c| chunk_params(c)).sum();
+            let zero_div = if plan.zero_stage >= 1 { plan.dp as f64 } else { 1.0 };
+            let buffers = if plan.dp > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
+                + if plan.pp > 1 { 2.0 * boundary_bytes } else { 0.0 };
+            for &d in &group {
+                let di = b.dev_index[d as usize] as usize;
+                if b.p.static_memory.len() <= di {
+                    b.p.static_memory.resize(b.p.devices.len(), MemoryBreakdown::default());
+                }
+                b.p.static_memory[di] = MemoryBreakdown {
+                    weights: params * wb,
+                    gradients: params * gb,
+                    optimizer: params * ob / zero_div,
+                    activations: 0.0,
+                    buffers,
+                };
+            }
+            let last_bwd: HashMap<u32, u32> =
+                order.iter().filter(|st| st.pass == Pass::Backward).map(|st| (st.chunk, st.micro_batch)).collect();
+            let mut bucket_pending = 0.0;
+            let mut last_sync: Vec<u32> = Vec::new();
+            for st in &order {
+                let c = st.chunk;
+                let mb = st.micro_batch;
+                let layers = starts[c as usize]..starts[c as usize + 1];
+                let sync_grads = plan.dp > 1 && last_bwd.get(&c) == Some(&mb);
+                match st.pass {
+                    Pass::Forward => {
+                        let mut first = NONE;
+                        let mut last = NONE;
+                        if c == 0 {
+                            let (f, l) = emit_block(&mut b, &ctx, &embed, -1, Phase::Forward, c, mb, embed.saved, 0.0);
+                            first = f;
+                            last = l;
+                        }
+                        for l in layers.clone() {
+                            let (f, la) =
+                                emit_block(&mut b, &ctx, &layer, l as i32, Phase::Forward, c, mb, layer.saved, 0.0);
+                            if first == NONE {
+                                first = f;
+                            }
+                            last = la;
+                        }
+                        if c == chunks - 1 {
+                            let (_, la) = emit_block(&mut b, &ctx, &head, -1, Phase::Forward, c, mb, head.saved, 0.0);
+                            last = la;
+                        }
+                        // Tasks of a step are laid out device-major per op; recover each
+                        // device's first/last task by offset within the group.
+                        for x in 0..t {
+                            let k = key(r, c, mb, x);
+                            fwd_first[k] = first + x;
+                            if c + 1 < chunks {
+                                let src = group[x as usize];
+                                let dst = plan.device(r, (c + 1) % plan.pp, x);
+                                fwd_send[k] =
+                                    send(&mut b, src, dst, boundary_bytes, last + x - (t - 1), c, mb, Phase::Forward);
+                            }
+                        }
+                    }
+                    Pass::Backward => {
+                        let mut first = NONE;
+                        let mut last = NONE;
+                        if c == chunks - 1 {
+                            let (f, l) = emit_block(&mut b, &ctx, &head, -1, Phase::Backward, c, mb, 0.0, head.saved);
+                            first = f;
+                            last = l;
+                            if sync_grads {
+                                bucket_pending += last_params * gb;
+                            }
+                        }
+                        for l in layers.clone().rev() {
+                            let mut free = layer.saved;
+                            match plan.recompute {
+                                Recompute::Full => {
+                                    let (f, _) =
+                                        emit_recompute(&mut b, &ctx, &layer, l as i32, c, mb, false, layer.saved_full);
+                                    if first == NONE {
+                                        first = f;
+                                    }
+                                    free += layer.saved_full;
+                                }
+                                Recompute::Selective => {
+                                    let (f, _) = emit_recompute(&mut b, &ctx, &layer, l as i32, c, mb, true, 0.0);
+                                    if first == NONE && f != NONE {
+                                        first = f;
+                                    }
+                                }
+                                Recompute::None => {}
+                            }
+                            let (f, la) = emit_block(&mut b, &ctx, &layer, l as i32, Phase::Backward, c, mb, 0.0, free);
+                            if first == NONE {
+                                first = f;
+                            }
+                            last = la;
+                            if sync_grads {
+                                bucket_pending += layer_params * gb;
+                                if bucket_pending >= plan.bucket_bytes {
+                                    last_sync = grad_sync(&mut b, plan, r, stage, bucket_pending, la);
+                                    bucket_pending = 0.0;
+                                }
+                            }
+                        }
+                        if c == 0 {
+                            let (_, la) =
+                                emit_block(&mut b, &ctx, &embed, -1, Phase::Backward, c, mb, 0.0, embed.saved);
+                            last = la;
+                            if sync_grads {
+                                bucket_pending += first_params * gb;
+                            }
+                        }
+                        if sync_grads && bucket_pending > 0.0 {
+                            last_sync = grad_sync(&mut b, plan, r, stage, bucket_pending, last);
+                            bucket_pending = 0.0;
+                        }
+                        for x in 0..t {
+                            let k = key(r, c, mb, x);
+                            bwd_first[k] = first + x;
+                            if c > 0 {
+                                let src = group[x as usize];
+                                let dst = plan.device(r, (c - 1) % plan.pp, x);
+                                bwd_send[k] =
+                                    send(&mut b, src, dst, boundary_bytes, last + x - (t - 1), c, mb, Phase::Backward);
+                            }
+                        }
+                    }
+                }
+            }
+            for &sidx in &ctx.streams {
+                let d = Program::stream_device(sidx) as usize;
+                if b.p.compute_marks.len() <= d {
+                    b.p.compute_marks.resize(b.p.devices.len(), 0);
+                }
+                b.p.compute_marks[d] = b.p.streams[sidx as usize].len() as u32;
+            }
+            // Optimizer step on the local (ZeRO-1: 1/dp) shard, after the gradient sync.
+            let traffic = optimizer_traffic_bytes(plan.precision, plan.optimizer) * params / zero_div;
+            let spec = OpSpec {
+                name: "optimizer",
+                class: OpClass::Memory,
+                forward_flops: 0.0,
+                forward_bytes: traffic,
+                backward_flops: 0.0,
+                backward_bytes: traffic,
+                saved: Saved::default(),
+            };
+            let op = b.op(&spec, false);
+            let label = b.label(Label { op: "optimizer", layer: -1, phase: Phase::Optimizer, chunk: my_chunks[0] });
+            let mut opt_tasks = Vec::new();
+            for x in 0..t as usize {
+                let task = b.task(TaskKind::Compute, op, label, NONE, &ctx.streams[x..x + 1]);
+                if let Some(&sync) = last_sync.get(x) {
+                    b.p.deps.push((sync, task));
+                }
+                opt_tasks.push(task);
+            }
+            if plan.zero_stage >= 1 && plan.dp > 1 {
+                // Gather the updated parameter shards, in buckets like the gradients.
+                let total = params * wb;
+                let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
+                for i in 0..n {
+                    let bytes = if i + 1 == n { total - plan.bucket_bytes * (n - 1) as f64 } else { plan.bucket_bytes };
+                    for (x, &o) in opt_tasks.iter().enumerate() {
+                        let g = dp_collective(
+                            &mut b,
+                            plan,
+                            r,
+                            stage,
+                            x as u32,
+                            CollectiveKind::AllGather,
+                            bytes,
+                            "param_allgather",
+                        );
+                        if i == 0 {
+                            b.p.deps.push((o, g));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Connect sends to their receivers.
+    for &r in &replicas {
+        for c in 0..chunks {
+            for mb in 0..m {
+                for x in 0..t {
+                    let k = key(r, c, mb, x);
+                    if c + 1 < chunks && fwd_send[k] != NONE {
+                        b.p.deps.push((fwd_send[k], fwd_first[key(r, c + 1, mb, x)]));
+                    }
+                    if c > 0 && bwd_send[k] != NONE {
+                        b.p.deps.push((bwd_send[k], bwd_first[key(r, c - 1, mb, x)]));
+                    }
+                }
+            }
+        }
+    }
+    b.p
+}
+
+/// Emit one block (a layer, the embedding or the head) for a pass on every device of the
+/// group. Compute ops get consecutive ids per op (device x of the group at `id + x`), so the
+/// returned first and last ids are those of the group's device 0 and device t-1.
+fn emit_block(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    blk: &Block,
+    layer: i32,
+    phase: Phase,
+    chunk: u32,
+    mb: u32,
+    alloc: f64,
+    free: f64,
+) -> (u32, u32) {
+    let backward = phase == Phase::Backward;
+    let n = blk.ops.len();
+    let t = ctx.group.len() as u32;
+    let mut first = NONE;
+    let mut last = NONE;
+    let compute_ops = blk.ops.iter().filter(|o| o.compute().is_some()).count();
+    let mut seen = 0;
+    for i in 0..n {
+        let j = if backward { n - 1 - i } else { i };
+        match &blk.ops[j] {
+            LayerOp::Compute(spec) => {
+                seen += 1;
+                let op = if backward { blk.bwd[j] } else { blk.fwd[j] };
+                let label = layer_label(b, layer, j, spec.name, phase, chunk);
+                let f = emit_group_compute(b, ctx, op, label, mb);
+                if first == NONE {
+                    first = f;
+                    if alloc > 0.0 {
+                        for x in 0..t {
+                            let di = Program::stream_device(ctx.streams[x as usize]);
+                            b.memory(f + x, di, false, alloc);
+                        }
+                    }
+                }
+                last = f + t - 1;
+                if seen == compute_ops && free > 0.0 {
+                    for x in 0..t {
+                        let di = Program::stream_device(ctx.streams[x as usize]);
+                        b.memory(f + x, di, true, -free);
+                    }
+                }
+                if backward {
+                    for other in &blk.ops {
+                        if let LayerOp::TpAllReduce { name, bytes, backward_after: Some(after), .. } = other {
+                            if *after == spec.name {
+                                collective_on_compute(b, ctx, name, *bytes, layer, phase, chunk, mb);
+                            }
+                        }
+                    }
+                }
+            }
+            LayerOp::TpAllReduce { name, bytes, forward: true, .. } if !backward => {
+                collective_on_compute(b, ctx, name, *bytes, layer, phase, chunk, mb);
+            }
+            LayerOp::TpAllReduce { .. } => {}
+        }
+    }
+    (first, last)
+}
+
+/// Re-run a layer's forward before its backward: all of it (full) or the core attention
+/// (selective). Returns the first and last task ids as [`emit_block`] does.
+fn emit_recompute(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    blk: &Block,
+    layer: i32,
+    chunk: u32,
+    mb: u32,
+    selective_only: bool,
+    alloc: f64,
+) -> (u32, u32) {
+    let mut first = NONE;
+    let mut last = NONE;
+    for (j, op) in blk.ops.iter().enumerate() {
+        match op {
+            LayerOp::Compute(spec) => {
+                if selective_only && spec.saved.selective_bytes == 0.0 && spec.name != "scores" {
+                    continue;
+                }
+                let label = layer_label(b, layer, j, spec.name, Phase::Recompute, chunk);
+                let f = emit_group_compute(b, ctx, blk.fwd[j], label, mb);
+                if first == NONE {
+                    first = f;
+                    if alloc > 0.0 {
+                        for x in 0..ctx.group.len() as u32 {
+                            let di = Program::stream_device(ctx.streams[x as usize]);
+                            b.memory(f + x, di, false, alloc);
+                        }
+                    }
+                }
+                last = f + ctx.group.len() as u32 - 1;
+            }
+            LayerOp::TpAllReduce { name, bytes, forward, .. } => {
+                if !selective_only && *forward {
+                    collective_on_compute(b, ctx, name, *bytes, layer, Phase::Recompute, chunk, mb);
+                }
+            }
+        }
+    }
+    (first, last)
+}
+
+fn layer_label(b: &mut Builder, layer: i32, j: usize, name: &'static str, phase: Phase, chunk: u32) -> u32 {
+    let ph = PH.iter().position(|p| *p == phase).expect("layer phase");
+    if layer >= 0 {
+        let l = layer as usize;
+        if b.layer_labels[l].len() <= j {
+            b.layer_labels[l].resize(j + 1, [NONE; 3]);
+        }
+        let cached = b.layer_labels[l][j][ph];
+        if cached != NONE {
+            return cached;
+        }
+        let id = b.label(Label { op: name, layer, phase, chunk });
+        b.layer_labels[l][j][ph] = id;
+        id
+    } else {
+        b.label(Label { op: name, layer, phase, chunk })
+    }
+}
+
+/// One compute op on every device of the group; ids are consecutive.
+fn emit_group_compute(b: &mut Builder, ctx: &StepCtx, op: u32, label: u32, mb: u32) -> u32 {
+    let first = b.p.tasks.len() as u32;
+    for &s in &ctx.streams {
+        b.task(TaskKind::Compute, op, label, mb, &[s]);
+    }
+    first
+}
+
+fn collective_on_compute(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    name: &'static str,
+    bytes: f64,
+    layer: i32,
+    phase: Phase,
+    chunk: u32,
+    mb: u32,
+) {
+    let label = b.label(Label { op: name, layer, phase, chunk });
+    let id = b.collective_id(CollectiveKind::AllReduce, ctx.group, bytes);
+    // One task on all the group's compute streams.
+    let streams = ctx.streams.clone();
+    b.task(TaskKind::Collective, id, label, mb, &streams);
+}
+
+fn send(b: &mut Builder, src: u32, dst: u32, bytes: f64, after: u32, chunk: u32, mb: u32, phase: Phase) -> u32 {
+    let si = b.dev_index[src as usize];
+    if src == dst {
+        // Same device (interleaved chunks with one stage): no transfer, a plain dependency.
+        return after;
+    }
+    let label = b.label(Label { op: "send", layer: -1, phase, chunk });
+    b.p.transfers.push(Transfer { source: src, target: dst, bytes });
+    let id = (b.p.transfers.len() - 1) as u32;
+    let s = Program::stream_index(si, StreamKind::PipelineSend);
+    let task = b.task(TaskKind::Transfer, id, label, mb, &[s]);
+    b.p.deps.push((after, task));
+    task
+}
+
+/// Data-parallel collectives of (stage, tp rank) across replicas, one per member group,
+/// created by the first replica that lowers it; later replicas find it by sequence number.
+fn dp_collective(
+    b: &mut Builder,
+    plan: &Plan,
+    r: u32,
+    stage: u32,
+    x: u32,
+    kind: CollectiveKind,
+    bytes: f64,
+    name: &'static str,
+) -> u32 {
+    let seq_key = (r, stage, x);
+    let n = *b.dp_seq.entry(seq_key).and_modify(|v| *v += 1).or_insert(0) as usize;
+    let list = b.dp_tasks.entry((stage, x)).or_default();
+    if n < list.len() {
+        return list[n];
+    }
+    let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
+    let members: Vec<u32> = (0..plan.dp).map(|rr| plan.device(rr, stage, x)).collect();
+    let streams: Vec<u32> = members
+        .iter()
+        .filter(|&&d| b.dev_index[d as usize] != NONE)
+        .map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::DataParallel))
+        .collect();
+    let id = b.collective_id(kind, &members, bytes);
+    let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
+    b.dp_tasks.entry((stage, x)).or_default().push(task);
+    task
+}
+
+/// Gradient sync of one bucket for every device of the group, each after that device's
+/// task `after + x - (t-1)`; returns the tasks per device.
+fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32) -> Vec<u32> {
+    let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
+    let t = plan.tp;
+    (0..t)
+        .map(|x| {
+            let task = dp_collective(b, plan, r, stage, x, kind, bytes, "grad_sync");
+            b.p.deps.push((after + x - (t - 1), task));
+            task
+        })
+        .collect()
+}

@@ -1,0 +1,119 @@
+//! The Program: a plan lowered to per-device streams of tasks. The contract between the
+//! simulator (which times it) and the executor (which runs it).
+//!
+//! A task sits on one or more device streams (a collective sits on every member's stream)
+//! and may also wait for explicit dependencies on other streams (a pipeline receive waits
+//! for its send). A stream runs its tasks in order; a task starts when it is at the head of
+//! all its streams and its dependencies are done.
+
+use crate::report::timeline::{Label, MemoryBreakdown, StreamKind};
+use crate::workload::OpSpec;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TaskKind {
+    /// A kernel: payload indexes [`Program::ops`].
+    Compute,
+    /// A collective: payload indexes [`Program::collectives`].
+    Collective,
+    /// A point-to-point transfer: payload indexes [`Program::transfers`].
+    Transfer,
+}
+
+pub const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Task {
+    pub kind: TaskKind,
+    /// Number of streams the task sits on.
+    pub streams: u8,
+    pub payload: u32,
+    pub label: u32,
+    pub micro_batch: u32,
+    /// Index into [`Program::memory_events`], or [`NONE`].
+    pub memory: u32,
+    /// Index of the (first) stream the task sits on.
+    pub stream: u32,
+}
+
+/// A unique op instance: an op spec run forward or backward. Many tasks share one.
+#[derive(Clone, Debug)]
+pub struct OpInstance {
+    pub spec: OpSpec,
+    pub backward: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollectiveKind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+#[derive(Clone, Debug)]
+pub struct Collective {
+    pub kind: CollectiveKind,
+    /// Members in cluster device numbering (ring order), simulated or not.
+    pub members: Vec<u32>,
+    /// Size of the full buffer on each member.
+    pub bytes: f64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Transfer {
+    pub source: u32,
+    pub target: u32,
+    pub bytes: f64,
+}
+
+/// A change of a device's dynamic memory when a task starts or ends.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryEvent {
+    /// Index into [`Program::devices`].
+    pub device: u32,
+    pub at_end: bool,
+    pub activation_bytes: f64,
+    pub buffer_bytes: f64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    /// Simulated devices, in cluster numbering.
+    pub devices: Vec<u32>,
+    /// Pipeline stage of each simulated device.
+    pub stages: Vec<u32>,
+    /// For every cluster device, the index of the simulated device that stands for it
+    /// (itself when simulated; its replica-0 twin under symmetry).
+    pub mirror: Vec<u32>,
+    pub tasks: Vec<Task>,
+    /// Task ids of each stream, in order; stream `i` is device `i / 3`, kind `i % 3`.
+    pub streams: Vec<Vec<u32>>,
+    /// Explicit dependencies as (before, after).
+    pub deps: Vec<(u32, u32)>,
+    pub ops: Vec<OpInstance>,
+    pub collectives: Vec<Collective>,
+    pub transfers: Vec<Transfer>,
+    pub labels: Vec<Label>,
+    pub memory_events: Vec<MemoryEvent>,
+    /// Memory that is constant over the iteration, per simulated device.
+    pub static_memory: Vec<MemoryBreakdown>,
+    /// Per simulated device: how many tasks at the head of its compute stream are the
+    /// pipeline (the rest is the optimizer step); the bubble is measured over them.
+    pub compute_marks: Vec<u32>,
+    /// Whether one data-parallel replica stands for all.
+    pub symmetric: bool,
+}
+
+impl Program {
+    pub fn stream_index(device_index: u32, kind: StreamKind) -> u32 {
+        device_index * 3 + kind.index() as u32
+    }
+
+    pub fn stream_device(stream: u32) -> u32 {
+        stream / 3
+    }
+
+    pub fn stream_kind(stream: u32) -> StreamKind {
+        StreamKind::ALL[(stream % 3) as usize]
+    }
+}

@@ -1,0 +1,120 @@
+//! Incremental max-min fair sharing: only the connected component of flows reachable from
+//! the changed flow through shared links is re-rated (progressive filling on that
+//! component). Components are small in training traffic (a ring step touches a few ports),
+//! so a change costs little however many flows run elsewhere.
+
+use super::{Network, Reschedule, finish_ns};
+
+#[derive(Default)]
+pub struct Scratch {
+    flows: Vec<u32>,
+    links: Vec<u32>,
+    link_left: Vec<f64>,
+    link_count: Vec<u32>,
+    frozen: Vec<bool>,
+    link_mark: Vec<u32>,
+}
+
+pub(super) fn rerate_component(net: &mut Network, now: u64, seed: u32) {
+    let epoch = net.epoch;
+    let s = &mut net.scratch;
+    if s.link_mark.len() < net.capacity.len() {
+        s.link_mark.resize(net.capacity.len(), u32::MAX);
+    }
+    s.flows.clear();
+    s.links.clear();
+    // Breadth-first search over flow -> links -> flows.
+    net.flows[seed as usize].mark = epoch;
+    s.flows.push(seed);
+    let mut head = 0;
+    while head < s.flows.len() {
+        let f = s.flows[head];
+        head += 1;
+        let fl = &net.flows[f as usize];
+        let (links, len) = (fl.links, fl.len as usize);
+        for &k in &links[..len] {
+            if s.link_mark[k as usize] == epoch {
+                continue;
+            }
+            s.link_mark[k as usize] = epoch;
+            s.links.push(k);
+            for &g in &net.on_link[k as usize] {
+                let gf = &mut net.flows[g as usize];
+                if gf.mark != epoch {
+                    gf.mark = epoch;
+                    s.flows.push(g);
+                }
+            }
+        }
+    }
+    // Settle progress at the old rates, then progressive filling on the component.
+    for &f in &s.flows {
+        let fl = &mut net.flows[f as usize];
+        let dt = (now - fl.updated_ns) as f64 * 1e-9;
+        fl.remaining_bytes = (fl.remaining_bytes - fl.rate * dt).max(0.0);
+        fl.updated_ns = now;
+    }
+    let nl = s.links.len();
+    s.link_left.clear();
+    s.link_count.clear();
+    for &k in &s.links {
+        s.link_left.push(net.capacity[k as usize]);
+        s.link_count.push(net.on_link[k as usize].len() as u32);
+    }
+    s.frozen.clear();
+    s.frozen.resize(s.flows.len(), false);
+    // Position of each link in the component's arrays, via a sorted lookup (components are
+    // tiny; a linear scan is fastest).
+    let pos = |links: &[u32], k: u32| links.iter().position(|&x| x == k).expect("link in component");
+    let mut unfrozen = s.flows.len();
+    let mut old_rates = Vec::with_capacity(0);
+    if s.flows.len() > 1 {
+        old_rates = s.flows.iter().map(|&f| net.flows[f as usize].rate).collect();
+    }
+    while unfrozen > 0 {
+        let mut best = f64::INFINITY;
+        let mut best_link = usize::MAX;
+        for i in 0..nl {
+            if s.link_count[i] > 0 {
+                let share = s.link_left[i] / s.link_count[i] as f64;
+                if share < best {
+                    best = share;
+                    best_link = i;
+                }
+            }
+        }
+        debug_assert!(best_link != usize::MAX);
+        let k = s.links[best_link];
+        for j in 0..s.flows.len() {
+            if s.frozen[j] {
+                continue;
+            }
+            let f = s.flows[j];
+            let fl = &mut net.flows[f as usize];
+            if !fl.links[..fl.len as usize].contains(&k) {
+                continue;
+            }
+            s.frozen[j] = true;
+            unfrozen -= 1;
+            fl.rate = best;
+            for &l in &fl.links[..fl.len as usize] {
+                let p = pos(&s.links, l);
+                s.link_left[p] -= best;
+                s.link_count[p] -= 1;
+            }
+        }
+    }
+    for (j, &f) in s.flows.iter().enumerate() {
+        let fl = &mut net.flows[f as usize];
+        // A flow whose rate did not change keeps its scheduled finish.
+        if f != seed && !old_rates.is_empty() && old_rates[j] == fl.rate {
+            continue;
+        }
+        fl.version = fl.version.wrapping_add(1);
+        net.changes.push(Reschedule {
+            id: f,
+            version: fl.version,
+            finish_ns: finish_ns(now, fl.remaining_bytes, fl.rate),
+        });
+    }
+}

@@ -1,0 +1,215 @@
+//! How concurrent transfers share links.
+//!
+//! One interface, [`Network`], with two fidelity levels chosen by [`NetworkKind`]:
+//! - `ideal`: every flow runs at its route's bottleneck capacity, as if alone;
+//! - `fair`: max-min fair sharing (progressive filling) among the flows that cross a link.
+//!
+//! The fast fair-sharing code recomputes rates only in the connected component of flows
+//! touched by a change ([`fair_fast`]); [`fair_slow`] recomputes everything from scratch and
+//! is the reference the tests compare against on random inputs.
+//!
+//! Time is integer nanoseconds; a flow's finish time is rounded up to the next nanosecond.
+
+pub mod fair_fast;
+pub mod fair_slow;
+
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkKind {
+    /// Max-min fair sharing of every link.
+    MaxMinFair,
+    /// No contention: each flow gets its bottleneck link to itself.
+    Ideal,
+}
+
+impl NetworkKind {
+    pub const NAMES: [&'static str; 2] = ["fair", "ideal"];
+    pub fn parse(s: &str) -> Option<NetworkKind> {
+        match s {
+            "fair" => Some(NetworkKind::MaxMinFair),
+            "ideal" => Some(NetworkKind::Ideal),
+            _ => None,
+        }
+    }
+}
+
+pub type FlowId = u32;
+
+/// A flow whose finish time changed: the engine schedules (finish_ns, id, version) and
+/// ignores events whose version is stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reschedule {
+    pub id: FlowId,
+    pub version: u32,
+    pub finish_ns: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Flow {
+    links: [u32; 2],
+    len: u8,
+    remaining_bytes: f64,
+    rate: f64,
+    updated_ns: u64,
+    version: u32,
+    live: bool,
+    /// Scratch mark for component searches.
+    mark: u32,
+}
+
+/// The set of active flows over a fixed set of links.
+pub struct Network {
+    kind: NetworkKind,
+    capacity: Vec<f64>,
+    flows: Vec<Flow>,
+    free: Vec<FlowId>,
+    /// Active flows on each link.
+    on_link: Vec<Vec<FlowId>>,
+    changes: Vec<Reschedule>,
+    scratch: fair_fast::Scratch,
+    epoch: u32,
+}
+
+fn finish_ns(now: u64, remaining: f64, rate: f64) -> u64 {
+    if remaining <= 0.0 {
+        return now;
+    }
+    let dt = (remaining / rate * 1e9).ceil();
+    now + dt as u64
+}
+
+impl Network {
+    pub fn new(kind: NetworkKind, capacity_bytes_per_s: &[f64]) -> Network {
+        Network {
+            kind,
+            capacity: capacity_bytes_per_s.to_vec(),
+            flows: Vec::new(),
+            free: Vec::new(),
+            on_link: vec![Vec::new(); capacity_bytes_per_s.len()],
+            changes: Vec::new(),
+            scratch: fair_fast::Scratch::default(),
+            epoch: 0,
+        }
+    }
+
+    pub fn kind(&self) -> NetworkKind {
+        self.kind
+    }
+
+    /// Start a flow of `bytes` over `links` (one or two links) at `now`.
+    pub fn add(&mut self, now: u64, links: &[u32], bytes: f64) -> FlowId {
+        debug_assert!(!links.is_empty() && links.len() <= 2);
+        let mut l = [links[0], links[0]];
+        if links.len() > 1 {
+            l[1] = links[1];
+        }
+        let flow = Flow {
+            links: l,
+            len: links.len() as u8,
+            remaining_bytes: bytes,
+            rate: 0.0,
+            updated_ns: now,
+            version: 0,
+            live: true,
+            mark: 0,
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                let v = self.flows[id as usize].version;
+                self.flows[id as usize] = Flow { version: v.wrapping_add(1), ..flow };
+                id
+            }
+            None => {
+                self.flows.push(flow);
+                (self.flows.len() - 1) as FlowId
+            }
+        };
+        for &k in &l[..links.len()] {
+            self.on_link[k as usize].push(id);
+        }
+        self.rerate(now, id);
+        id
+    }
+
+    /// Remove a flow that finished (or is cancelled) at `now`.
+    pub fn remove(&mut self, now: u64, id: FlowId) {
+        let f = &mut self.flows[id as usize];
+        debug_assert!(f.live);
+        f.live = false;
+        f.version = f.version.wrapping_add(1);
+        let (links, len) = (f.links, f.len as usize);
+        for &k in &links[..len] {
+            let v = &mut self.on_link[k as usize];
+            if let Some(p) = v.iter().position(|&x| x == id) {
+                v.swap_remove(p);
+            }
+        }
+        self.free.push(id);
+        if self.kind == NetworkKind::MaxMinFair {
+            // Neighbours on the freed links may speed up.
+            for &k in &links[..len] {
+                if let Some(&other) = self.on_link[k as usize].first() {
+                    self.rerate(now, other);
+                }
+            }
+        }
+    }
+
+    pub fn version(&self, id: FlowId) -> u32 {
+        self.flows[id as usize].version
+    }
+
+    pub fn is_live(&self, id: FlowId) -> bool {
+        self.flows[id as usize].live
+    }
+
+    /// Current rate of a flow (bytes/s).
+    pub fn rate(&self, id: FlowId) -> f64 {
+        self.flows[id as usize].rate
+    }
+
+    /// Rates of every live flow, in id order (for tests).
+    pub fn live_rates(&self) -> Vec<(FlowId, f64)> {
+        (0..self.flows.len() as u32)
+            .filter(|&i| self.flows[i as usize].live)
+            .map(|i| (i, self.flows[i as usize].rate))
+            .collect()
+    }
+
+    /// Links of every live flow, in id order (for tests).
+    pub fn live_routes(&self) -> Vec<Vec<u32>> {
+        self.flows.iter().filter(|f| f.live).map(|f| f.links[..f.len as usize].to_vec()).collect()
+    }
+
+    pub fn capacities(&self) -> &[f64] {
+        &self.capacity
+    }
+
+    /// Finish times that changed since the last call.
+    pub fn drain_changes(&mut self, out: &mut Vec<Reschedule>) {
+        out.append(&mut self.changes);
+    }
+
+    /// Recompute rates around `seed` and queue new finish times.
+    fn rerate(&mut self, now: u64, seed: FlowId) {
+        match self.kind {
+            NetworkKind::Ideal => {
+                let f = &mut self.flows[seed as usize];
+                let cap =
+                    f.links[..f.len as usize].iter().map(|&k| self.capacity[k as usize]).fold(f64::INFINITY, f64::min);
+                f.rate = cap;
+                self.changes.push(Reschedule {
+                    id: seed,
+                    version: f.version,
+                    finish_ns: finish_ns(now, f.remaining_bytes, cap),
+                });
+            }
+            NetworkKind::MaxMinFair => {
+                self.epoch = self.epoch.wrapping_add(1);
+                fair_fast::rerate_component(self, now, seed);
+            }
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! The parallel plan: how one training iteration is spread over the devices.
+//!
+//! A [`Plan`] is already validated against its workload and cluster (see `scenario`): its
+//! degrees multiply to the device count, its partition covers every layer once, and its
+//! micro-batch count suits its schedule. Everything downstream may rely on that.
+
+use crate::schedule::ScheduleKind;
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    None,
+    Selective,
+    Full,
+}
+
+impl Recompute {
+    pub const NAMES: [&'static str; 3] = ["none", "selective", "full"];
+    pub fn parse(s: &str) -> Option<Recompute> {
+        Some(match s {
+            "none" => Recompute::None,
+            "selective" => Recompute::Selective,
+            "full" => Recompute::Full,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    Adam,
+    Sgd,
+}
+
+impl Optimizer {
+    pub const NAMES: [&'static str; 2] = ["adam", "sgd"];
+    pub fn parse(s: &str) -> Option<Optimizer> {
+        Some(match s {
+            "adam" | "adamw" => Optimizer::Adam,
+            "sgd" => Optimizer::Sgd,
+            _ => return None,
+        })
+    }
+}
+
+pub fn schedule_name(kind: ScheduleKind) -> &'static str {
+    match kind {
+        ScheduleKind::GPipe => "gpipe",
+        ScheduleKind::OneFOneB => "1f1b",
+        ScheduleKind::Interleaved => "interleaved",
+        ScheduleKind::TwoBW => "2bw",
+        ScheduleKind::Flush => "flush",
+    }
+}
+
+pub fn parse_schedule(s: &str) -> Option<ScheduleKind> {
+    Some(match s {
+        "gpipe" => ScheduleKind::GPipe,
+        "1f1b" => ScheduleKind::OneFOneB,
+        "interleaved" => ScheduleKind::Interleaved,
+        "2bw" => ScheduleKind::TwoBW,
+        "flush" => ScheduleKind::Flush,
+        _ => return None,
+    })
+}
+
+/// Order of the parallel dimensions when numbering devices, innermost first. Megatron-LM's
+/// default keeps a tensor-parallel group inside a node, then data-parallel, then pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum RankOrder {
+    TpDpPp,
+}
+
+/// A validated parallel plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub dp: u32,
+    pub tp: u32,
+    pub pp: u32,
+    #[serde(serialize_with = "ser_schedule")]
+    pub schedule: ScheduleKind,
+    pub virtual_stages: u32,
+    pub recompute: Recompute,
+    pub zero_stage: u8,
+    pub sequence_parallel: bool,
+    /// Layers of each pipeline chunk (pp x virtual_stages entries, in model order).
+    pub partition: Vec<u32>,
+    pub micro_batches: u32,
+    pub micro_batch: u32,
+    pub seq_len: u32,
+    pub precision: crate::hardware::Precision,
+    pub optimizer: Optimizer,
+    /// Data-parallel gradient bucket (bytes of gradients per all-reduce).
+    pub bucket_bytes: f64,
+}
+
+fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(schedule_name(*k))
+}
+
+impl Plan {
+    pub fn devices(&self) -> u32 {
+        self.dp * self.tp * self.pp
+    }
+
+    /// Device index of (data-parallel replica, pipeline stage, tensor rank), Megatron order.
+    pub fn device(&self, dp: u32, stage: u32, tp: u32) -> u32 {
+        (stage * self.dp + dp) * self.tp + tp
+    }
+
+    /// (dp, stage, tp) of a device.
+    pub fn coords(&self, device: u32) -> (u32, u32, u32) {
+        let tp = device % self.tp;
+        let rest = device / self.tp;
+        (rest % self.dp, rest / self.dp, tp)
+    }
+
+    pub fn chunks(&self) -> u32 {
+        self.pp * self.virtual_stages
+    }
+
+    /// First layer of each chunk, with the total at the end.
+    pub fn chunk_starts(&self) -> Vec<u32> {
+        let mut v = Vec::with_capacity(self.partition.len() + 1);
+        let mut acc = 0;
+        v.push(0);
+        for l in &self.partition {
+            acc += l;
+            v.push(acc);
+        }
+        v
+    }
+
+    /// Split `layers` as evenly as possible over `chunks`, extra layers to the later chunks
+    /// (the first stage also carries the embedding, the last the head).
+    pub fn uniform_partition(layers: u32, chunks: u32) -> Vec<u32> {
+        let base = layers / chunks;
+        let extra = layers % chunks;
+        (0..chunks).map(|c| base + u32::from(c >= chunks - extra)).collect()
+    }
+}

@@ -1,0 +1,151 @@
+//! The report: the numbers a user asks for, from a run. Its JSON form is the public
+//! contract of `shared/SCENARIO.md`; keys carry their units.
+
+pub mod timeline;
+pub mod trace;
+
+use crate::engine::RunResult;
+use crate::lower::Program;
+use crate::scenario::Scenario;
+use serde::Serialize;
+use timeline::MemoryBreakdown;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StageReport {
+    pub stage: u32,
+    /// A representative device of the stage.
+    pub device: u32,
+    pub layers: u32,
+    pub compute_busy_s: f64,
+    pub bubble_s: f64,
+    pub peak_memory_bytes: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanSummary {
+    pub dp: u32,
+    pub tp: u32,
+    pub pp: u32,
+    pub schedule: &'static str,
+    pub virtual_stages: u32,
+    pub micro_batches: u32,
+    pub micro_batch: u32,
+    pub recompute: crate::plan::Recompute,
+    pub zero_stage: u8,
+    pub partition: Vec<u32>,
+}
+
+/// The result of simulating one iteration.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub name: String,
+    pub workload: String,
+    pub parameters: f64,
+    pub cluster: String,
+    pub device: String,
+    pub iteration_s: f64,
+    pub samples_per_s: f64,
+    pub tokens_per_s: f64,
+    pub model_flops_per_iteration: f64,
+    /// Achieved model FLOP/s per device.
+    pub model_flops_per_s_per_device: f64,
+    pub mfu: f64,
+    pub bubble_fraction: f64,
+    pub fits: bool,
+    pub peak_memory_bytes: f64,
+    pub memory_capacity_bytes: f64,
+    pub peak_memory_device: u32,
+    pub memory_breakdown: MemoryBreakdown,
+    pub devices: u32,
+    pub simulated_devices: u32,
+    /// One data-parallel replica simulated and mirrored (exact when every node holds one
+    /// replica's devices only).
+    pub symmetric: bool,
+    pub events: u64,
+    pub flows: u64,
+    pub tasks: u64,
+    pub stages: Vec<StageReport>,
+    pub plan: PlanSummary,
+    pub defaults_applied: Vec<String>,
+}
+
+pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
+    let plan = &s.plan;
+    let w = &s.workload.transformer;
+    let iteration_s = r.iteration_ns as f64 * 1e-9;
+    let devices = plan.devices();
+    let model_flops = s.training.global_batch as f64 * w.model_flops_per_sample(plan.seq_len);
+    let peak = s.cluster.node.device.peak_flops.at(plan.precision);
+    let samples_per_s = s.training.global_batch as f64 / iteration_s;
+    let nd = p.devices.len();
+    // Bubble: idle time of each compute stream before its pipeline part ends, averaged.
+    let bubble_ns: Vec<f64> =
+        (0..nd).map(|d| r.pipeline_end_ns[d].saturating_sub(r.pipeline_busy_ns[d]) as f64).collect();
+    let bubble_fraction = bubble_ns.iter().sum::<f64>() / nd as f64 / r.iteration_ns.max(1) as f64;
+    let totals: Vec<MemoryBreakdown> = (0..nd)
+        .map(|d| MemoryBreakdown {
+            activations: r.peak_activations[d],
+            buffers: p.static_memory[d].buffers + r.peak_buffers[d],
+            ..p.static_memory[d]
+        })
+        .collect();
+    let worst = (0..nd).max_by(|&a, &b| totals[a].total().total_cmp(&totals[b].total()).then(b.cmp(&a))).unwrap_or(0);
+    let capacity = s.cluster.node.device.hbm_bytes;
+    let starts = plan.chunk_starts();
+    let stages = (0..plan.pp)
+        .map(|stage| {
+            let d = (0..nd).find(|&d| p.stages[d] == stage).unwrap_or(0);
+            let layers = (0..plan.chunks())
+                .filter(|c| c % plan.pp == stage)
+                .map(|c| starts[c as usize + 1] - starts[c as usize])
+                .sum();
+            StageReport {
+                stage,
+                device: p.devices[d],
+                layers,
+                compute_busy_s: r.compute_busy_ns[d] as f64 * 1e-9,
+                bubble_s: bubble_ns[d] * 1e-9,
+                peak_memory_bytes: totals[d].total(),
+            }
+        })
+        .collect();
+    Report {
+        name: s.name.clone(),
+        workload: s.workload.name.clone(),
+        parameters: s.workload.parameters(),
+        cluster: format!("{} x {}", s.cluster.nodes, s.cluster.node.name),
+        device: s.cluster.node.device.name.clone(),
+        iteration_s,
+        samples_per_s,
+        tokens_per_s: samples_per_s * plan.seq_len as f64,
+        model_flops_per_iteration: model_flops,
+        model_flops_per_s_per_device: model_flops / iteration_s / devices as f64,
+        mfu: model_flops / iteration_s / (devices as f64 * peak),
+        bubble_fraction,
+        fits: totals.iter().all(|m| m.total() <= capacity),
+        peak_memory_bytes: totals[worst].total(),
+        memory_capacity_bytes: capacity,
+        peak_memory_device: p.devices[worst],
+        memory_breakdown: totals[worst],
+        devices,
+        simulated_devices: nd as u32,
+        symmetric: p.symmetric,
+        events: r.events,
+        flows: r.flows,
+        tasks: p.tasks.len() as u64,
+        stages,
+        plan: PlanSummary {
+            dp: plan.dp,
+            tp: plan.tp,
+            pp: plan.pp,
+            schedule: crate::plan::schedule_name(plan.schedule),
+            virtual_stages: plan.virtual_stages,
+            micro_batches: plan.micro_batches,
+            micro_batch: plan.micro_batch,
+            recompute: plan.recompute,
+            zero_stage: plan.zero_stage,
+            partition: plan.partition.clone(),
+        },
+        defaults_applied: s.defaults_applied.clone(),
+    }
+}

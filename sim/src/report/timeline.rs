@@ -1,0 +1,130 @@
+//! What the engine records: every task's start and end on its device stream, every flow on
+//! the links, and each device's memory over time.
+
+use serde::Serialize;
+
+/// A device's in-order queue. Compute holds kernels and blocking tensor-parallel
+/// collectives; the others overlap with it, as CUDA streams do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    Compute,
+    /// Data-parallel gradient collectives and ZeRO parameter gathers.
+    DataParallel,
+    /// Pipeline sends.
+    PipelineSend,
+}
+
+impl StreamKind {
+    pub const ALL: [StreamKind; 3] = [StreamKind::Compute, StreamKind::DataParallel, StreamKind::PipelineSend];
+    pub fn index(self) -> usize {
+        self as usize
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamKind::Compute => "compute",
+            StreamKind::DataParallel => "dp-comm",
+            StreamKind::PipelineSend => "pp-send",
+        }
+    }
+}
+
+/// Which part of the iteration a task belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Forward,
+    Backward,
+    /// Forward ops re-run before backward (activation recomputation).
+    Recompute,
+    Optimizer,
+    /// Communication not tied to one pass (gradient sync).
+    Sync,
+}
+
+impl Phase {
+    pub fn short(self) -> &'static str {
+        match self {
+            Phase::Forward => "F",
+            Phase::Backward => "B",
+            Phase::Recompute => "R",
+            Phase::Optimizer => "opt",
+            Phase::Sync => "sync",
+        }
+    }
+}
+
+/// What a task is, for traces and plots. Interned: tasks point at these by index.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Label {
+    /// Op name (`qkv`, `fc1`, `attn_allreduce`, `send`, `grad_allreduce`, ...).
+    pub op: &'static str,
+    /// Transformer layer index, -1 for embedding/head/optimizer/whole-model ops.
+    pub layer: i32,
+    pub phase: Phase,
+    /// Pipeline chunk (virtual stage) the op belongs to.
+    pub chunk: u32,
+}
+
+/// One executed task on one device stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Span {
+    pub device: u32,
+    pub stream: StreamKind,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub label: u32,
+    /// Micro-batch, or u32::MAX for per-iteration work.
+    pub micro_batch: u32,
+}
+
+/// One flow's life on the interconnect.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct FlowSpan {
+    pub links: [u32; 2],
+    pub source: u32,
+    pub target: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub bytes: f64,
+}
+
+/// A device's memory at a moment, by kind (bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct MemoryBreakdown {
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer: f64,
+    pub activations: f64,
+    pub buffers: f64,
+}
+
+impl MemoryBreakdown {
+    pub fn total(&self) -> f64 {
+        self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+    }
+}
+
+/// A change of one device's activation/buffer memory at a time (the static parts do not
+/// change during an iteration).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct MemorySample {
+    pub device: u32,
+    pub time_ns: u64,
+    pub activations: f64,
+    pub buffers: f64,
+}
+
+/// The recorded iteration. Spans and flows are filled only when recording was asked for.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timeline {
+    pub labels: Vec<Label>,
+    pub spans: Vec<Span>,
+    pub flows: Vec<FlowSpan>,
+    pub memory: Vec<MemorySample>,
+    /// Devices that were simulated (all, or one data-parallel replica under symmetry).
+    pub devices: Vec<u32>,
+    /// Pipeline stage of each simulated device (same order as `devices`).
+    pub stages: Vec<u32>,
+    pub iteration_ns: u64,
+}

@@ -1,0 +1,653 @@
+//! The scenario file: raw JSON in, a validated [`Scenario`] out.
+//!
+//! This is the one place input is checked. Every error names the key path, the value and
+//! what is allowed (see `shared/SCENARIO.md`); keys that name features still to come give a
+//! "not supported yet" error. Files the scenario points to (a Hugging Face `config.json`)
+//! are read by the caller through the `load` function, so this module does no I/O.
+
+pub mod reader;
+
+use crate::hardware::{
+    ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, LinkSpec, NodeSpec, PeakFlops, Precision, catalog,
+};
+use crate::plan::{Optimizer, Plan, Recompute, parse_schedule};
+use crate::schedule::{self, ScheduleKind, ScheduleShape};
+use crate::workload::{self, Workload};
+use reader::{Obj, invalid, show, unsupported};
+pub use reader::{Result, ScenarioError};
+use serde::Serialize;
+use serde_json::Value;
+
+/// How the engine models the interconnect and which devices it simulates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SimOptions {
+    pub network: crate::network::NetworkKind,
+    /// Simulate one data-parallel replica and mirror it, where that is exact.
+    pub symmetry: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions { network: crate::network::NetworkKind::MaxMinFair, symmetry: true }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Training {
+    pub global_batch: u32,
+    pub micro_batch: u32,
+    pub seq_len: u32,
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+}
+
+/// A validated scenario.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Scenario {
+    pub name: String,
+    pub workload: Workload,
+    pub cluster: ClusterSpec,
+    pub training: Training,
+    pub plan: Plan,
+    pub options: SimOptions,
+    /// Defaults filled in, as "key = value (why)".
+    pub defaults_applied: Vec<String>,
+}
+
+/// Parse and validate a scenario from its JSON text. `load` reads a file named in it.
+pub fn parse(text: &str, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Scenario> {
+    let v: Value = serde_json::from_str(text).map_err(|e| invalid("(file)", format!("not valid JSON: {e}")))?;
+    from_value(&v, load)
+}
+
+pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Scenario> {
+    let root = Obj::new(v, "")?;
+    root.only(&["name", "description", "workload", "cluster", "training", "plan", "simulation", "run"])?;
+    if root.has("run") {
+        return Err(unsupported("run", "whole training-run simulation (epochs, freezing) is planned"));
+    }
+    let mut defaults = Vec::new();
+    let name = root.string("name")?.unwrap_or("unnamed scenario").to_string();
+    let workload = parse_workload(&root.req("workload", Obj::obj)?, load)?;
+    let cluster = parse_cluster(&root.req("cluster", Obj::obj)?)?;
+    let training = parse_training(&root.req("training", Obj::obj)?, &workload, &mut defaults)?;
+    let plan = parse_plan(&root.req("plan", Obj::obj)?, &workload, &cluster, &training, &mut defaults)?;
+    let options = parse_options(root.obj("simulation")?)?;
+    Ok(Scenario { name, workload, cluster, training, plan, options, defaults_applied: defaults })
+}
+
+fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
+    let mut opts = SimOptions::default();
+    if let Some(o) = o {
+        o.only(&["network", "symmetry"])?;
+        if let Some(n) = o.choice("network", &crate::network::NetworkKind::NAMES, crate::network::NetworkKind::parse)? {
+            opts.network = n;
+        }
+        if let Some(s) = o.boolean("symmetry")? {
+            opts.symmetry = s;
+        }
+    }
+    Ok(opts)
+}
+
+fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Workload> {
+    o.only(&["preset", "transformer", "hf_config", "name"])?;
+    let given = ["preset", "transformer", "hf_config"].iter().filter(|k| o.has(k)).count();
+    if given != 1 {
+        return Err(invalid(&o.path, "give exactly one of: preset, transformer, hf_config"));
+    }
+    if let Some(p) = o.string("preset")? {
+        if workload::catalog::PLANNED.contains(&p) {
+            return Err(unsupported(&o.key("preset"), format!("\"{p}\": CNN and RNN workloads are planned")));
+        }
+        return workload::catalog::workload(p).ok_or_else(|| {
+            invalid(
+                &o.key("preset"),
+                format!("\"{p}\" is not a workload preset; presets: {}", workload::catalog::names().join(", ")),
+            )
+        });
+    }
+    if let Some(path) = o.string("hf_config")? {
+        let text = load(path).map_err(|e| invalid(&o.key("hf_config"), format!("cannot read \"{path}\": {e}")))?;
+        let name = o.string("name")?.unwrap_or(path);
+        return workload::hf::parse(name, &text).map_err(|e| invalid(&o.key("hf_config"), format!("\"{path}\": {e}")));
+    }
+    let t = o.req("transformer", Obj::obj)?;
+    t.only(&[
+        "layers",
+        "hidden",
+        "heads",
+        "vocab",
+        "ffn_hidden",
+        "kv_heads",
+        "causal",
+        "max_positions",
+        "mlp",
+        "norm",
+        "bias",
+        "dropout",
+        "tied_embeddings",
+    ])?;
+    let layers = t.req("layers", Obj::uint)?;
+    let hidden = t.req("hidden", Obj::uint)?;
+    let heads = t.req("heads", Obj::uint)?;
+    let vocab = t.req("vocab", Obj::uint)?;
+    if hidden % heads != 0 {
+        return Err(invalid(
+            &t.key("heads"),
+            format!("{heads} does not divide hidden {hidden}; allowed: a divisor of hidden"),
+        ));
+    }
+    let mut cfg =
+        workload::TransformerConfig::gpt(layers, hidden, heads, vocab, t.count("max_positions")?.unwrap_or(0));
+    if let Some(f) = t.uint("ffn_hidden")? {
+        cfg.ffn_hidden = f;
+    }
+    if let Some(kv) = t.uint("kv_heads")? {
+        if heads % kv != 0 {
+            return Err(invalid(
+                &t.key("kv_heads"),
+                format!("{kv} does not divide heads {heads}; allowed: a divisor of heads"),
+            ));
+        }
+        cfg.kv_heads = kv;
+    }
+    use workload::transformer::{Mlp, Norm};
+    if let Some(m) = t.choice("mlp", &["gelu", "swiglu"], |s| match s {
+        "gelu" => Some(Mlp::Gelu),
+        "swiglu" => Some(Mlp::SwiGlu),
+        _ => None,
+    })? {
+        cfg.mlp = m;
+    }
+    if let Some(n) = t.choice("norm", &["layernorm", "rmsnorm"], |s| match s {
+        "layernorm" => Some(Norm::LayerNorm),
+        "rmsnorm" => Some(Norm::RmsNorm),
+        _ => None,
+    })? {
+        cfg.norm = n;
+    }
+    cfg.causal = t.boolean("causal")?.unwrap_or(true);
+    cfg.bias = t.boolean("bias")?.unwrap_or(cfg.bias);
+    cfg.dropout = t.boolean("dropout")?.unwrap_or(cfg.dropout);
+    cfg.tied_embeddings = t.boolean("tied_embeddings")?.unwrap_or(cfg.tied_embeddings);
+    let name = o.string("name")?.unwrap_or("custom transformer");
+    Ok(Workload { name: format!("{name} ({layers} layers, h={hidden})"), transformer: cfg })
+}
+
+fn parse_link(v: &Value, path: &str) -> Result<LinkSpec> {
+    if let Value::String(name) = v {
+        return catalog::link_preset(name).ok_or_else(|| {
+            let names: Vec<String> = catalog::links().into_iter().map(|l| l.name).collect();
+            invalid(path, format!("\"{name}\" is not a link preset; presets: {}", names.join(", ")))
+        });
+    }
+    let o = Obj::new(v, path)?;
+    o.only(&["name", "preset", "bandwidth_bytes_per_s", "latency_s", "efficiency"])?;
+    let mut link = match o.string("preset")? {
+        Some(p) => parse_link(&Value::String(p.into()), &o.key("preset"))?,
+        None => LinkSpec {
+            name: "custom link".into(),
+            bandwidth_bytes_per_s: o.req("bandwidth_bytes_per_s", Obj::positive)?,
+            latency_s: 0.0,
+            efficiency: 1.0,
+            source: "scenario file".into(),
+        },
+    };
+    if let Some(b) = o.positive("bandwidth_bytes_per_s")? {
+        link.bandwidth_bytes_per_s = b;
+    }
+    if let Some(l) = o.non_negative("latency_s")? {
+        link.latency_s = l;
+    }
+    if let Some(e) = o.fraction("efficiency")? {
+        link.efficiency = e;
+    }
+    if let Some(n) = o.string("name")? {
+        link.name = n.into();
+    }
+    Ok(link)
+}
+
+fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
+    if let Value::String(name) = v {
+        return catalog::device(name).ok_or_else(|| {
+            let names: Vec<String> = catalog::devices().into_iter().map(|d| d.name).collect();
+            invalid(path, format!("\"{name}\" is not a device preset; presets: {}", names.join(", ")))
+        });
+    }
+    let o = Obj::new(v, path)?;
+    o.only(&[
+        "name",
+        "preset",
+        "kind",
+        "peak_flops",
+        "hbm_bytes",
+        "mem_bandwidth_bytes_per_s",
+        "compute_units",
+        "gemm_efficiency",
+        "mem_efficiency",
+        "kernel_launch_s",
+        "dsp_count",
+        "clock_hz",
+        "ops_per_dsp_per_cycle",
+        "sram_bytes",
+    ])?;
+    let mut d = match o.string("preset")? {
+        Some(p) => parse_device(&Value::String(p.into()), &o.key("preset"))?,
+        None => DeviceSpec {
+            name: "custom device".into(),
+            kind: DeviceKind::Gpu,
+            peak_flops: PeakFlops::default(),
+            hbm_bytes: o.req("hbm_bytes", Obj::positive)?,
+            mem_bandwidth_bytes_per_s: o.req("mem_bandwidth_bytes_per_s", Obj::positive)?,
+            compute_units: 1,
+            gemm_efficiency: 0.8,
+            mem_efficiency: 0.85,
+            kernel_launch_s: 3e-6,
+            fpga: None,
+            source: "scenario file".into(),
+        },
+    };
+    if let Some(k) = o.choice("kind", &["gpu", "fpga", "cpu"], |s| match s {
+        "gpu" => Some(DeviceKind::Gpu),
+        "fpga" => Some(DeviceKind::Fpga),
+        "cpu" => Some(DeviceKind::Cpu),
+        _ => None,
+    })? {
+        d.kind = k;
+    }
+    if o.has("dsp_count") || o.has("clock_hz") {
+        let fabric = FpgaFabric {
+            dsp_count: o.req("dsp_count", Obj::positive)?,
+            clock_hz: o.req("clock_hz", Obj::positive)?,
+            ops_per_dsp_per_cycle: o.positive("ops_per_dsp_per_cycle")?.unwrap_or(1.0),
+            sram_bytes: o.non_negative("sram_bytes")?.unwrap_or(0.0),
+        };
+        let p = fabric.peak_flops();
+        d.kind = DeviceKind::Fpga;
+        d.peak_flops = PeakFlops { fp32: Some(0.4 * p), fp16: Some(p), bf16: Some(p), fp8: Some(2.0 * p) };
+        d.fpga = Some(fabric);
+    }
+    match o.get("peak_flops") {
+        None => {}
+        Some(Value::Number(_)) => {
+            let p = o.positive("peak_flops")?.unwrap_or(0.0);
+            d.peak_flops = PeakFlops { fp32: Some(p), fp16: Some(p), bf16: Some(p), fp8: Some(p) };
+        }
+        Some(_) => {
+            let po = o.req("peak_flops", Obj::obj)?;
+            po.only(&["fp32", "fp16", "bf16", "fp8"])?;
+            d.peak_flops = PeakFlops {
+                fp32: po.positive("fp32")?,
+                fp16: po.positive("fp16")?,
+                bf16: po.positive("bf16")?,
+                fp8: po.positive("fp8")?,
+            };
+        }
+    }
+    if d.peak_flops.at(Precision::Fp32) <= 0.0 && d.peak_flops.fp16.is_none() && d.peak_flops.bf16.is_none() {
+        return Err(invalid(
+            &o.key("peak_flops"),
+            "required: a number, or an object with fp32/fp16/bf16/fp8 rates in FLOP/s (or dsp_count and clock_hz for an FPGA)",
+        ));
+    }
+    if let Some(x) = o.positive("hbm_bytes")? {
+        d.hbm_bytes = x;
+    }
+    if let Some(x) = o.positive("mem_bandwidth_bytes_per_s")? {
+        d.mem_bandwidth_bytes_per_s = x;
+    }
+    if let Some(x) = o.uint("compute_units")? {
+        d.compute_units = x;
+    }
+    if let Some(x) = o.fraction("gemm_efficiency")? {
+        d.gemm_efficiency = x;
+    }
+    if let Some(x) = o.fraction("mem_efficiency")? {
+        d.mem_efficiency = x;
+    }
+    if let Some(x) = o.non_negative("kernel_launch_s")? {
+        d.kernel_launch_s = x;
+    }
+    if let Some(n) = o.string("name")? {
+        d.name = n.into();
+    }
+    Ok(d)
+}
+
+fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
+    if let Value::String(name) = v {
+        return catalog::node_preset(name).ok_or_else(|| {
+            let names: Vec<String> = catalog::nodes().into_iter().map(|n| n.name).collect();
+            invalid(path, format!("\"{name}\" is not a node preset; presets: {}", names.join(", ")))
+        });
+    }
+    let o = Obj::new(v, path)?;
+    o.only(&["name", "preset", "devices", "device", "intra_node", "nics", "nic", "host_dram_bytes", "pcie"])?;
+    let mut n = match o.string("preset")? {
+        Some(p) => parse_node(&Value::String(p.into()), &o.key("preset"))?,
+        None => NodeSpec {
+            name: "custom node".into(),
+            device: parse_device(
+                o.get("device").ok_or_else(|| invalid(&o.key("device"), "required key is missing"))?,
+                &o.key("device"),
+            )?,
+            devices: o.req("devices", Obj::uint)?,
+            intra_node: None,
+            nics: 1,
+            nic: catalog::link_preset("ib-hdr").expect("preset"),
+            host: crate::hardware::HostSpec {
+                dram_bytes: 512.0 * 1024f64.powi(3),
+                pcie: catalog::link_preset("pcie4").expect("preset"),
+                cpu: Some(catalog::host_cpu()),
+                nvme_bytes: 15e12,
+                nvme_bandwidth_bytes_per_s: 25e9,
+            },
+        },
+    };
+    if let Some(d) = o.get("device") {
+        n.device = parse_device(d, &o.key("device"))?;
+    }
+    if let Some(d) = o.uint("devices")? {
+        n.devices = d;
+    }
+    if o.has("intra_node") {
+        n.intra_node = o.get("intra_node").map(|l| parse_link(l, &o.key("intra_node"))).transpose()?;
+    }
+    if n.devices > 1 && n.intra_node.is_none() {
+        return Err(invalid(
+            &o.key("intra_node"),
+            format!(
+                "a node of {} devices needs a link between them (a link preset or {{\"bandwidth_bytes_per_s\", \"latency_s\"}})",
+                n.devices
+            ),
+        ));
+    }
+    if let Some(k) = o.uint("nics")? {
+        n.nics = k;
+    }
+    if let Some(l) = o.get("nic") {
+        n.nic = parse_link(l, &o.key("nic"))?;
+    }
+    if let Some(l) = o.get("pcie") {
+        n.host.pcie = parse_link(l, &o.key("pcie"))?;
+    }
+    if let Some(b) = o.positive("host_dram_bytes")? {
+        n.host.dram_bytes = b;
+    }
+    if let Some(s) = o.string("name")? {
+        n.name = s.into();
+    }
+    Ok(n)
+}
+
+fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
+    o.only(&["node", "nodes", "inter_node"])?;
+    let node_v = o
+        .get("node")
+        .ok_or_else(|| invalid(&o.key("node"), "required key is missing (a node preset or a node description)"))?;
+    let mut node = parse_node(node_v, &o.key("node"))?;
+    let nodes = o.req("nodes", Obj::uint)?;
+    if let Some(l) = o.get("inter_node") {
+        node.nic = parse_link(l, &o.key("inter_node"))?;
+        if let Some(k) =
+            Obj::new(l, &o.key("inter_node")).ok().and_then(|lo| lo.map.get("nics").and_then(Value::as_u64))
+        {
+            node.nics = k as u32;
+        }
+    }
+    Ok(ClusterSpec { node, nodes })
+}
+
+fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<Training> {
+    o.only(&["global_batch", "micro_batch", "seq_len", "precision", "optimizer"])?;
+    let global_batch = o.req("global_batch", Obj::uint)?;
+    let micro_batch = o.uint("micro_batch")?.unwrap_or_else(|| {
+        defaults.push("training.micro_batch = 1".into());
+        1
+    });
+    let mut seq_len = o.req("seq_len", Obj::uint)?;
+    if let Some(fixed) = w.fixed_seq_len() {
+        if fixed != seq_len {
+            defaults.push(format!(
+                "training.seq_len = {fixed} (the workload's patches + class token; {seq_len} was given)"
+            ));
+            seq_len = fixed;
+        }
+    }
+    let precision = o.choice("precision", &Precision::NAMES, Precision::parse)?.unwrap_or_else(|| {
+        defaults.push("training.precision = bf16".into());
+        Precision::Bf16
+    });
+    let optimizer = o.choice("optimizer", &Optimizer::NAMES, Optimizer::parse)?.unwrap_or_else(|| {
+        defaults.push("training.optimizer = adam".into());
+        Optimizer::Adam
+    });
+    if micro_batch > global_batch {
+        return Err(invalid(
+            &o.key("micro_batch"),
+            format!("{micro_batch} is larger than global_batch {global_batch}"),
+        ));
+    }
+    Ok(Training { global_batch, micro_batch, seq_len, precision, optimizer })
+}
+
+fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &mut Vec<String>) -> Result<Plan> {
+    o.only(&[
+        "dp",
+        "tp",
+        "pp",
+        "schedule",
+        "virtual_stages",
+        "tp_mode",
+        "sequence_parallel",
+        "zero_stage",
+        "recompute",
+        "offload",
+        "partition",
+        "token_slices",
+        "freeze",
+        "bucket_bytes",
+    ])?;
+    for (k, what) in [
+        ("token_slices", "token-level pipelining (TeraPipe)"),
+        ("freeze", "layer freezing (PipeTransformer)"),
+        ("offload", "offload to host memory and NVMe"),
+    ] {
+        if o.has(k) {
+            return Err(unsupported(&o.key(k), format!("{what} is planned; remove the key to simulate without it")));
+        }
+    }
+    let mut dflt = |k: &str, v: &str| defaults.push(format!("plan.{k} = {v}"));
+    let dp = o.uint("dp")?.unwrap_or_else(|| {
+        dflt("dp", "1");
+        1
+    });
+    let tp = o.uint("tp")?.unwrap_or_else(|| {
+        dflt("tp", "1");
+        1
+    });
+    let pp = o.uint("pp")?.unwrap_or_else(|| {
+        dflt("pp", "1");
+        1
+    });
+    let devices = c.device_count();
+    if dp as u64 * tp as u64 * pp as u64 != devices as u64 {
+        return Err(invalid(
+            &o.path,
+            format!(
+                "dp x tp x pp = {dp} x {tp} x {pp} = {} but the cluster has {devices} devices; allowed: degrees whose product is {devices}",
+                dp as u64 * tp as u64 * pp as u64
+            ),
+        ));
+    }
+    match o.string("tp_mode")? {
+        None => dflt("tp_mode", "1d"),
+        Some("1d") => {}
+        Some(m @ ("2d" | "2.5d" | "3d")) => {
+            return Err(unsupported(
+                &o.key("tp_mode"),
+                format!("\"{m}\" tensor parallelism is planned; \"1d\" works today"),
+            ));
+        }
+        Some(m) => return Err(invalid(&o.key("tp_mode"), format!("\"{m}\" is not one of: 1d, 2d, 2.5d, 3d"))),
+    }
+    if o.boolean("sequence_parallel")? == Some(true) {
+        return Err(unsupported(&o.key("sequence_parallel"), "sequence parallelism is planned; set it to false"));
+    }
+    let tf = &w.transformer;
+    if tf.heads % tp != 0 {
+        return Err(invalid(&o.key("tp"), format!("{tp} does not divide the workload's {} attention heads", tf.heads)));
+    }
+    if tp > c.node.devices {
+        return Err(invalid(
+            &o.key("tp"),
+            format!(
+                "{tp} is larger than the {} devices of a node; tensor parallelism stays inside a node",
+                c.node.devices
+            ),
+        ));
+    }
+    let schedule = match o.choice("schedule", &["gpipe", "1f1b", "interleaved", "2bw", "flush"], parse_schedule)? {
+        Some(s @ (ScheduleKind::TwoBW | ScheduleKind::Flush)) => {
+            return Err(unsupported(
+                &o.key("schedule"),
+                format!(
+                    "\"{}\" (PipeDream) is planned; gpipe, 1f1b and interleaved work today",
+                    crate::plan::schedule_name(s)
+                ),
+            ));
+        }
+        Some(s) => s,
+        None => {
+            dflt("schedule", "1f1b");
+            ScheduleKind::OneFOneB
+        }
+    };
+    let virtual_stages = match (schedule, o.uint("virtual_stages")?) {
+        (ScheduleKind::Interleaved, Some(v)) => v,
+        (ScheduleKind::Interleaved, None) => {
+            dflt("virtual_stages", "2");
+            2
+        }
+        (_, Some(v)) if v != 1 => {
+            return Err(invalid(
+                &o.key("virtual_stages"),
+                format!(
+                    "{v} needs \"schedule\": \"interleaved\"; allowed with {}: 1",
+                    crate::plan::schedule_name(schedule)
+                ),
+            ));
+        }
+        _ => 1,
+    };
+    let zero_stage = match o.get("zero_stage") {
+        None => {
+            dflt("zero_stage", "0");
+            0
+        }
+        Some(v) => match v.as_u64() {
+            Some(z @ (0 | 1)) => z as u8,
+            Some(z @ (2 | 3)) => {
+                return Err(unsupported(&o.key("zero_stage"), format!("ZeRO stage {z} is planned; 0 and 1 work today")));
+            }
+            _ => return Err(invalid(&o.key("zero_stage"), format!("{} is not one of: 0, 1, 2, 3", show(v)))),
+        },
+    };
+    let recompute = o.choice("recompute", &Recompute::NAMES, Recompute::parse)?.unwrap_or_else(|| {
+        dflt("recompute", "none");
+        Recompute::None
+    });
+    let per_replica = t.global_batch / dp;
+    if t.global_batch % dp != 0 || per_replica % t.micro_batch != 0 {
+        return Err(invalid(
+            "training.global_batch",
+            format!(
+                "{} samples do not split into dp={dp} replicas of whole micro-batches of {}; allowed: a multiple of dp x micro_batch = {}",
+                t.global_batch,
+                t.micro_batch,
+                dp * t.micro_batch
+            ),
+        ));
+    }
+    let micro_batches = per_replica / t.micro_batch;
+    let chunks = pp * virtual_stages;
+    if chunks > tf.layers {
+        return Err(invalid(
+            &o.key("pp"),
+            format!(
+                "{pp} stages x {virtual_stages} virtual stages = {chunks} chunks, but the workload has only {} layers",
+                tf.layers
+            ),
+        ));
+    }
+    let partition = match o.get("partition") {
+        None => {
+            dflt("partition", "uniform");
+            Plan::uniform_partition(tf.layers, chunks)
+        }
+        Some(Value::String(s)) if s == "uniform" => Plan::uniform_partition(tf.layers, chunks),
+        Some(Value::String(s)) if ["balanced", "parameters", "explore"].contains(&s.as_str()) => {
+            return Err(unsupported(
+                &o.key("partition"),
+                format!(
+                    "\"{s}\" partitioning is planned; \"uniform\" or an explicit list of layers per stage work today"
+                ),
+            ));
+        }
+        Some(Value::Array(a)) => {
+            let layers: Option<Vec<u32>> = a.iter().map(|x| x.as_u64().filter(|n| *n >= 1).map(|n| n as u32)).collect();
+            match layers {
+                Some(l) if l.len() == chunks as usize && l.iter().sum::<u32>() == tf.layers => l,
+                _ => {
+                    return Err(invalid(
+                        &o.key("partition"),
+                        format!(
+                            "expected {chunks} positive layer counts summing to {}, got {}",
+                            tf.layers,
+                            show(o.get("partition").unwrap_or(&Value::Null))
+                        ),
+                    ));
+                }
+            }
+        }
+        Some(v) => {
+            return Err(invalid(
+                &o.key("partition"),
+                format!(
+                    "{} is not \"uniform\", \"balanced\", \"parameters\", \"explore\" or a list of layers per stage",
+                    show(v)
+                ),
+            ));
+        }
+    };
+    let shape = ScheduleShape { stages: pp, micro_batches, virtual_stages };
+    if let Err(e) = schedule::table(schedule, shape) {
+        return Err(invalid(
+            &o.key("schedule"),
+            format!("{e} (micro-batches per replica = global_batch / (dp x micro_batch) = {micro_batches})"),
+        ));
+    }
+    let bucket_bytes = o.positive("bucket_bytes")?.unwrap_or_else(|| {
+        dflt("bucket_bytes", "25 MiB (PyTorch DDP)");
+        25.0 * 1024.0 * 1024.0
+    });
+    Ok(Plan {
+        dp,
+        tp,
+        pp,
+        schedule,
+        virtual_stages,
+        recompute,
+        zero_stage,
+        sequence_parallel: false,
+        partition,
+        micro_batches,
+        micro_batch: t.micro_batch,
+        seq_len: t.seq_len,
+        precision: t.precision,
+        optimizer: t.optimizer,
+        bucket_bytes,
+    })
+}

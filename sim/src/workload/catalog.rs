@@ -1,0 +1,86 @@
+//! Built-in workloads. Architectures from the papers that define them (GPT-3: Brown et al.
+//! 2020 Table 2.1; TeraPipe's 1B and 44B: SEEDS.md 2.5; GPT-2: Radford et al. 2019; Llama 2:
+//! Touvron et al. 2023; Llama 3: Dubey et al. 2024 Table 3; BERT: Devlin et al. 2019; ViT:
+//! Dosovitskiy et al. 2021 Table 1).
+
+use super::Workload;
+use super::transformer::{Input, TransformerConfig};
+
+/// A preset with the size its authors published, for checking the parameter count.
+pub struct Preset {
+    pub name: &'static str,
+    pub published_parameters: f64,
+    pub config: TransformerConfig,
+}
+
+fn gpt3(layers: u32, hidden: u32, heads: u32) -> TransformerConfig {
+    TransformerConfig::gpt(layers, hidden, heads, 50257, 2048)
+}
+
+fn gpt2(layers: u32, hidden: u32, heads: u32) -> TransformerConfig {
+    TransformerConfig::gpt(layers, hidden, heads, 50257, 1024)
+}
+
+fn bert(layers: u32, hidden: u32, heads: u32) -> TransformerConfig {
+    TransformerConfig {
+        causal: false,
+        tied_embeddings: true,
+        input: Input::Tokens { positions: 512, token_types: 2 },
+        pooler: true,
+        ..TransformerConfig::gpt(layers, hidden, heads, 30522, 512)
+    }
+}
+
+fn vit(layers: u32, hidden: u32, heads: u32, ffn: u32, patch: u32) -> TransformerConfig {
+    TransformerConfig {
+        causal: false,
+        ffn_hidden: ffn,
+        input: Input::Patches { image: 224, patch, channels: 3, classes: 1000 },
+        ..TransformerConfig::gpt(layers, hidden, heads, 0, 0)
+    }
+}
+
+/// Every workload preset.
+pub fn presets() -> Vec<Preset> {
+    let p = |name, published_parameters, config| Preset { name, published_parameters, config };
+    vec![
+        p("gpt3-125m", 125e6, gpt3(12, 768, 12)),
+        // The GPT-3 paper rounds this size to 350M; the identical GPT-2 medium counts 355M.
+        p("gpt3-350m", 355e6, gpt3(24, 1024, 16)),
+        p("gpt3-760m", 760e6, gpt3(24, 1536, 16)),
+        p("gpt3-1.3b", 1.3e9, gpt3(24, 2048, 24)),
+        p("gpt3-2.7b", 2.7e9, gpt3(32, 2560, 32)),
+        p("gpt3-6.7b", 6.7e9, gpt3(32, 4096, 32)),
+        p("gpt3-13b", 13.0e9, gpt3(40, 5140, 40)),
+        p("gpt3-175b", 175.0e9, gpt3(96, 12288, 96)),
+        // TeraPipe's GPT3-1B and GPT3-44B (heads = H/128).
+        p("gpt3-1b", 1.3e9, gpt3(24, 2048, 16)),
+        p("gpt3-44b", 44.0e9, gpt3(96, 6144, 48)),
+        p("gpt2", 124e6, gpt2(12, 768, 12)),
+        p("gpt2-medium", 355e6, gpt2(24, 1024, 16)),
+        p("gpt2-large", 774e6, gpt2(36, 1280, 20)),
+        p("gpt2-xl", 1558e6, gpt2(48, 1600, 25)),
+        p("llama2-7b", 6.74e9, TransformerConfig::llama(32, 4096, 32, 32, 11008, 32000)),
+        p("llama2-13b", 13.02e9, TransformerConfig::llama(40, 5120, 40, 40, 13824, 32000)),
+        p("llama2-70b", 68.98e9, TransformerConfig::llama(80, 8192, 64, 8, 28672, 32000)),
+        p("llama3-8b", 8.03e9, TransformerConfig::llama(32, 4096, 32, 8, 14336, 128256)),
+        p("llama3-70b", 70.55e9, TransformerConfig::llama(80, 8192, 64, 8, 28672, 128256)),
+        p("llama3-405b", 405.8e9, TransformerConfig::llama(126, 16384, 128, 8, 53248, 128256)),
+        p("bert-base", 110e6, bert(12, 768, 12)),
+        p("bert-large", 340e6, bert(24, 1024, 16)),
+        p("vit-b16", 86.6e6, vit(12, 768, 12, 3072, 16)),
+        p("vit-l16", 304.3e6, vit(24, 1024, 16, 4096, 16)),
+        p("vit-h14", 632e6, vit(32, 1280, 16, 5120, 14)),
+    ]
+}
+
+/// Names reserved for workloads that later work adds (CNNs and RNNs).
+pub const PLANNED: [&str; 4] = ["vgg16", "resnet50", "gnmt-8", "gnmt-16"];
+
+pub fn workload(name: &str) -> Option<Workload> {
+    presets().into_iter().find(|p| p.name == name).map(|p| Workload { name: p.name.to_string(), transformer: p.config })
+}
+
+pub fn names() -> Vec<&'static str> {
+    presets().iter().map(|p| p.name).collect()
+}

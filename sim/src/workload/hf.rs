@@ -1,0 +1,60 @@
+//! Reader for a Hugging Face `config.json` of a decoder-only transformer (GPT-2, GPT-NeoX,
+//! Llama, Mistral, Qwen and their kin). Pure: takes the file's text, returns a workload or
+//! an error naming the key.
+
+use super::Workload;
+use super::transformer::{Input, Mlp, Norm, TransformerConfig};
+use serde_json::Value;
+
+fn get_u32(v: &Value, keys: &[&str]) -> Option<u32> {
+    keys.iter().find_map(|k| v.get(*k)).and_then(Value::as_u64).map(|x| x as u32)
+}
+
+/// Parse a `config.json`. `name` labels the workload in reports.
+pub fn parse(name: &str, text: &str) -> Result<Workload, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let need =
+        |keys: &[&str]| get_u32(&v, keys).ok_or_else(|| format!("missing positive integer key {}", keys.join(" or ")));
+    let layers = need(&["num_hidden_layers", "n_layer", "num_layers"])?;
+    let hidden = need(&["hidden_size", "n_embd", "d_model"])?;
+    let heads = need(&["num_attention_heads", "n_head"])?;
+    let vocab = need(&["vocab_size"])?;
+    if layers == 0 || hidden == 0 || heads == 0 || vocab == 0 {
+        return Err("layers, hidden size, heads and vocabulary must be positive".into());
+    }
+    if hidden % heads != 0 {
+        return Err(format!("hidden size {hidden} is not a multiple of the {heads} attention heads"));
+    }
+    let kv_heads = get_u32(&v, &["num_key_value_heads"]).unwrap_or(heads);
+    let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let act = v.get("hidden_act").or_else(|| v.get("activation_function")).and_then(Value::as_str).unwrap_or("gelu");
+    let gated = act == "silu" || act == "swiglu" || matches!(model_type, "llama" | "mistral" | "qwen2" | "mixtral");
+    let ffn = get_u32(&v, &["intermediate_size", "n_inner", "ffn_hidden_size"]).unwrap_or(4 * hidden);
+    let rms = v.get("rms_norm_eps").is_some();
+    let positions = if v.get("rope_theta").is_some() || v.get("rotary_pct").is_some() || rms {
+        0
+    } else {
+        get_u32(&v, &["max_position_embeddings", "n_positions", "n_ctx"]).unwrap_or(0)
+    };
+    let tied = v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(!gated);
+    let bias = v.get("attention_bias").or_else(|| v.get("bias")).and_then(Value::as_bool).unwrap_or(!gated);
+    Ok(Workload {
+        name: name.to_string(),
+        transformer: TransformerConfig {
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            ffn_hidden: ffn,
+            vocab,
+            causal: true,
+            mlp: if gated { Mlp::SwiGlu } else { Mlp::Gelu },
+            norm: if rms { Norm::RmsNorm } else { Norm::LayerNorm },
+            bias,
+            dropout: false,
+            tied_embeddings: tied,
+            input: Input::Tokens { positions, token_types: 0 },
+            pooler: false,
+        },
+    })
+}

@@ -1,0 +1,434 @@
+//! Transformer layers as ops.
+//!
+//! A layer (pre-norm, Megatron 1D tensor parallel over `t` ranks) runs, forward:
+//!
+//! ```text
+//! x ─ ln1 ─ qkv ─ scores(QK^T) ─ softmax ─ attn_dropout ─ attn_v ─ out_proj ─[all-reduce]─ dropout+residual
+//!   ─ ln2 ─ fc1 ─ gelu ─ fc2 ─[all-reduce]─ dropout+residual ─> y
+//! ```
+//!
+//! Each op declares what it keeps for backward, following Korthikanti et al. 2022 (the
+//! breakdown in `shared/reference/activation_memory_korthikanti2022.json`): summed over a GPT
+//! layer this gives `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes.
+
+use super::{LayerOp, LayerShape, OpClass, OpSpec, Saved};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mlp {
+    /// Two matrices h -> f -> h with GeLU.
+    Gelu,
+    /// Three matrices (gate, up, down) with SiLU, as in Llama.
+    SwiGlu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Norm {
+    LayerNorm,
+    RmsNorm,
+}
+
+/// What feeds the first layer.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Input {
+    /// Token ids through an embedding table; learned positions if `positions > 0`.
+    Tokens { positions: u32, token_types: u32 },
+    /// ViT: square images cut into square patches, plus a class token.
+    Patches { image: u32, patch: u32, channels: u32, classes: u32 },
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TransformerConfig {
+    pub layers: u32,
+    pub hidden: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub ffn_hidden: u32,
+    pub vocab: u32,
+    pub causal: bool,
+    pub mlp: Mlp,
+    pub norm: Norm,
+    pub bias: bool,
+    pub dropout: bool,
+    pub tied_embeddings: bool,
+    pub input: Input,
+    /// BERT's pooler (h x h dense) on the class token.
+    pub pooler: bool,
+}
+
+impl TransformerConfig {
+    /// A GPT-style decoder: GeLU MLP of 4h, LayerNorm, biases, dropout, tied embeddings.
+    pub fn gpt(layers: u32, hidden: u32, heads: u32, vocab: u32, positions: u32) -> TransformerConfig {
+        TransformerConfig {
+            layers,
+            hidden,
+            heads,
+            kv_heads: heads,
+            ffn_hidden: 4 * hidden,
+            vocab,
+            causal: true,
+            mlp: Mlp::Gelu,
+            norm: Norm::LayerNorm,
+            bias: true,
+            dropout: true,
+            tied_embeddings: true,
+            input: Input::Tokens { positions, token_types: 0 },
+            pooler: false,
+        }
+    }
+
+    /// A Llama-style decoder: SwiGLU, RMSNorm, rotary positions, no biases or dropout.
+    pub fn llama(layers: u32, hidden: u32, heads: u32, kv_heads: u32, ffn: u32, vocab: u32) -> TransformerConfig {
+        TransformerConfig {
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            ffn_hidden: ffn,
+            vocab,
+            causal: true,
+            mlp: Mlp::SwiGlu,
+            norm: Norm::RmsNorm,
+            bias: false,
+            dropout: false,
+            tied_embeddings: false,
+            input: Input::Tokens { positions: 0, token_types: 0 },
+            pooler: false,
+        }
+    }
+
+    pub fn head_dim(&self) -> f64 {
+        self.hidden as f64 / self.heads as f64
+    }
+
+    /// Width of the K and V projections (smaller than h under grouped-query attention).
+    pub fn kv_width(&self) -> f64 {
+        self.head_dim() * self.kv_heads as f64
+    }
+
+    pub fn fixed_seq_len(&self) -> Option<u32> {
+        match self.input {
+            Input::Patches { image, patch, .. } => Some((image / patch) * (image / patch) + 1),
+            Input::Tokens { .. } => None,
+        }
+    }
+
+    fn mlp_matrices(&self) -> f64 {
+        match self.mlp {
+            Mlp::Gelu => 2.0,
+            Mlp::SwiGlu => 3.0,
+        }
+    }
+
+    /// Parameters of one layer.
+    pub fn layer_parameters(&self) -> f64 {
+        let h = self.hidden as f64;
+        let f = self.ffn_hidden as f64;
+        let kv = self.kv_width();
+        let attn = h * (h + 2.0 * kv) + h * h;
+        let mlp = self.mlp_matrices() * h * f;
+        let norms = match self.norm {
+            Norm::LayerNorm => 4.0 * h,
+            Norm::RmsNorm => 2.0 * h,
+        };
+        let biases = if self.bias {
+            (h + 2.0 * kv)
+                + h
+                + match self.mlp {
+                    Mlp::Gelu => f + h,
+                    Mlp::SwiGlu => 2.0 * f + h,
+                }
+        } else {
+            0.0
+        };
+        attn + mlp + norms + biases
+    }
+
+    /// Parameters outside the layers: embeddings, final norm, output head, pooler.
+    pub fn embedding_parameters(&self) -> f64 {
+        let h = self.hidden as f64;
+        let final_norm = match self.norm {
+            Norm::LayerNorm => 2.0 * h,
+            Norm::RmsNorm => h,
+        };
+        match self.input {
+            Input::Tokens { positions, token_types } => {
+                let table = self.vocab as f64 * h;
+                let head = if self.tied_embeddings { 0.0 } else { table };
+                let pooler = if self.pooler { h * h + h } else { 0.0 };
+                table + head + (positions + token_types) as f64 * h + final_norm + pooler
+            }
+            Input::Patches { image, patch, channels, classes } => {
+                let tokens = ((image / patch) * (image / patch) + 1) as f64;
+                let patch_embed = (channels * patch * patch) as f64 * h + h;
+                patch_embed + h /* class token */ + tokens * h + final_norm + h * classes as f64 + classes as f64
+            }
+        }
+    }
+
+    pub fn parameters(&self) -> f64 {
+        self.layers as f64 * self.layer_parameters() + self.embedding_parameters()
+    }
+
+    /// Output classes of the head: the vocabulary for language models.
+    pub fn head_classes(&self) -> f64 {
+        match self.input {
+            Input::Tokens { .. } => self.vocab as f64,
+            Input::Patches { classes, .. } => classes as f64,
+        }
+    }
+
+    /// Model FLOPs of one sample of `s` tokens, forward + backward, no recomputation:
+    /// 6 x parameters x tokens plus attention's 12 x layers x h x s per token (the MFU
+    /// numerator of Chowdhery et al. and MosaicML).
+    pub fn model_flops_per_sample(&self, s: u32) -> f64 {
+        let s = s as f64;
+        6.0 * self.parameters() * s + 12.0 * self.layers as f64 * self.hidden as f64 * s * s
+    }
+
+    /// The ops of one layer at `shape`.
+    pub fn layer_ops(&self, shape: LayerShape) -> Vec<LayerOp> {
+        let b = shape.micro_batch as f64;
+        let s = shape.seq_len as f64;
+        let h = self.hidden as f64;
+        let t = shape.tp as f64;
+        let a = self.heads as f64;
+        let e = shape.activation_bytes;
+        let f = self.ffn_hidden as f64;
+        let kv = self.kv_width();
+        let d = self.head_dim();
+        let sbh = s * b * h;
+        // Replicated activations are split over t only under sequence parallelism.
+        let rep = if shape.sequence_parallel { 1.0 / t } else { 1.0 };
+        let tokens = b * s;
+        let mut ops = Vec::with_capacity(16);
+        let norm = |name| {
+            LayerOp::Compute(mem_op(
+                name,
+                2.0 * sbh * e * rep + 2.0 * h * 4.0,
+                Saved { replicated_bytes: e * sbh * rep, ..Saved::default() },
+            ))
+        };
+        let gemm = |name, m: f64, n: f64, k: f64, saved: Saved| LayerOp::Compute(gemm_op(name, 1.0, m, n, k, e, saved));
+        ops.push(norm("ln1"));
+        ops.push(gemm(
+            "qkv",
+            tokens,
+            (h + 2.0 * kv) / t,
+            h,
+            Saved { replicated_bytes: e * sbh * rep, ..Saved::default() },
+        ));
+        // Scores keep Q and K (2 x 2sbh/t in Korthikanti's count, with full-width K).
+        let heads = b * a / t;
+        ops.push(LayerOp::Compute(gemm_op(
+            "scores",
+            heads,
+            s,
+            s,
+            d,
+            e,
+            Saved { sharded_bytes: e * (sbh + s * b * kv) / t, ..Saved::default() },
+        )));
+        let scores_bytes = b * a * s * s / t;
+        ops.push(LayerOp::Compute(mem_op(
+            "softmax",
+            2.0 * scores_bytes * e,
+            Saved { selective_bytes: e * scores_bytes, ..Saved::default() },
+        )));
+        if self.dropout {
+            ops.push(LayerOp::Compute(mem_op(
+                "attn_dropout",
+                (2.0 * e + 1.0) * scores_bytes,
+                Saved { selective_bytes: scores_bytes, ..Saved::default() },
+            )));
+        }
+        // attn_v keeps V and the (dropped-out) probabilities; selective drops the latter.
+        ops.push(LayerOp::Compute(gemm_op(
+            "attn_v",
+            heads,
+            s,
+            d,
+            s,
+            e,
+            Saved { sharded_bytes: e * s * b * kv / t, selective_bytes: e * scores_bytes, ..Saved::default() },
+        )));
+        ops.push(gemm("out_proj", tokens, h, h / t, Saved { sharded_bytes: e * sbh / t, ..Saved::default() }));
+        if shape.tp > 1 {
+            ops.push(LayerOp::TpAllReduce {
+                name: "attn_allreduce",
+                bytes: e * sbh,
+                forward: true,
+                backward_after: Some("qkv"),
+            });
+        }
+        ops.push(residual(self.dropout, sbh * rep, e));
+        ops.push(norm("ln2"));
+        let up = self.mlp_matrices() - 1.0;
+        ops.push(gemm("fc1", tokens, up * f / t, h, Saved { replicated_bytes: e * sbh * rep, ..Saved::default() }));
+        // GeLU keeps its input (4h wide in GPT: 8sbh at 2 bytes); SwiGLU keeps gate and up.
+        ops.push(LayerOp::Compute(mem_op(
+            "act",
+            (up + 1.0) * e * tokens * f / t,
+            Saved { sharded_bytes: up * e * tokens * f / t, ..Saved::default() },
+        )));
+        ops.push(gemm("fc2", tokens, h, f / t, Saved { sharded_bytes: e * tokens * f / t, ..Saved::default() }));
+        if shape.tp > 1 {
+            ops.push(LayerOp::TpAllReduce {
+                name: "mlp_allreduce",
+                bytes: e * sbh,
+                forward: true,
+                backward_after: Some("fc1"),
+            });
+        }
+        ops.push(residual(self.dropout, sbh * rep, e));
+        ops
+    }
+
+    /// Ops before the first layer (embedding lookup, or ViT's patch projection).
+    pub fn embedding_ops(&self, shape: LayerShape) -> Vec<LayerOp> {
+        let b = shape.micro_batch as f64;
+        let s = shape.seq_len as f64;
+        let h = self.hidden as f64;
+        let e = shape.activation_bytes;
+        let mut ops = match self.input {
+            Input::Tokens { .. } => vec![LayerOp::Compute(OpSpec {
+                name: "embedding",
+                class: OpClass::Memory,
+                forward_flops: 0.0,
+                forward_bytes: 2.0 * s * b * h * e,
+                backward_flops: 0.0,
+                backward_bytes: 3.0 * s * b * h * e,
+                saved: Saved {
+                    // The dropout mask on the embedding output (Korthikanti's s*b*h*p/t term
+                    // appears only on the first stage).
+                    replicated_bytes: if self.dropout { s * b * h } else { 0.0 },
+                    ..Saved::default()
+                },
+            })],
+            Input::Patches { patch, channels, .. } => {
+                let k = (channels * patch * patch) as f64;
+                vec![LayerOp::Compute(gemm_op(
+                    "patch_embed",
+                    1.0,
+                    b * (s - 1.0),
+                    h,
+                    k,
+                    e,
+                    Saved { replicated_bytes: e * b * (s - 1.0) * k, ..Saved::default() },
+                ))]
+            }
+        };
+        // A vocabulary-parallel embedding sums the ranks' partial lookups.
+        if shape.tp > 1 && matches!(self.input, Input::Tokens { .. }) {
+            ops.push(LayerOp::TpAllReduce {
+                name: "embed_allreduce",
+                bytes: e * s * b * h,
+                forward: true,
+                backward_after: None,
+            });
+        }
+        ops
+    }
+
+    /// Ops after the last layer: final norm, output projection (vocabulary split over t, as
+    /// Megatron does), and the loss.
+    pub fn head_ops(&self, shape: LayerShape) -> Vec<LayerOp> {
+        let b = shape.micro_batch as f64;
+        let s = shape.seq_len as f64;
+        let h = self.hidden as f64;
+        let t = shape.tp as f64;
+        let e = shape.activation_bytes;
+        let c = self.head_classes();
+        // Classification heads read one token per sample; language models every token.
+        let rows = match self.input {
+            Input::Tokens { .. } => b * s,
+            Input::Patches { .. } => b,
+        };
+        let mut ops = Vec::new();
+        if shape.tp > 1 {
+            // The column-parallel output layer's input gradient is summed over the group.
+            ops.push(LayerOp::TpAllReduce {
+                name: "head_allreduce",
+                bytes: e * rows * h,
+                forward: false,
+                backward_after: Some("logits"),
+            });
+        }
+        ops.extend([
+            LayerOp::Compute(mem_op(
+                "final_norm",
+                2.0 * b * s * h * e,
+                Saved { replicated_bytes: e * b * s * h, ..Saved::default() },
+            )),
+            LayerOp::Compute(gemm_op(
+                "logits",
+                1.0,
+                rows,
+                c / t,
+                h,
+                e,
+                Saved { replicated_bytes: e * rows * h, ..Saved::default() },
+            )),
+            // Cross-entropy in fp32 keeps the logits (4 bytes each).
+            LayerOp::Compute(mem_op(
+                "loss",
+                3.0 * 4.0 * rows * c / t,
+                Saved { sharded_bytes: 4.0 * rows * c / t, ..Saved::default() },
+            )),
+        ]);
+        ops
+    }
+
+    /// Activation bytes one layer keeps for backward per micro-batch, summed over its ops,
+    /// for a recomputation mode.
+    pub fn layer_activation_bytes(&self, shape: LayerShape, recompute: crate::plan::Recompute) -> f64 {
+        use crate::plan::Recompute;
+        match recompute {
+            // Only the layer input is kept (2sbh, divided by t under sequence parallelism).
+            Recompute::Full => {
+                let rep = if shape.sequence_parallel { 1.0 / shape.tp as f64 } else { 1.0 };
+                shape.activation_bytes * shape.seq_len as f64 * shape.micro_batch as f64 * self.hidden as f64 * rep
+            }
+            Recompute::None | Recompute::Selective => {
+                self.layer_ops(shape).iter().filter_map(LayerOp::compute).map(|op| op.saved.bytes(recompute)).sum()
+            }
+        }
+    }
+}
+
+fn gemm_op(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e: f64, saved: Saved) -> OpSpec {
+    let flops = 2.0 * batch * m * n * k;
+    let bytes = batch * e * (m * k + k * n + m * n);
+    OpSpec {
+        name,
+        class: OpClass::Gemm { batch, m, n, k },
+        forward_flops: flops,
+        forward_bytes: bytes,
+        // dX = dY W^T and dW = X^T dY.
+        backward_flops: 2.0 * flops,
+        backward_bytes: 2.0 * bytes,
+        saved,
+    }
+}
+
+fn mem_op(name: &'static str, bytes: f64, saved: Saved) -> OpSpec {
+    OpSpec {
+        name,
+        class: OpClass::Memory,
+        forward_flops: 0.0,
+        forward_bytes: bytes,
+        backward_flops: 0.0,
+        backward_bytes: 1.5 * bytes,
+        saved,
+    }
+}
+
+fn residual(dropout: bool, elems: f64, e: f64) -> LayerOp {
+    LayerOp::Compute(mem_op(
+        "dropout_residual",
+        3.0 * elems * e + if dropout { elems } else { 0.0 },
+        Saved { replicated_bytes: if dropout { elems } else { 0.0 }, ..Saved::default() },
+    ))
+}

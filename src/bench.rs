@@ -1,0 +1,55 @@
+//! `trainsim bench`: how fast the simulator runs, on the headline GPT-3 175B scenario at
+//! 1024, 3072 and 8192 GPUs. Prints one line per case and, last, the 1024-GPU case as
+//! `events_per_s=N wall_s=T`.
+
+use sim::scenario;
+use std::time::Instant;
+
+const GPT3: &str = include_str!("../experiments/core/gpt3-175b-1024xa100.json");
+
+fn case(nodes: u32, dp: u32, symmetry: bool) -> Result<scenario::Scenario, String> {
+    let mut v: serde_json::Value = serde_json::from_str(GPT3).map_err(|e| e.to_string())?;
+    v["cluster"]["nodes"] = nodes.into();
+    v["plan"]["dp"] = dp.into();
+    v["simulation"] = serde_json::json!({"symmetry": symmetry});
+    scenario::from_value(&v, &|_| Err("no files".into())).map_err(|e| e.to_string())
+}
+
+pub fn run(full: bool, quick: bool) -> Result<(), String> {
+    let cases: &[(u32, u32)] = if quick { &[(128, 8)] } else { &[(128, 8), (384, 24), (1024, 64)] };
+    let mut headline = None;
+    for &(nodes, dp) in cases {
+        for symmetry in if full { vec![true, false] } else { vec![true] } {
+            let s = case(nodes, dp, symmetry)?;
+            let start = Instant::now();
+            let out = sim::simulate(&s, false);
+            let wall_s = start.elapsed().as_secs_f64();
+            let r = &out.report;
+            println!(
+                "gpt3-175b {:>5} GPUs (dp={} tp=8 pp=16, {} micro-batches){}: iteration_s={:.4} mfu={:.3} events={} tasks={} simulated_devices={} wall_s={:.3} events_per_s={:.0}",
+                r.devices,
+                dp,
+                r.plan.micro_batches,
+                if symmetry { "" } else { " [every device]" },
+                r.iteration_s,
+                r.mfu,
+                r.events,
+                r.tasks,
+                r.simulated_devices,
+                wall_s,
+                r.events as f64 / wall_s
+            );
+            if nodes == 128 && headline.is_none() {
+                headline = Some((r.events as f64 / wall_s, wall_s, r.iteration_s));
+            } else if nodes == 128 {
+                let (_, _, it) = headline.expect("set");
+                if (it - r.iteration_s).abs() > 1e-9 * it.max(1.0) {
+                    return Err(format!("symmetric and full simulations disagree: {it} s vs {} s", r.iteration_s));
+                }
+            }
+        }
+    }
+    let (eps, wall, _) = headline.expect("the 1024-GPU case ran");
+    println!("events_per_s={eps:.0} wall_s={wall:.3}");
+    Ok(())
+}

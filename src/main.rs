@@ -1,0 +1,273 @@
+//! `trainsim`: the command line. Parses arguments, reads and writes files, times runs, and
+//! calls into the pure `sim` crate for everything else.
+
+mod bench;
+mod gantt;
+
+use clap::{Parser, Subcommand};
+use sim::hardware::Topology;
+use sim::report::trace::{TraceNames, chrome_trace};
+use sim::scenario::{self, Scenario};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "trainsim",
+    version,
+    about = "Simulate distributed training of large neural networks before spending a GPU-hour"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate one training iteration of a scenario file.
+    Simulate {
+        /// The scenario (JSON; see shared/SCENARIO.md).
+        scenario: PathBuf,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Also write a Chrome/Perfetto trace-event file.
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
+        /// Also draw the pipeline schedule (.png or .svg).
+        #[arg(long, value_name = "FILE")]
+        gantt: Option<PathBuf>,
+        /// Simulate every device even where one data-parallel replica could stand for all.
+        #[arg(long)]
+        full: bool,
+        /// Interconnect model: fair (max-min fair sharing) or ideal (no contention).
+        #[arg(long, value_name = "MODEL")]
+        network: Option<String>,
+    },
+    /// List every built-in device, link, node and workload preset.
+    Presets {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time the simulator on GPT-3 175B at 1024, 3072 and 8192 GPUs.
+    Bench {
+        /// Simulate every device (no symmetry) as well, and check both agree.
+        #[arg(long)]
+        full: bool,
+        /// Only the 1024-GPU case.
+        #[arg(long)]
+        quick: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Simulate { scenario, json, trace, gantt, full, network } => {
+            simulate(&scenario, json, trace.as_deref(), gantt.as_deref(), full, network.as_deref())
+        }
+        Command::Presets { json } => {
+            presets(json);
+            Ok(())
+        }
+        Command::Bench { full, quick } => bench::run(full, quick),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Read and validate a scenario; files it names are resolved against its folder.
+pub fn load_scenario(path: &Path) -> Result<Scenario, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read scenario {}: {e}", path.display()))?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let load = |name: &str| {
+        let p = Path::new(name);
+        let p = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+        std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    scenario::parse(&text, &load).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn simulate(
+    path: &Path,
+    json: bool,
+    trace: Option<&Path>,
+    gantt_path: Option<&Path>,
+    full: bool,
+    network: Option<&str>,
+) -> Result<(), String> {
+    let mut s = load_scenario(path)?;
+    if full {
+        s.options.symmetry = false;
+    }
+    if let Some(n) = network {
+        s.options.network = sim::network::NetworkKind::parse(n).ok_or_else(|| {
+            format!("--network: \"{n}\" is not one of: {}", sim::network::NetworkKind::NAMES.join(", "))
+        })?;
+    }
+    let record = trace.is_some() || gantt_path.is_some();
+    if record && s.plan.devices() > 512 && !json {
+        eprintln!("note: recording every span of {} devices; the trace may be large", s.plan.devices());
+    }
+    let out = sim::simulate(&s, record);
+    if let Some(t) = trace {
+        let topo = Topology::new(&s.cluster);
+        let link_name = |l: u32| topo.link_name(l);
+        let device_name = |d: u32| {
+            let (r, st, x) = s.plan.coords(d);
+            format!("dev{d} (dp{r} pp{st} tp{x})")
+        };
+        let text = chrome_trace(&out.timeline, &TraceNames { link_name: &link_name, device_name: &device_name });
+        std::fs::write(t, text).map_err(|e| format!("cannot write trace {}: {e}", t.display()))?;
+    }
+    if let Some(g) = gantt_path {
+        let opts = gantt::GanttOptions { title: s.name.clone(), max_rows: 32 };
+        gantt::draw(&out.timeline, g, &opts)?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out.report).map_err(|e| e.to_string())?);
+    } else {
+        print_summary(&out.report);
+        if let Some(t) = trace {
+            println!("trace:        {}", t.display());
+        }
+        if let Some(g) = gantt_path {
+            println!("gantt:        {}", g.display());
+        }
+    }
+    Ok(())
+}
+
+fn gib(b: f64) -> String {
+    format!("{:.2} GiB", b / 1024f64.powi(3))
+}
+
+fn print_summary(r: &sim::report::Report) {
+    let p = &r.plan;
+    println!("{}", r.name);
+    println!("workload:     {} ({:.3} B parameters)", r.workload, r.parameters / 1e9);
+    println!("cluster:      {} ({} x {})", r.cluster, r.devices, r.device);
+    println!(
+        "plan:         dp={} tp={} pp={} {}{} micro-batches={}x{} recompute={:?} zero={}",
+        p.dp,
+        p.tp,
+        p.pp,
+        p.schedule,
+        if p.virtual_stages > 1 { format!(" (v={})", p.virtual_stages) } else { String::new() },
+        p.micro_batches,
+        p.micro_batch,
+        p.recompute,
+        p.zero_stage
+    );
+    println!("iteration:    {:.4} s", r.iteration_s);
+    println!("throughput:   {:.2} samples/s, {:.0} tokens/s", r.samples_per_s, r.tokens_per_s);
+    println!(
+        "MFU:          {:.1}% ({:.1} TFLOP/s of model math per device)",
+        r.mfu * 100.0,
+        r.model_flops_per_s_per_device / 1e12
+    );
+    println!("bubble:       {:.1}% of the iteration", r.bubble_fraction * 100.0);
+    let m = &r.memory_breakdown;
+    println!(
+        "memory:       peak {} of {} on device {} -> {}",
+        gib(r.peak_memory_bytes),
+        gib(r.memory_capacity_bytes),
+        r.peak_memory_device,
+        if r.fits { "fits" } else { "DOES NOT FIT" }
+    );
+    println!(
+        "              weights {}, gradients {}, optimizer {}, activations {}, buffers {}",
+        gib(m.weights),
+        gib(m.gradients),
+        gib(m.optimizer),
+        gib(m.activations),
+        gib(m.buffers)
+    );
+    println!("stages:       stage  layers  busy_s    bubble_s  peak");
+    for st in &r.stages {
+        println!(
+            "              {:>5}  {:>6}  {:<8.4}  {:<8.4}  {}",
+            st.stage,
+            st.layers,
+            st.compute_busy_s,
+            st.bubble_s,
+            gib(st.peak_memory_bytes)
+        );
+    }
+    println!(
+        "engine:       {} events, {} flows, {} tasks, {} of {} devices simulated{}",
+        r.events,
+        r.flows,
+        r.tasks,
+        r.simulated_devices,
+        r.devices,
+        if r.symmetric { " (data-parallel symmetry)" } else { "" }
+    );
+    if !r.defaults_applied.is_empty() {
+        println!("defaults:     {}", r.defaults_applied.join("; "));
+    }
+}
+
+fn presets(json: bool) {
+    use sim::hardware::catalog;
+    let devices = catalog::devices();
+    let links = catalog::links();
+    let nodes = catalog::nodes();
+    let workloads = sim::workload::catalog::presets();
+    if json {
+        let v = serde_json::json!({
+            "devices": devices,
+            "links": links,
+            "nodes": nodes,
+            "workloads": workloads.iter().map(|p| serde_json::json!({
+                "name": p.name, "parameters": p.config.parameters(), "published_parameters": p.published_parameters, "config": p.config,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
+        return;
+    }
+    println!("devices (dense peak at bf16/fp16, memory, bandwidth):");
+    for d in &devices {
+        let peak = d.peak_flops.at(sim::hardware::Precision::Bf16).max(d.peak_flops.at(sim::hardware::Precision::Fp16));
+        println!(
+            "  {:<16} {:>7.1} TFLOP/s  {:>8}  {:>6.0} GB/s  ({:?})",
+            d.name,
+            peak / 1e12,
+            gib(d.hbm_bytes),
+            d.mem_bandwidth_bytes_per_s / 1e9,
+            d.kind
+        );
+    }
+    println!("links (per direction, latency, efficiency):");
+    for l in &links {
+        println!(
+            "  {:<16} {:>7.2} GB/s  {:>5.1} us  {:.2}",
+            l.name,
+            l.bandwidth_bytes_per_s / 1e9,
+            l.latency_s * 1e6,
+            l.efficiency
+        );
+    }
+    println!("nodes:");
+    for n in &nodes {
+        println!(
+            "  {:<18} {} x {} on {}, {} x {} to the fabric",
+            n.name,
+            n.devices,
+            n.device.name,
+            n.intra_node.as_ref().map_or("-", |l| l.name.as_str()),
+            n.nics,
+            n.nic.name
+        );
+    }
+    println!("clusters: any node preset with \"nodes\": N, e.g. {{\"node\": \"dgx-a100-80gb\", \"nodes\": 128}}");
+    println!("workloads (parameters):");
+    for p in &workloads {
+        println!("  {:<14} {:>9.3} B", p.name, p.config.parameters() / 1e9);
+    }
+}
