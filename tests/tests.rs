@@ -1,3 +1,11 @@
-//! Integration tests of the whole, one binary. Modules:
-//! - `contract`: the example scenarios and the CLI's error behaviour (SCENARIO.md);
+//! Integration tests of the whole, one binary.
 
+// Helpers shared by the modules: running the CLI, temporary folders, scenario builders.
+mod util;
+
+// The example scenarios, the report keys and the CLI's error behaviour (shared/SCENARIO.md).
+mod contract;
+// Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
+mod report;
+// Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
+mod workload;

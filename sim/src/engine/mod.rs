@@ -11,3 +11,6 @@ pub mod queue;
 pub mod run;
 
 pub use run::{RunOptions, RunResult, run};
+
+#[cfg(test)]
+mod tests;

@@ -213,3 +213,6 @@ impl Network {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

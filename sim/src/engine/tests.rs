@@ -1,0 +1,207 @@
+//! Analytical cross-checks of the engine: collectives against the alpha-beta formulas and
+//! pipelines against the bubble formula, on hand-built programs.
+
+use super::*;
+use crate::hardware::{catalog, ClusterSpec, LinkSpec, Topology};
+use crate::lower::{Collective, CollectiveKind, OpInstance, Program, Task, TaskKind, Transfer, NONE};
+use crate::network::NetworkKind;
+use crate::report::timeline::{Label, MemoryBreakdown, Phase, StreamKind};
+use crate::schedule::{self, Pass, ScheduleKind, ScheduleShape};
+use crate::workload::{OpClass, OpSpec, Saved};
+
+fn link(bw: f64, lat: f64) -> LinkSpec {
+    LinkSpec { name: "test".into(), bandwidth_bytes_per_s: bw, latency_s: lat, efficiency: 1.0, source: String::new() }
+}
+
+fn cluster(devices_per_node: u32, nodes: u32, intra: LinkSpec, nic: LinkSpec) -> ClusterSpec {
+    let mut node = catalog::node_preset("dgx-a100-80gb").expect("preset");
+    node.devices = devices_per_node;
+    node.intra_node = Some(intra);
+    node.nic = nic;
+    node.nics = devices_per_node;
+    ClusterSpec { node, nodes }
+}
+
+fn empty_program(devices: u32) -> Program {
+    Program {
+        devices: (0..devices).collect(),
+        stages: vec![0; devices as usize],
+        mirror: (0..devices).collect(),
+        streams: vec![Vec::new(); devices as usize * 3],
+        static_memory: vec![MemoryBreakdown::default(); devices as usize],
+        labels: vec![Label { op: "x", layer: -1, phase: Phase::Forward, chunk: 0 }],
+        ..Program::default()
+    }
+}
+
+fn push(p: &mut Program, kind: TaskKind, payload: u32, streams: &[u32], mb: u32) -> u32 {
+    let id = p.tasks.len() as u32;
+    p.tasks.push(Task { kind, streams: streams.len() as u8, payload, label: 0, micro_batch: mb, memory: NONE, stream: streams[0] });
+    for &s in streams {
+        p.streams[s as usize].push(id);
+    }
+    id
+}
+
+fn opts() -> RunOptions {
+    RunOptions { network: NetworkKind::MaxMinFair, record: false, collective_launch_ns: 0 }
+}
+
+fn lone_collective(kind: CollectiveKind, per_node: u32, nodes: u32, bytes: f64, intra: LinkSpec, nic: LinkSpec) -> u64 {
+    let c = cluster(per_node, nodes, intra, nic);
+    let n = per_node * nodes;
+    let mut p = empty_program(n);
+    p.collectives.push(Collective { kind, members: (0..n).collect(), bytes });
+    let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
+    push(&mut p, TaskKind::Collective, 0, &streams, 0);
+    run(&p, &Topology::new(&c), &[], opts()).iteration_ns
+}
+
+#[test]
+fn lone_ring_all_reduce_matches_alpha_beta() {
+    for p in [2u32, 3, 4, 8] {
+        for (bytes, bw, alpha) in [(1e9, 100e9, 2e-6), (64e6, 25e9, 5e-6), (1e3, 300e9, 3e-6)] {
+            let got = lone_collective(CollectiveKind::AllReduce, p, 1, bytes, link(bw, alpha), link(1e9, 0.0));
+            let pf = p as f64;
+            let expect = 2.0 * (pf - 1.0) / pf * bytes / bw + 2.0 * (pf - 1.0) * alpha;
+            let steps = 2 * (p as u64 - 1);
+            // Each step rounds its latency and its end up to the nanosecond.
+            assert!(
+                (got as f64 - expect * 1e9).abs() <= 2.0 * steps as f64,
+                "p={p} n={bytes}: {got} ns vs {expect} s"
+            );
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_and_all_gather_are_half_an_all_reduce() {
+    let (i, n) = (link(100e9, 1e-6), link(1e9, 0.0));
+    let ar = lone_collective(CollectiveKind::AllReduce, 8, 1, 1e9, i.clone(), n.clone());
+    let rs = lone_collective(CollectiveKind::ReduceScatter, 8, 1, 1e9, i.clone(), n.clone());
+    let ag = lone_collective(CollectiveKind::AllGather, 8, 1, 1e9, i, n);
+    assert_eq!(rs, ag);
+    assert!((ar as i64 - 2 * rs as i64).abs() <= 16, "{ar} vs 2 x {rs}");
+}
+
+#[test]
+fn hierarchical_all_reduce_sums_its_three_phases() {
+    // 2 nodes x 4 devices: intra reduce-scatter (3 steps of n/4), inter all-reduce of n/4
+    // over 2 nodes (2 steps of n/8) on each device's own NIC, intra all-gather (3 steps).
+    let (bw_i, bw_n, a_i, a_n, n) = (200e9, 20e9, 2e-6, 5e-6, 1e9);
+    let got = lone_collective(CollectiveKind::AllReduce, 4, 2, n, link(bw_i, a_i), link(bw_n, a_n));
+    let expect = 2.0 * 3.0 * (n / 4.0 / bw_i + a_i) + 2.0 * (n / 8.0 / bw_n + a_n);
+    assert!((got as f64 - expect * 1e9).abs() <= 16.0, "{got} ns vs {expect} s");
+}
+
+#[test]
+fn concurrent_transfers_share_a_nic() {
+    // Two devices of node 0 send to node 1 through one shared NIC: each at half rate.
+    let mut c = cluster(2, 2, link(100e9, 0.0), link(10e9, 0.0));
+    c.node.nics = 1;
+    let mut p = empty_program(4);
+    for (i, (s, t)) in [(0u32, 2u32), (1, 3)].into_iter().enumerate() {
+        p.transfers.push(Transfer { source: s, target: t, bytes: 1e9 });
+        push(&mut p, TaskKind::Transfer, i as u32, &[Program::stream_index(s, StreamKind::PipelineSend)], 0);
+    }
+    let r = run(&p, &Topology::new(&c), &[], opts());
+    assert_eq!(r.iteration_ns, 200_000_000);
+    let mut ideal = opts();
+    ideal.network = NetworkKind::Ideal;
+    assert_eq!(run(&p, &Topology::new(&c), &[], ideal).iteration_ns, 100_000_000);
+}
+
+/// A pipeline built straight from a schedule table: each (stage, step) one compute task of
+/// `f` or `b` ns (per chunk), free communication (plain dependencies).
+fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResult {
+    let pp = shape.stages;
+    let mut p = empty_program(pp);
+    let v = shape.virtual_stages as u64;
+    p.ops.push(OpInstance { spec: op(), backward: false });
+    p.ops.push(OpInstance { spec: op(), backward: true });
+    let op_ns = [f / v, b / v];
+    let chunks = pp * shape.virtual_stages;
+    let m = shape.micro_batches;
+    let mut fwd = vec![NONE; (chunks * m) as usize];
+    let mut bwd = vec![NONE; (chunks * m) as usize];
+    for stage in 0..pp {
+        let s = Program::stream_index(stage, StreamKind::Compute);
+        for st in schedule::stage_order(kind, shape, stage).expect("valid") {
+            let k = (st.chunk * m + st.micro_batch) as usize;
+            let t = push(&mut p, TaskKind::Compute, (st.pass == Pass::Backward) as u32, &[s], st.micro_batch);
+            if st.pass == Pass::Forward { fwd[k] = t } else { bwd[k] = t }
+        }
+        p.compute_marks.push(p.streams[s as usize].len() as u32);
+    }
+    for c in 0..chunks {
+        for mb in 0..m {
+            let k = (c * m + mb) as usize;
+            if c + 1 < chunks {
+                p.deps.push((fwd[k], fwd[k + m as usize]));
+                p.deps.push((bwd[k + m as usize], bwd[k]));
+            } else {
+                p.deps.push((fwd[k], bwd[k]));
+            }
+        }
+    }
+    let c = cluster(pp, 1, link(1e12, 0.0), link(1e12, 0.0));
+    run(&p, &Topology::new(&c), &op_ns, opts())
+}
+
+fn op() -> OpSpec {
+    OpSpec {
+        name: "x",
+        class: OpClass::Memory,
+        forward_flops: 0.0,
+        forward_bytes: 0.0,
+        backward_flops: 0.0,
+        backward_bytes: 0.0,
+        saved: Saved::default(),
+    }
+}
+
+fn bubble(r: &RunResult) -> f64 {
+    let n = r.pipeline_end_ns.len();
+    let end = *r.pipeline_end_ns.iter().max().expect("devices");
+    (0..n).map(|d| (end - r.pipeline_busy_ns[d]) as f64).sum::<f64>() / n as f64 / r.iteration_ns as f64
+}
+
+#[test]
+fn timeline_bubble_equals_the_analytical_formula() {
+    for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
+        for pp in 1..=8u32 {
+            for m in [1u32, 2, 3, 8, 16, 32] {
+                let shape = ScheduleShape { stages: pp, micro_batches: m, virtual_stages: 1 };
+                // Backward twice the forward, as in a transformer.
+                let r = pipeline(kind, shape, 1000, 2000);
+                let expect = (pp as f64 - 1.0) / (m as f64 + pp as f64 - 1.0);
+                assert!((bubble(&r) - expect).abs() < 1e-12, "{kind:?} p={pp} m={m}: {} vs {expect}", bubble(&r));
+                assert_eq!(r.iteration_ns, (m + pp - 1) as u64 * 3000);
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_bubble_shrinks_by_the_virtual_stages() {
+    for pp in [2u32, 4] {
+        for v in [2u32, 3] {
+            for m in [pp, 2 * pp, 4 * pp] {
+                let shape = ScheduleShape { stages: pp, micro_batches: m, virtual_stages: v };
+                let r = pipeline(ScheduleKind::Interleaved, shape, 1200, 2400);
+                let expect = schedule::bubble_fraction(ScheduleKind::Interleaved, shape);
+                assert!((bubble(&r) - expect).abs() < 1e-9, "p={pp} v={v} m={m}: {} vs {expect}", bubble(&r));
+            }
+        }
+    }
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let shape = ScheduleShape { stages: 4, micro_batches: 8, virtual_stages: 1 };
+    let a = pipeline(ScheduleKind::OneFOneB, shape, 700, 1300);
+    let b = pipeline(ScheduleKind::OneFOneB, shape, 700, 1300);
+    assert_eq!(a.iteration_ns, b.iteration_ns);
+    assert_eq!(a.events, b.events);
+    assert_eq!(a.pipeline_end_ns, b.pipeline_end_ns);
+}

@@ -1,0 +1,89 @@
+use super::fair_slow::max_min_rates;
+use super::*;
+use rand::RngExt;
+use rand::SeedableRng;
+use rand_pcg::Pcg64Mcg;
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+/// After any sequence of adds and removes, the incremental rates equal a from-scratch
+/// progressive filling over all live flows.
+#[test]
+fn fast_fair_sharing_matches_slow_reference_on_random_inputs() {
+    let mut rng = Pcg64Mcg::seed_from_u64(7);
+    for case in 0..300 {
+        let links = rng.random_range(1..12usize);
+        let caps: Vec<f64> = (0..links).map(|_| rng.random_range(1.0..100.0f64).round() * 1e9).collect();
+        let mut net = Network::new(NetworkKind::MaxMinFair, &caps);
+        let mut live: Vec<FlowId> = Vec::new();
+        let mut now = 0u64;
+        for _ in 0..rng.random_range(1..40usize) {
+            now += rng.random_range(0..1000u64);
+            if !live.is_empty() && rng.random_range(0..3u32) == 0 {
+                let i = rng.random_range(0..live.len());
+                net.remove(now, live.swap_remove(i));
+            } else {
+                let a = rng.random_range(0..links) as u32;
+                let route: Vec<u32> = if rng.random_bool(0.7) && links > 1 {
+                    let mut b = rng.random_range(0..links) as u32;
+                    if b == a {
+                        b = (a + 1) % links as u32;
+                    }
+                    vec![a, b]
+                } else {
+                    vec![a]
+                };
+                live.push(net.add(now, &route, rng.random_range(1.0..1e9f64)));
+            }
+            let expect = max_min_rates(&caps, &net.live_routes());
+            let got: Vec<f64> = net.live_rates().into_iter().map(|(_, r)| r).collect();
+            assert_eq!(expect.len(), got.len());
+            for (e, g) in expect.iter().zip(&got) {
+                assert!(close(*e, *g), "case {case}: fast {g} vs slow {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fair_shares_never_exceed_capacity_and_saturate_a_bottleneck() {
+    let caps = [10.0, 4.0, 6.0];
+    let flows = vec![vec![0, 1], vec![0, 2], vec![1], vec![2, 0]];
+    let r = max_min_rates(&caps, &flows);
+    for (k, cap) in caps.iter().enumerate() {
+        let used: f64 = flows.iter().zip(&r).filter(|(f, _)| f.contains(&(k as u32))).map(|(_, x)| x).sum();
+        assert!(used <= cap + 1e-9, "link {k} over capacity: {used} > {cap}");
+    }
+    // Link 1 (4) is shared by flows 0 and 2: 2 each. Link 2 (6) then gives 3 each to 1, 3.
+    assert_eq!(r, vec![2.0, 3.0, 2.0, 3.0]);
+}
+
+#[test]
+fn ideal_network_ignores_other_flows() {
+    let mut net = Network::new(NetworkKind::Ideal, &[8.0e9, 2.0e9]);
+    let a = net.add(0, &[0, 1], 1e9);
+    let b = net.add(0, &[0, 1], 1e9);
+    assert_eq!(net.rate(a), 2.0e9);
+    assert_eq!(net.rate(b), 2.0e9);
+}
+
+#[test]
+fn a_finished_neighbour_speeds_up_the_survivor_and_reschedules_it() {
+    let mut net = Network::new(NetworkKind::MaxMinFair, &[1e9]);
+    let mut ch = Vec::new();
+    let a = net.add(0, &[0], 1e9);
+    let b = net.add(0, &[0], 0.5e9);
+    net.drain_changes(&mut ch);
+    // Both at 0.5 GB/s: b finishes at 1 s, a would at 2 s.
+    let fin = |ch: &[Reschedule], id| ch.iter().rev().find(|c| c.id == id).map(|c| c.finish_ns);
+    assert_eq!(fin(&ch, b), Some(1_000_000_000));
+    assert_eq!(fin(&ch, a), Some(2_000_000_000));
+    ch.clear();
+    net.remove(1_000_000_000, b);
+    net.drain_changes(&mut ch);
+    // a has 0.5 GB left at the full 1 GB/s: done at 1.5 s.
+    assert_eq!(fin(&ch, a), Some(1_500_000_000));
+    assert_eq!(ch.last().map(|c| c.version), Some(net.version(a)));
+}
