@@ -38,7 +38,10 @@ fn check_report(path: &Path, r: &Value) {
     }
     assert!(r["fits"].is_boolean(), "fits is not a boolean");
     assert!(r["defaults_applied"].is_array(), "defaults_applied is not a list");
-    assert!(r["defaults_applied"].as_array().unwrap().iter().all(Value::is_string), "defaults_applied holds non-strings");
+    assert!(
+        r["defaults_applied"].as_array().unwrap().iter().all(Value::is_string),
+        "defaults_applied holds non-strings"
+    );
     assert!(r["events"].as_u64().is_some_and(|e| e > 0), "events = {}", r["events"]);
 
     let global_batch = s["training"]["global_batch"].as_f64().unwrap();
@@ -144,7 +147,11 @@ fn shared_scenarios_are_accepted_or_planned() {
             let r: Value = serde_json::from_str(&stdout(&o)).expect("report is JSON");
             check_report(&path, &r);
         } else {
-            assert!(err.contains("not supported yet"), "{} refused without \"not supported yet\": {err}", path.display());
+            assert!(
+                err.contains("not supported yet"),
+                "{} refused without \"not supported yet\": {err}",
+                path.display()
+            );
         }
     }
     assert!(seen >= 5, "expected the five example scenarios in {}, found {seen}", dir.display());

@@ -2,8 +2,8 @@
 //! pipelines against the bubble formula, on hand-built programs.
 
 use super::*;
-use crate::hardware::{catalog, ClusterSpec, LinkSpec, Topology};
-use crate::lower::{Collective, CollectiveKind, OpInstance, Program, Task, TaskKind, Transfer, NONE};
+use crate::hardware::{ClusterSpec, LinkSpec, Topology, catalog};
+use crate::lower::{Collective, CollectiveKind, NONE, OpInstance, Program, Task, TaskKind, Transfer};
 use crate::network::NetworkKind;
 use crate::report::timeline::{Label, MemoryBreakdown, Phase, StreamKind};
 use crate::schedule::{self, Pass, ScheduleKind, ScheduleShape};
@@ -36,7 +36,15 @@ fn empty_program(devices: u32) -> Program {
 
 fn push(p: &mut Program, kind: TaskKind, payload: u32, streams: &[u32], mb: u32) -> u32 {
     let id = p.tasks.len() as u32;
-    p.tasks.push(Task { kind, streams: streams.len() as u8, payload, label: 0, micro_batch: mb, memory: NONE, stream: streams[0] });
+    p.tasks.push(Task {
+        kind,
+        streams: streams.len() as u8,
+        payload,
+        label: 0,
+        micro_batch: mb,
+        memory: NONE,
+        stream: streams[0],
+    });
     for &s in streams {
         p.streams[s as usize].push(id);
     }
@@ -66,10 +74,7 @@ fn lone_ring_all_reduce_matches_alpha_beta() {
             let expect = 2.0 * (pf - 1.0) / pf * bytes / bw + 2.0 * (pf - 1.0) * alpha;
             let steps = 2 * (p as u64 - 1);
             // Each step rounds its latency and its end up to the nanosecond.
-            assert!(
-                (got as f64 - expect * 1e9).abs() <= 2.0 * steps as f64,
-                "p={p} n={bytes}: {got} ns vs {expect} s"
-            );
+            assert!((got as f64 - expect * 1e9).abs() <= 2.0 * steps as f64, "p={p} n={bytes}: {got} ns vs {expect} s");
         }
     }
 }

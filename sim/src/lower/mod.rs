@@ -19,7 +19,7 @@ use crate::plan::{Plan, Recompute};
 use crate::report::timeline::{Label, MemoryBreakdown, Phase, StreamKind};
 use crate::scenario::Scenario;
 use crate::schedule::{self, Pass, ScheduleShape};
-use crate::workload::{LayerOp, LayerShape, OpClass, OpSpec, Saved};
+use crate::workload::{Axis, LayerOp, LayerShape, OpClass, OpSpec, Saved};
 use std::collections::HashMap;
 
 /// Whether one replica can stand for all: each node's devices belong to one replica.
@@ -87,7 +87,7 @@ impl Builder {
                     saved += spec.saved.bytes(recompute);
                     saved_none += spec.saved.bytes(Recompute::None);
                 }
-                LayerOp::TpAllReduce { .. } => {
+                LayerOp::Comm { .. } => {
                     fwd.push(NONE);
                     bwd.push(NONE);
                 }
@@ -480,20 +480,13 @@ fn emit_block(
                         b.memory(f + x, di, true, -free);
                     }
                 }
-                if backward {
-                    for other in &blk.ops {
-                        if let LayerOp::TpAllReduce { name, bytes, backward_after: Some(after), .. } = other {
-                            if *after == spec.name {
-                                collective_on_compute(b, ctx, name, *bytes, layer, phase, chunk, mb);
-                            }
-                        }
-                    }
+            }
+            LayerOp::Comm { name, bytes, axis, forward, backward: bwd } => {
+                let kind = if backward { *bwd } else { *forward };
+                if let Some(kind) = kind {
+                    collective_on_compute(b, ctx, kind, *axis, name, *bytes, layer, phase, chunk, mb);
                 }
             }
-            LayerOp::TpAllReduce { name, bytes, forward: true, .. } if !backward => {
-                collective_on_compute(b, ctx, name, *bytes, layer, phase, chunk, mb);
-            }
-            LayerOp::TpAllReduce { .. } => {}
         }
     }
     (first, last)
@@ -532,11 +525,12 @@ fn emit_recompute(
                 }
                 last = f + ctx.group.len() as u32 - 1;
             }
-            LayerOp::TpAllReduce { name, bytes, forward, .. } => {
-                if !selective_only && *forward {
-                    collective_on_compute(b, ctx, name, *bytes, layer, Phase::Recompute, chunk, mb);
+            LayerOp::Comm { name, bytes, axis, forward: Some(kind), .. } => {
+                if !selective_only {
+                    collective_on_compute(b, ctx, *kind, *axis, name, *bytes, layer, Phase::Recompute, chunk, mb);
                 }
             }
+            LayerOp::Comm { .. } => {}
         }
     }
     (first, last)
@@ -573,6 +567,8 @@ fn emit_group_compute(b: &mut Builder, ctx: &StepCtx, op: u32, label: u32, mb: u
 fn collective_on_compute(
     b: &mut Builder,
     ctx: &StepCtx,
+    kind: CollectiveKind,
+    axis: Axis,
     name: &'static str,
     bytes: f64,
     layer: i32,
@@ -580,8 +576,9 @@ fn collective_on_compute(
     chunk: u32,
     mb: u32,
 ) {
+    let Axis::Tensor = axis;
     let label = b.label(Label { op: name, layer, phase, chunk });
-    let id = b.collective_id(CollectiveKind::AllReduce, ctx.group, bytes);
+    let id = b.collective_id(kind, ctx.group, bytes);
     // One task on all the group's compute streams.
     let streams = ctx.streams.clone();
     b.task(TaskKind::Collective, id, label, mb, &streams);

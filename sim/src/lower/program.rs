@@ -43,12 +43,8 @@ pub struct OpInstance {
     pub backward: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CollectiveKind {
-    AllReduce,
-    ReduceScatter,
-    AllGather,
-}
+/// Collectives are the workload's communication kinds.
+pub use crate::workload::Comm as CollectiveKind;
 
 #[derive(Clone, Debug)]
 pub struct Collective {

@@ -493,9 +493,10 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         }
         Some(m) => return Err(invalid(&o.key("tp_mode"), format!("\"{m}\" is not one of: 1d, 2d, 2.5d, 3d"))),
     }
-    if o.boolean("sequence_parallel")? == Some(true) {
-        return Err(unsupported(&o.key("sequence_parallel"), "sequence parallelism is planned; set it to false"));
-    }
+    let sequence_parallel = o.boolean("sequence_parallel")?.unwrap_or_else(|| {
+        dflt("sequence_parallel", "false");
+        false
+    });
     let tf = &w.transformer;
     if tf.heads % tp != 0 {
         return Err(invalid(&o.key("tp"), format!("{tp} does not divide the workload's {} attention heads", tf.heads)));
@@ -550,7 +551,10 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         Some(v) => match v.as_u64() {
             Some(z @ (0 | 1)) => z as u8,
             Some(z @ (2 | 3)) => {
-                return Err(unsupported(&o.key("zero_stage"), format!("ZeRO stage {z} is planned; 0 and 1 work today")));
+                return Err(unsupported(
+                    &o.key("zero_stage"),
+                    format!("ZeRO stage {z} is planned; 0 and 1 work today"),
+                ));
             }
             _ => return Err(invalid(&o.key("zero_stage"), format!("{} is not one of: 0, 1, 2, 3", show(v)))),
         },
@@ -641,7 +645,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         virtual_stages,
         recompute,
         zero_stage,
-        sequence_parallel: false,
+        sequence_parallel,
         partition,
         micro_batches,
         micro_batch: t.micro_batch,

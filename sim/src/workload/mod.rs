@@ -61,6 +61,21 @@ impl Saved {
     }
 }
 
+/// A collective operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Comm {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+/// Which devices of a tensor-parallel group take part in a collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Axis {
+    /// The whole group.
+    Tensor,
+}
+
 /// One compute op of a layer, at fixed (b, s, t).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpSpec {
@@ -77,14 +92,17 @@ pub struct OpSpec {
 #[derive(Clone, Debug, PartialEq)]
 pub enum LayerOp {
     Compute(OpSpec),
-    /// Megatron 1D: all-reduce of `bytes` over the tensor-parallel group, in forward at
-    /// this position (if `forward`), and in backward right after the backward of the op
-    /// named `backward_after` (the column-parallel GEMM whose input gradient it sums).
-    TpAllReduce {
+    /// A collective over the devices of a tensor-parallel `axis`, at this position: `forward`
+    /// runs in the forward pass, `backward` when the backward pass comes back through this
+    /// point. Megatron's `f` operator is (none, all-reduce), its `g` (all-reduce, none); with
+    /// sequence parallelism they become (all-gather, reduce-scatter) and (reduce-scatter,
+    /// all-gather). `bytes` is the full (unsharded) buffer.
+    Comm {
         name: &'static str,
         bytes: f64,
-        forward: bool,
-        backward_after: Option<&'static str>,
+        axis: Axis,
+        forward: Option<Comm>,
+        backward: Option<Comm>,
     },
 }
 
@@ -92,7 +110,7 @@ impl LayerOp {
     pub fn compute(&self) -> Option<&OpSpec> {
         match self {
             LayerOp::Compute(op) => Some(op),
-            LayerOp::TpAllReduce { .. } => None,
+            LayerOp::Comm { .. } => None,
         }
     }
 }

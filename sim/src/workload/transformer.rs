@@ -11,7 +11,7 @@
 //! breakdown in `shared/reference/activation_memory_korthikanti2022.json`): summed over a GPT
 //! layer this gives `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes.
 
-use super::{LayerOp, LayerShape, OpClass, OpSpec, Saved};
+use super::{Axis, Comm, LayerOp, LayerShape, OpClass, OpSpec, Saved};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -212,7 +212,27 @@ impl TransformerConfig {
             ))
         };
         let gemm = |name, m: f64, n: f64, k: f64, saved: Saved| LayerOp::Compute(gemm_op(name, 1.0, m, n, k, e, saved));
+        // Megatron's f (into a column-parallel GEMM) and g (out of a row-parallel one).
+        let sp = shape.sequence_parallel;
+        let f_op = |name| LayerOp::Comm {
+            name,
+            bytes: e * sbh,
+            axis: Axis::Tensor,
+            forward: if sp { Some(Comm::AllGather) } else { None },
+            backward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
+        };
+        let g_op = |name| LayerOp::Comm {
+            name,
+            bytes: e * sbh,
+            axis: Axis::Tensor,
+            forward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
+            backward: if sp { Some(Comm::AllGather) } else { None },
+        };
+        let tp = shape.tp > 1;
         ops.push(norm("ln1"));
+        if tp {
+            ops.push(f_op("attn_in"));
+        }
         ops.push(gemm(
             "qkv",
             tokens,
@@ -255,16 +275,14 @@ impl TransformerConfig {
             Saved { sharded_bytes: e * s * b * kv / t, selective_bytes: e * scores_bytes, ..Saved::default() },
         )));
         ops.push(gemm("out_proj", tokens, h, h / t, Saved { sharded_bytes: e * sbh / t, ..Saved::default() }));
-        if shape.tp > 1 {
-            ops.push(LayerOp::TpAllReduce {
-                name: "attn_allreduce",
-                bytes: e * sbh,
-                forward: true,
-                backward_after: Some("qkv"),
-            });
+        if tp {
+            ops.push(g_op("attn_out"));
         }
         ops.push(residual(self.dropout, sbh * rep, e));
         ops.push(norm("ln2"));
+        if tp {
+            ops.push(f_op("mlp_in"));
+        }
         let up = self.mlp_matrices() - 1.0;
         ops.push(gemm("fc1", tokens, up * f / t, h, Saved { replicated_bytes: e * sbh * rep, ..Saved::default() }));
         // GeLU keeps its input (4h wide in GPT: 8sbh at 2 bytes); SwiGLU keeps gate and up.
@@ -274,13 +292,8 @@ impl TransformerConfig {
             Saved { sharded_bytes: up * e * tokens * f / t, ..Saved::default() },
         )));
         ops.push(gemm("fc2", tokens, h, f / t, Saved { sharded_bytes: e * tokens * f / t, ..Saved::default() }));
-        if shape.tp > 1 {
-            ops.push(LayerOp::TpAllReduce {
-                name: "mlp_allreduce",
-                bytes: e * sbh,
-                forward: true,
-                backward_after: Some("fc1"),
-            });
+        if tp {
+            ops.push(g_op("mlp_out"));
         }
         ops.push(residual(self.dropout, sbh * rep, e));
         ops
@@ -322,11 +335,13 @@ impl TransformerConfig {
         };
         // A vocabulary-parallel embedding sums the ranks' partial lookups.
         if shape.tp > 1 && matches!(self.input, Input::Tokens { .. }) {
-            ops.push(LayerOp::TpAllReduce {
-                name: "embed_allreduce",
+            let sp = shape.sequence_parallel;
+            ops.push(LayerOp::Comm {
+                name: "embed_out",
                 bytes: e * s * b * h,
-                forward: true,
-                backward_after: None,
+                axis: Axis::Tensor,
+                forward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
+                backward: if sp { Some(Comm::AllGather) } else { None },
             });
         }
         ops
@@ -346,22 +361,23 @@ impl TransformerConfig {
             Input::Tokens { .. } => b * s,
             Input::Patches { .. } => b,
         };
-        let mut ops = Vec::new();
+        let mut ops = vec![LayerOp::Compute(mem_op(
+            "final_norm",
+            2.0 * b * s * h * e,
+            Saved { replicated_bytes: e * b * s * h, ..Saved::default() },
+        ))];
         if shape.tp > 1 {
-            // The column-parallel output layer's input gradient is summed over the group.
-            ops.push(LayerOp::TpAllReduce {
-                name: "head_allreduce",
+            // Megatron's f before the column-parallel output layer.
+            let sp = shape.sequence_parallel;
+            ops.push(LayerOp::Comm {
+                name: "head_in",
                 bytes: e * rows * h,
-                forward: false,
-                backward_after: Some("logits"),
+                axis: Axis::Tensor,
+                forward: if sp { Some(Comm::AllGather) } else { None },
+                backward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
             });
         }
         ops.extend([
-            LayerOp::Compute(mem_op(
-                "final_norm",
-                2.0 * b * s * h * e,
-                Saved { replicated_bytes: e * b * s * h, ..Saved::default() },
-            )),
             LayerOp::Compute(gemm_op(
                 "logits",
                 1.0,

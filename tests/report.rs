@@ -1,0 +1,173 @@
+//! Properties of simulated reports on small scenarios (one or two DGX A100 80GB nodes, small
+//! custom transformers), through `sim::scenario::parse` and `sim::simulate`.
+
+use crate::util::{self, TempDir, num, run, scenario, simulate, small_transformer, stderr, stdout};
+use serde_json::{Value, json};
+
+fn training(global_batch: u32, micro_batch: u32, seq_len: u32) -> Value {
+    json!({"global_batch": global_batch, "micro_batch": micro_batch, "seq_len": seq_len,
+           "precision": "bf16", "optimizer": "adam"})
+}
+
+/// A DGX A100 80GB node whose NVLink is replaced by a link of `bandwidth` bytes/s.
+fn with_intra_node_bandwidth(text: &str, bandwidth: f64) -> String {
+    let mut v: Value = serde_json::from_str(text).unwrap();
+    v["cluster"]["node"] = json!({"preset": "dgx-a100-80gb",
+                                  "intra_node": {"bandwidth_bytes_per_s": bandwidth, "latency_s": 2e-6}});
+    v.to_string()
+}
+
+/// (a) Iteration time never grows with the intra-node bandwidth, and does shrink overall.
+#[test]
+fn iteration_time_is_monotone_in_intra_node_bandwidth() {
+    let bandwidths = [5e9, 10e9, 25e9, 50e9, 100e9, 150e9, 300e9, 600e9, 1200e9];
+    let plans =
+        [json!({"dp": 1, "tp": 8, "pp": 1}), json!({"dp": 2, "tp": 4, "pp": 1}), json!({"dp": 8, "tp": 1, "pp": 1})];
+    for plan in plans {
+        let base = scenario(small_transformer(4, 2048, 16), 1, training(16, 2, 1024), plan.clone());
+        let times: Vec<f64> =
+            bandwidths.iter().map(|&bw| simulate(&with_intra_node_bandwidth(&base, bw)).iteration_s).collect();
+        for (i, w) in times.windows(2).enumerate() {
+            assert!(
+                w[1] <= w[0],
+                "plan {plan}: iteration grew from {} s at {:e} B/s to {} s at {:e} B/s (all: {times:?})",
+                w[0],
+                bandwidths[i],
+                w[1],
+                bandwidths[i + 1]
+            );
+        }
+        assert!(
+            times[0] > 1.05 * times[times.len() - 1],
+            "plan {plan}: a 240x faster link changed the iteration by less than 5%: {times:?}"
+        );
+    }
+}
+
+/// (b) At fixed micro-batch size, more micro-batches shrink the pipeline bubble.
+#[test]
+fn more_micro_batches_shrink_the_bubble() {
+    let p = 4.0;
+    let mut last = f64::INFINITY;
+    let mut seen = Vec::new();
+    for m in [4u32, 8, 16, 32, 64] {
+        let text =
+            scenario(small_transformer(8, 1024, 16), 1, training(m, 1, 1024), json!({"dp": 1, "tp": 2, "pp": 4}));
+        let r = simulate(&text);
+        assert_eq!(r.plan.micro_batches, m);
+        let b = r.bubble_fraction;
+        seen.push((m, b));
+        assert!(b < last, "bubble did not shrink with more micro-batches: {seen:?}");
+        // Roughly the 1F1B bubble (p - 1) / (m + p - 1) of equal stages.
+        let ideal = (p - 1.0) / (m as f64 + p - 1.0);
+        assert!(b > 0.5 * ideal && b < 1.5 * ideal, "m={m}: bubble {b} vs (p-1)/(m+p-1) = {ideal}");
+        last = b;
+    }
+}
+
+/// (c) Full recomputation keeps less than selective, selective less than none; full is slower.
+#[test]
+fn recomputation_trades_memory_for_time() {
+    let run_mode = |mode: &str, plan: Value| {
+        let mut plan = plan;
+        plan["recompute"] = json!(mode);
+        simulate(&scenario(small_transformer(8, 1024, 16), 1, training(16, 2, 2048), plan))
+    };
+    // One stage: every device alike.
+    let plan = json!({"dp": 1, "tp": 8, "pp": 1});
+    let [none, sel, full] = ["none", "selective", "full"].map(|m| run_mode(m, plan.clone()));
+    let act = |r: &sim::report::Report| r.memory_breakdown.activations;
+    assert!(act(&full) < act(&sel), "activations: full {} >= selective {}", act(&full), act(&sel));
+    assert!(act(&sel) < act(&none), "activations: selective {} >= none {}", act(&sel), act(&none));
+    assert!(full.peak_memory_bytes < sel.peak_memory_bytes && sel.peak_memory_bytes < none.peak_memory_bytes);
+    assert!(
+        full.iteration_s > none.iteration_s,
+        "full {} s is not slower than none {} s",
+        full.iteration_s,
+        none.iteration_s
+    );
+    assert!(
+        full.iteration_s > sel.iteration_s,
+        "full {} s is not slower than selective {} s",
+        full.iteration_s,
+        sel.iteration_s
+    );
+    assert!(
+        sel.iteration_s >= none.iteration_s,
+        "selective {} s is faster than none {} s",
+        sel.iteration_s,
+        none.iteration_s
+    );
+    // Static memory does not depend on recomputation.
+    assert_eq!(full.memory_breakdown.weights, none.memory_breakdown.weights);
+    assert_eq!(full.memory_breakdown.optimizer, none.memory_breakdown.optimizer);
+
+    // Two stages: the same order on each stage's peak.
+    let plan = json!({"dp": 1, "tp": 4, "pp": 2});
+    let [none, sel, full] = ["none", "selective", "full"].map(|m| run_mode(m, plan.clone()));
+    for st in 0..2 {
+        let peak = |r: &sim::report::Report| r.stages[st].peak_memory_bytes;
+        assert!(
+            peak(&full) < peak(&sel) && peak(&sel) < peak(&none),
+            "stage {st} peaks not ordered full < selective < none"
+        );
+    }
+    assert!(full.iteration_s > none.iteration_s);
+}
+
+/// (d) ZeRO stage 1 shards the optimizer state over the data-parallel group.
+#[test]
+fn zero_stage_1_divides_optimizer_state_by_dp() {
+    let report = |zero: u32| {
+        let plan = json!({"dp": 8, "tp": 1, "pp": 1, "zero_stage": zero});
+        simulate(&scenario(small_transformer(4, 1024, 16), 1, training(16, 2, 512), plan))
+    };
+    let (z0, z1) = (report(0), report(1));
+    let (m0, m1) = (z0.memory_breakdown, z1.memory_breakdown);
+    assert!(m0.optimizer > 0.0);
+    util::assert_close(m1.optimizer * 8.0, m0.optimizer, 1e-12, "ZeRO-1 optimizer bytes x dp vs ZeRO-0");
+    assert_eq!(m1.weights, m0.weights, "ZeRO-1 changed the weights");
+    assert_eq!(m1.gradients, m0.gradients, "ZeRO-1 changed the gradients");
+    // Adam in mixed precision: 12 bytes of optimizer state per parameter (fp32 master, m, v).
+    util::assert_close(m0.optimizer, 12.0 * z0.parameters, 0.01, "Adam state of a replicated model");
+}
+
+/// (e) A plan that does not fit is a result: fits=false, the peak above capacity, exit 0.
+#[test]
+fn plan_that_does_not_fit_is_a_result() {
+    let text = scenario(small_transformer(8, 4096, 32), 1, training(64, 64, 2048), json!({"dp": 1, "tp": 8, "pp": 1}));
+    let r = simulate(&text);
+    assert!(!r.fits, "a 64 x 2048-token micro-batch of h=4096 fits in 80 GB?");
+    assert!(r.peak_memory_bytes > r.memory_capacity_bytes);
+
+    let tmp = TempDir::new("nofit");
+    let path = tmp.write("input.json", &text);
+    let o = run(&[&"simulate", &path, &"--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("report is JSON");
+    assert_eq!(v["fits"], json!(false));
+    assert!(num(&v, "/peak_memory_bytes") > 80.0 * 1024f64.powi(3), "peak {} bytes", v["peak_memory_bytes"]);
+    assert!(num(&v, "/memory_breakdown/activations") > 0.0);
+}
+
+/// (f) Simulating one data-parallel replica and mirroring it gives the full simulation's
+/// results where it applies, and is not used where it would not be exact.
+#[test]
+fn symmetric_and_full_simulation_agree() {
+    for (plan, symmetric) in [(json!({"dp": 2, "tp": 8, "pp": 1}), true), (json!({"dp": 2, "tp": 4, "pp": 2}), false)] {
+        let text = scenario(small_transformer(8, 2048, 16), 2, training(16, 2, 1024), plan.clone());
+        let mut full: Value = serde_json::from_str(&text).unwrap();
+        full["simulation"] = json!({"symmetry": false});
+        let (a, b) = (simulate(&text), simulate(&full.to_string()));
+        assert_eq!(a.symmetric, symmetric, "plan {plan}: symmetric");
+        assert!(!b.symmetric, "plan {plan}: symmetry used although switched off");
+        assert_eq!(b.simulated_devices, 16, "plan {plan}: full simulation");
+        if symmetric {
+            assert!(a.simulated_devices < 16, "plan {plan}: symmetric run simulated every device");
+        }
+        assert_eq!(a.iteration_s, b.iteration_s, "plan {plan}: iteration_s");
+        assert_eq!(a.bubble_fraction, b.bubble_fraction, "plan {plan}: bubble_fraction");
+        assert_eq!(a.peak_memory_bytes, b.peak_memory_bytes, "plan {plan}: peak_memory_bytes");
+        assert_eq!(a.mfu, b.mfu, "plan {plan}: mfu");
+    }
+}

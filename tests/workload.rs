@@ -1,0 +1,220 @@
+//! Workload models against published numbers: preset sizes, GPT layer FLOPs, the activation
+//! memory formulas of Korthikanti et al. 2022, the model-FLOPs count, and the Hugging Face
+//! `config.json` reader (fixtures in `tests/data`).
+
+use crate::util::{self, TempDir, assert_close, close, num, run, stderr};
+use rand::{RngExt, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+use serde_json::json;
+use sim::plan::Recompute;
+use sim::workload::transformer::TransformerConfig;
+use sim::workload::{LayerOp, LayerShape, OpClass};
+use std::path::Path;
+
+#[test]
+fn presets_match_published_parameter_counts() {
+    let presets = sim::workload::catalog::presets();
+    assert!(presets.len() >= 10, "only {} workload presets", presets.len());
+    let off: Vec<String> = presets
+        .iter()
+        .filter(|p| !close(p.config.parameters(), p.published_parameters, 0.01))
+        .map(|p| format!("{}: {:.4e} vs published {:.4e}", p.name, p.config.parameters(), p.published_parameters))
+        .collect();
+    assert!(off.is_empty(), "presets more than 1% off their published size:\n{}", off.join("\n"));
+}
+
+#[test]
+fn preset_names_are_unique_and_resolve() {
+    let names = sim::workload::catalog::names();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), names.len(), "duplicate preset names in {names:?}");
+    for n in names {
+        let w = sim::workload::catalog::workload(n).unwrap_or_else(|| panic!("{n} listed but not found"));
+        assert!(w.parameters() > 0.0);
+    }
+}
+
+fn shape(b: u32, s: u32, t: u32, sp: bool) -> LayerShape {
+    LayerShape { micro_batch: b, seq_len: s, tp: t, sequence_parallel: sp, activation_bytes: 2.0 }
+}
+
+fn gemm_forward_flops(cfg: &TransformerConfig, sh: LayerShape) -> f64 {
+    cfg.layer_ops(sh)
+        .iter()
+        .filter_map(LayerOp::compute)
+        .filter(|op| matches!(op.class, OpClass::Gemm { .. }))
+        .map(|op| op.forward_flops)
+        .sum()
+}
+
+/// Forward GEMM FLOPs of a GPT layer: 24bsh^2 + 4bs^2h (Narayanan et al. 2021), split over t.
+#[test]
+fn gpt_layer_gemm_flops() {
+    let mut cases = vec![(1, 2048, 12288, 96), (4, 1024, 2048, 16), (8, 512, 768, 12), (2, 4096, 5120, 40)];
+    let mut rng = Pcg64Mcg::seed_from_u64(0x5eed);
+    for _ in 0..20 {
+        let heads = 8 * rng.random_range(1..=8u32);
+        let head_dim = 16 * rng.random_range(1..=8u32);
+        cases.push((rng.random_range(1..=16u32), 64 * rng.random_range(1..=32u32), heads * head_dim, heads));
+    }
+    for (b, s, h, a) in cases {
+        let cfg = TransformerConfig::gpt(4, h, a, 50257, 2048);
+        let (bf, sf, hf) = (b as f64, s as f64, h as f64);
+        let want = 24.0 * bf * sf * hf * hf + 4.0 * bf * sf * sf * hf;
+        let got = gemm_forward_flops(&cfg, shape(b, s, 1, false));
+        assert_close(got, want, 1e-12, &format!("GEMM FLOPs of a layer, b={b} s={s} h={h}"));
+        for t in [2, 4, 8] {
+            let got = gemm_forward_flops(&cfg, shape(b, s, t, false));
+            assert_close(got, want / t as f64, 1e-12, &format!("GEMM FLOPs per rank, b={b} s={s} h={h} t={t}"));
+        }
+        // Backward is twice forward for every GEMM (input and weight gradients).
+        for op in cfg.layer_ops(shape(b, s, 1, false)).iter().filter_map(LayerOp::compute) {
+            if let OpClass::Gemm { batch, m, n, k } = op.class {
+                assert_close(op.forward_flops, 2.0 * batch * m * n * k, 1e-12, op.name);
+                assert_close(op.backward_flops, 2.0 * op.forward_flops, 1e-12, op.name);
+            }
+        }
+    }
+}
+
+/// Per-layer activation bytes against Korthikanti et al. 2022 (16-bit activations, 1-byte
+/// dropout masks), `shared/reference/activation_memory_korthikanti2022.json`.
+#[test]
+fn layer_activation_memory_matches_korthikanti() {
+    // 22B, 175B, 530B and 1T of Table 3, and two small ones.
+    let configs = [(64, 6144), (96, 12288), (128, 20480), (160, 25600), (16, 1024), (12, 768)];
+    for (a, h) in configs {
+        let cfg = TransformerConfig::gpt(2, h, a, 51200, 2048);
+        assert!(cfg.dropout, "the GPT config is expected to train with dropout");
+        for (b, s) in [(1u32, 2048u32), (4, 512), (2, 1024)] {
+            let (af, hf, sf) = (a as f64, h as f64, s as f64);
+            let sbh = sf * b as f64 * hf;
+            let at = |t: u32, sp: bool, r: Recompute| cfg.layer_activation_bytes(shape(b, s, t, sp), r);
+            let what = |f: &str, t: u32| format!("{f}, a={a} h={h} b={b} s={s} t={t}");
+            assert_close(
+                at(1, false, Recompute::None),
+                sbh * (34.0 + 5.0 * af * sf / hf),
+                0.01,
+                &what("no parallelism", 1),
+            );
+            for t in [1u32, 2, 4, 8] {
+                let tf = t as f64;
+                let tp = sbh * (10.0 + 24.0 / tf + 5.0 * af * sf / (hf * tf));
+                assert_close(at(t, false, Recompute::None), tp, 0.01, &what("tensor parallel", t));
+                let sel = sbh * (10.0 + 24.0 / tf);
+                assert_close(at(t, false, Recompute::Selective), sel, 0.01, &what("selective", t));
+                assert_close(at(t, false, Recompute::Full), 2.0 * sbh, 0.01, &what("full", t));
+                let tsp = sbh * (34.0 / tf + 5.0 * af * sf / (hf * tf));
+                assert_close(at(t, true, Recompute::None), tsp, 0.01, &what("tensor + sequence parallel", t));
+                assert_close(
+                    at(t, true, Recompute::Selective),
+                    sbh * 34.0 / tf,
+                    0.01,
+                    &what("selective + sequence", t),
+                );
+            }
+        }
+    }
+}
+
+/// Korthikanti's GPT-3 example: selective recomputation saves 70% of the activations (5as/h = 80).
+#[test]
+fn selective_recompute_saves_70_percent_on_gpt3() {
+    let w = sim::workload::catalog::workload("gpt3-175b").expect("preset");
+    let sh = shape(1, 2048, 8, true);
+    let none = w.transformer.layer_activation_bytes(sh, Recompute::None);
+    let sel = w.transformer.layer_activation_bytes(sh, Recompute::Selective);
+    let saved = 1.0 - sel / none;
+    assert!((saved - 0.70).abs() < 0.01, "selective saves {:.3} of the activations, Korthikanti 0.70", saved);
+}
+
+#[test]
+fn model_flops_per_sample() {
+    for name in ["gpt3-175b", "gpt3-13b", "gpt2", "llama2-7b", "bert-large"] {
+        let tf = sim::workload::catalog::workload(name).expect("preset").transformer;
+        for s in [512u32, 2048, 4096] {
+            let sf = s as f64;
+            let (l, h) = (tf.layers as f64, tf.hidden as f64);
+            let want = 6.0 * tf.parameters() * sf + 12.0 * l * h * sf * sf;
+            assert_close(tf.model_flops_per_sample(s), want, 1e-12, &format!("{name} s={s}"));
+        }
+    }
+    // Korthikanti et al. eq. 7 (per sample): 72Lsh^2 (1 + s/(6h) + v/(12hL)), which ignores
+    // biases, norms and position embeddings: within 1% for GPT-3.
+    for name in ["gpt3-175b", "gpt3-13b", "gpt3-6.7b"] {
+        let tf = sim::workload::catalog::workload(name).expect("preset").transformer;
+        let (l, h, v, s) = (tf.layers as f64, tf.hidden as f64, tf.vocab as f64, 2048.0);
+        let eq7 = 72.0 * l * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l));
+        assert_close(tf.model_flops_per_sample(2048), eq7, 0.01, &format!("{name} vs Korthikanti eq. 7"));
+    }
+}
+
+// ---- the Hugging Face config.json reader ----
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(util::repo("tests/data").join(name)).expect("read fixture")
+}
+
+#[test]
+fn hf_llama2_7b_config() {
+    let w = sim::workload::hf::parse("llama2-7b", &fixture("llama2-7b-config.json")).expect("parses");
+    let t = &w.transformer;
+    assert_eq!((t.layers, t.hidden, t.heads, t.kv_heads, t.ffn_hidden, t.vocab), (32, 4096, 32, 32, 11008, 32000));
+    assert_close(w.parameters(), 6.74e9, 0.01, "Llama-2-7B parameters");
+    // The same architecture as the built-in preset.
+    let preset = sim::workload::catalog::workload("llama2-7b").expect("preset");
+    assert_close(w.parameters(), preset.parameters(), 1e-9, "HF config vs preset");
+}
+
+#[test]
+fn hf_gpt2_config() {
+    let w = sim::workload::hf::parse("gpt2", &fixture("gpt2-config.json")).expect("parses");
+    let t = &w.transformer;
+    assert_eq!((t.layers, t.hidden, t.heads, t.ffn_hidden, t.vocab), (12, 768, 12, 3072, 50257));
+    assert_close(w.parameters(), 124.4e6, 0.01, "GPT-2 parameters");
+    let preset = sim::workload::catalog::workload("gpt2").expect("preset");
+    assert_close(w.parameters(), preset.parameters(), 1e-9, "HF config vs preset");
+}
+
+#[test]
+fn hf_reader_names_missing_keys() {
+    let err = sim::workload::hf::parse("x", r#"{"hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}"#)
+        .expect_err("no layer count");
+    assert!(err.contains("num_hidden_layers"), "{err}");
+    assert!(sim::workload::hf::parse("x", "not json").is_err());
+}
+
+/// A scenario naming `hf_config` next to it runs through the CLI, from any working folder.
+#[test]
+fn hf_config_scenario_runs_through_cli() {
+    let path = util::repo("tests/data/llama2-7b-hf.json");
+    let tmp = TempDir::new("hf-cwd");
+    let o =
+        util::bin().current_dir(tmp.path()).args([Path::new("simulate"), &path, Path::new("--json")]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("report is JSON");
+    assert_close(num(&r, "/parameters"), 6.74e9, 0.01, "reported parameters");
+    assert_eq!(r["devices"], json!(8));
+    let mfu = num(&r, "/mfu");
+    assert!(mfu > 0.0 && mfu < 1.0, "mfu = {mfu}");
+}
+
+#[test]
+fn hf_config_missing_file_names_the_key() {
+    let tmp = TempDir::new("hf-missing");
+    let text = json!({
+        "workload": {"hf_config": "no-such-config.json"},
+        "cluster": {"node": "dgx-a100-80gb", "nodes": 1},
+        "training": {"global_batch": 8, "micro_batch": 1, "seq_len": 1024},
+        "plan": {"dp": 1, "tp": 8, "pp": 1}
+    });
+    let path = tmp.write("input.json", &text.to_string());
+    let o = run(&[&"simulate", &path, &"--json"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("workload.hf_config"), "the error does not name workload.hf_config: {err}");
+    assert!(err.contains("no-such-config.json"), "the error does not name the file: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
