@@ -45,6 +45,10 @@ pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
     };
     let mut result = engine::run(&program, &topo, &op_ns, opts);
     let report = report::build(s, &program, &result);
-    let timeline = std::mem::take(&mut result.timeline);
+    let mut timeline = std::mem::take(&mut result.timeline);
+    timeline.static_hbm = program.static_memory.clone();
+    timeline.static_host = program.host_memory.clone();
+    timeline.hbm_capacity_bytes = s.cluster.node.device.hbm_bytes;
+    timeline.host_capacity_bytes = s.cluster.node.host.dram_bytes / s.cluster.node.devices as f64;
     Simulation { report, program, timeline }
 }

@@ -3,7 +3,7 @@
 use super::collective::{Steps, expand};
 use super::queue::{Event, EventQueue};
 use crate::hardware::Topology;
-use crate::lower::{NONE, Program, TaskKind};
+use crate::lower::{NONE, Program, STREAMS, TaskKind};
 use crate::network::{FlowId, Network, NetworkKind, Reschedule};
 use crate::report::timeline::{FlowSpan, MemorySample, Span, Timeline};
 
@@ -116,7 +116,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> Run
     let nd = p.devices.len();
     let mut marks = vec![u32::MAX; p.streams.len()];
     for (d, &m) in p.compute_marks.iter().enumerate() {
-        marks[d * 3] = m;
+        marks[d * STREAMS] = m;
     }
     let mut e = Engine {
         p,
@@ -176,7 +176,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> Run
     e.res.events = e.q.processed();
     e.res.flows = e.flows;
     for d in 0..nd {
-        e.res.compute_busy_ns[d] = e.stream_busy[d * 3];
+        e.res.compute_busy_ns[d] = e.stream_busy[d * STREAMS];
     }
     e.res.timeline.iteration_ns = e.res.iteration_ns;
     e.res
@@ -204,12 +204,12 @@ impl<'a> Engine<'a> {
             f(self, task.stream);
             return;
         }
-        let kind = task.stream % 3;
+        let kind = task.stream % STREAMS as u32;
         self.ensure_expanded(task.payload);
         let n = self.expanded[task.payload as usize].as_ref().map_or(0, |x| x.members.len());
         for i in 0..n {
             let d = self.expanded[task.payload as usize].as_ref().expect("expanded").members[i];
-            f(self, d * 3 + kind);
+            f(self, d * STREAMS as u32 + kind);
         }
     }
 

@@ -27,7 +27,7 @@ fn empty_program(devices: u32) -> Program {
         devices: (0..devices).collect(),
         stages: vec![0; devices as usize],
         mirror: (0..devices).collect(),
-        streams: vec![Vec::new(); devices as usize * 3],
+        streams: vec![Vec::new(); devices as usize * crate::lower::STREAMS],
         static_memory: vec![MemoryBreakdown::default(); devices as usize],
         labels: vec![Label { op: "x", layer: -1, phase: Phase::Forward, chunk: 0 }],
         ..Program::default()

@@ -167,7 +167,7 @@ pub fn lower(s: &Scenario) -> Program {
             devices: simulated.clone(),
             stages: simulated.iter().map(|&d| plan.coords(d).1).collect(),
             mirror,
-            streams: vec![Vec::new(); simulated.len() * 3],
+            streams: vec![Vec::new(); simulated.len() * STREAMS],
             symmetric,
             ..Program::default()
         },

@@ -22,6 +22,9 @@ pub enum TaskKind {
 
 pub const NONE: u32 = u32::MAX;
 
+/// Streams per device (one per [`StreamKind`]).
+pub const STREAMS: usize = StreamKind::ALL.len();
+
 #[derive(Clone, Copy, Debug)]
 pub struct Task {
     pub kind: TaskKind,
@@ -82,7 +85,7 @@ pub struct Program {
     /// (itself when simulated; its replica-0 twin under symmetry).
     pub mirror: Vec<u32>,
     pub tasks: Vec<Task>,
-    /// Task ids of each stream, in order; stream `i` is device `i / 3`, kind `i % 3`.
+    /// Task ids of each stream, in order; stream `i` is device `i / STREAMS`, kind `i % STREAMS`.
     pub streams: Vec<Vec<u32>>,
     /// Explicit dependencies as (before, after).
     pub deps: Vec<(u32, u32)>,
@@ -93,6 +96,8 @@ pub struct Program {
     pub memory_events: Vec<MemoryEvent>,
     /// Memory that is constant over the iteration, per simulated device.
     pub static_memory: Vec<MemoryBreakdown>,
+    /// What each simulated device keeps in host DRAM (offloaded states).
+    pub host_memory: Vec<MemoryBreakdown>,
     /// Per simulated device: how many tasks at the head of its compute stream are the
     /// pipeline (the rest is the optimizer step); the bubble is measured over them.
     pub compute_marks: Vec<u32>,
@@ -102,14 +107,14 @@ pub struct Program {
 
 impl Program {
     pub fn stream_index(device_index: u32, kind: StreamKind) -> u32 {
-        device_index * 3 + kind.index() as u32
+        device_index * STREAMS as u32 + kind.index() as u32
     }
 
     pub fn stream_device(stream: u32) -> u32 {
-        stream / 3
+        stream / STREAMS as u32
     }
 
     pub fn stream_kind(stream: u32) -> StreamKind {
-        StreamKind::ALL[(stream % 3) as usize]
+        StreamKind::ALL[(stream % STREAMS as u32) as usize]
     }
 }

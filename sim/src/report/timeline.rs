@@ -13,10 +13,13 @@ pub enum StreamKind {
     DataParallel,
     /// Pipeline sends.
     PipelineSend,
+    /// Parameter gathers (ZeRO-3) and copies between host and device memory.
+    Gather,
 }
 
 impl StreamKind {
-    pub const ALL: [StreamKind; 3] = [StreamKind::Compute, StreamKind::DataParallel, StreamKind::PipelineSend];
+    pub const ALL: [StreamKind; 4] =
+        [StreamKind::Compute, StreamKind::DataParallel, StreamKind::PipelineSend, StreamKind::Gather];
     pub fn index(self) -> usize {
         self as usize
     }
@@ -25,6 +28,7 @@ impl StreamKind {
             StreamKind::Compute => "compute",
             StreamKind::DataParallel => "dp-comm",
             StreamKind::PipelineSend => "pp-send",
+            StreamKind::Gather => "gather",
         }
     }
 }
@@ -126,5 +130,13 @@ pub struct Timeline {
     pub devices: Vec<u32>,
     /// Pipeline stage of each simulated device (same order as `devices`).
     pub stages: Vec<u32>,
+    /// Memory that stays constant over the iteration, per simulated device and tier
+    /// (same order as `devices`). Activations and buffers there are zero or fixed; the
+    /// dynamic part is in `memory`.
+    pub static_hbm: Vec<MemoryBreakdown>,
+    pub static_host: Vec<MemoryBreakdown>,
+    /// Capacity of each tier per device: HBM, and the device's share of host DRAM.
+    pub hbm_capacity_bytes: f64,
+    pub host_capacity_bytes: f64,
     pub iteration_ns: u64,
 }

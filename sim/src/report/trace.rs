@@ -359,6 +359,7 @@ mod tests {
             devices: vec![0, 2],
             stages: vec![0, 1],
             iteration_ns: 3_000_000,
+            ..Timeline::default()
         }
     }
 
