@@ -29,12 +29,74 @@ pub struct Simulation {
 
 /// Durations of a program's ops on the scenario's device, in nanoseconds.
 pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: Option<cost::Calibration>) -> Vec<u64> {
-    let model = cost::ComputeModel::new(&s.cluster.node.device, s.training.precision, calibration);
-    p.ops.iter().map(|o| (model.op_s(&o.spec, o.backward) * 1e9).round() as u64).collect()
+    let node = &s.cluster.node;
+    let model = cost::ComputeModel::new(&node.device, s.training.precision, calibration);
+    // Host work (an offloaded optimizer step) shares the node's CPU memory bandwidth and
+    // NVMe drives among the node's devices, which all step at once.
+    let share = node.devices.max(1) as f64;
+    let mut cpu = node.host.cpu.clone().unwrap_or_else(hardware::catalog::host_cpu);
+    cpu.mem_bandwidth_bytes_per_s /= share;
+    let host = cost::ComputeModel::new(&cpu, hardware::Precision::Fp32, None);
+    let nvme_bytes_per_s = node.host.nvme_bandwidth_bytes_per_s / share;
+    p.ops
+        .iter()
+        .map(|o| {
+            let seconds = if o.on_host {
+                host.op_s(&o.spec, o.backward).max(o.nvme_bytes / nvme_bytes_per_s)
+            } else {
+                model.op_s(&o.spec, o.backward)
+            };
+            (seconds * 1e9).round() as u64
+        })
+        .collect()
 }
 
 /// Simulate one training iteration. `record` keeps every span for traces and plots.
+///
+/// PipeDream-2BW never flushes its pipeline: batch k+1's micro-batches enter while batch k
+/// drains, and updates use double-buffered weights. Its steady-state iteration is measured
+/// as T(2m) - T(m): two runs of 1F1B without a flush, of 2m and m micro-batches.
 pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
+    if s.plan.schedule == schedule::ScheduleKind::TwoBW {
+        return simulate_2bw(s, record);
+    }
+    simulate_once(s, record)
+}
+
+fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Simulation {
+    let mut one = s.clone();
+    one.plan.schedule = schedule::ScheduleKind::OneFOneB;
+    let mut two = one.clone();
+    two.plan.micro_batches *= 2;
+    let a = simulate_once(&one, false);
+    let mut b = simulate_once(&two, record);
+    let iteration_s = b.report.iteration_s - a.report.iteration_s;
+    let idle = |r: &report::Report| r.bubble_fraction * r.iteration_s;
+    let extra_idle = idle(&b.report) - idle(&a.report);
+    let r = &mut b.report;
+    r.iteration_s = iteration_s;
+    r.samples_per_s = s.training.global_batch as f64 / iteration_s;
+    r.tokens_per_s = r.samples_per_s * s.plan.seq_len as f64;
+    r.model_flops_per_iteration = a.report.model_flops_per_iteration;
+    r.mfu = a.report.mfu * a.report.iteration_s / iteration_s;
+    r.model_flops_per_s_per_device = a.report.model_flops_per_s_per_device * a.report.iteration_s / iteration_s;
+    r.bubble_fraction = (extra_idle / iteration_s).clamp(0.0, 1.0);
+    // Two weight versions (the shadow copy finishes in-flight micro-batches).
+    let extra = r.memory_breakdown.weights;
+    r.memory_breakdown.weights += extra;
+    r.peak_memory_bytes += extra;
+    for st in &mut r.stages {
+        st.peak_memory_bytes += extra;
+    }
+    r.fits_hbm = r.stages.iter().all(|st| st.peak_memory_bytes <= r.memory_capacity_bytes);
+    r.fits = r.fits_hbm && r.fits_host && r.fits_nvme;
+    r.plan.schedule = "2bw";
+    r.plan.micro_batches = s.plan.micro_batches;
+    r.events += a.report.events;
+    b
+}
+
+fn simulate_once(s: &scenario::Scenario, record: bool) -> Simulation {
     let program = lower::lower(s);
     let topo = Topology::new(&s.cluster);
     let op_ns = op_durations_ns(s, &program, None);

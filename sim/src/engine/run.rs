@@ -214,17 +214,19 @@ impl<'a> Engine<'a> {
     }
 
     fn memory(&mut self, t: u32, at_end: bool, now: u64) {
-        let m = self.p.tasks[t as usize].memory;
-        if m == NONE {
-            return;
+        let mut m = self.p.tasks[t as usize].memory;
+        while m != NONE {
+            let ev = self.p.memory_events[m as usize];
+            m = ev.next;
+            if ev.at_end == at_end {
+                self.apply_memory(ev.device as usize, ev.activation_bytes, ev.buffer_bytes, now);
+            }
         }
-        let ev = self.p.memory_events[m as usize];
-        if ev.at_end != at_end {
-            return;
-        }
-        let d = ev.device as usize;
-        self.cur_act[d] += ev.activation_bytes;
-        self.cur_buf[d] += ev.buffer_bytes;
+    }
+
+    fn apply_memory(&mut self, d: usize, activation_bytes: f64, buffer_bytes: f64, now: u64) {
+        self.cur_act[d] += activation_bytes;
+        self.cur_buf[d] += buffer_bytes;
         let total = self.cur_act[d] + self.cur_buf[d];
         if total > self.res.peak_activations[d] + self.res.peak_buffers[d] {
             self.res.peak_activations[d] = self.cur_act[d];
@@ -250,7 +252,7 @@ impl<'a> Engine<'a> {
                 let end = now + self.op_ns[task.payload as usize];
                 self.q.push(end, Event { kind: TASK_END, id: t, version: 0 });
             }
-            TaskKind::Transfer | TaskKind::Collective => {
+            TaskKind::Transfer | TaskKind::Collective | TaskKind::HostCopy => {
                 let collective = if task.kind == TaskKind::Collective { task.payload } else { NONE };
                 if collective != NONE {
                     self.ensure_expanded(collective);
@@ -277,11 +279,23 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Route of a transfer or host copy task.
+    fn single_route(&self, task: u32) -> (crate::hardware::Route, u32, u32, f64) {
+        let t = self.p.tasks[task as usize];
+        if t.kind == TaskKind::HostCopy {
+            let c = self.p.host_copies[t.payload as usize];
+            let r = self.topo.host_route(c.device, c.to_device, c.nvme);
+            (r, c.device, c.device, c.bytes)
+        } else {
+            let tr = self.p.transfers[t.payload as usize];
+            (self.topo.route(tr.source, tr.target), tr.source, tr.target, tr.bytes)
+        }
+    }
+
     fn step_latency(&self, slot: u32) -> u64 {
         let a = &self.active[slot as usize];
         if a.collective == NONE {
-            let tr = self.p.transfers[self.p.tasks[a.task as usize].payload as usize];
-            ns(self.topo.route(tr.source, tr.target).latency_s)
+            ns(self.single_route(a.task).0.latency_s)
         } else {
             self.expanded[a.collective as usize].as_ref().expect("expanded").steps[a.step as usize].latency_ns
         }
@@ -325,8 +339,8 @@ impl<'a> Engine<'a> {
         self.expanded[c as usize] = Some(Expanded { steps, members });
     }
 
-    fn add_flow(&mut self, slot: u32, links: [u32; 2], bytes: f64, source: u32, target: u32, now: u64) {
-        let id = self.net.add(now, &links, bytes) as usize;
+    fn add_flow(&mut self, slot: u32, links: [u32; 2], len: u8, bytes: f64, source: u32, target: u32, now: u64) {
+        let id = self.net.add(now, &links[..len as usize], bytes) as usize;
         if self.flow_owner.len() <= id {
             self.flow_owner.resize(id + 1, NONE);
             self.flow_start.resize(id + 1, 0);
@@ -349,15 +363,14 @@ impl<'a> Engine<'a> {
     fn step_start(&mut self, slot: u32, now: u64) {
         let a = &self.active[slot as usize];
         if a.collective == NONE {
-            let tr = self.p.transfers[self.p.tasks[a.task as usize].payload as usize];
-            let r = self.topo.route(tr.source, tr.target);
-            self.add_flow(slot, r.links, tr.bytes, tr.source, tr.target, now);
+            let (r, source, target, bytes) = self.single_route(a.task);
+            self.add_flow(slot, r.links, r.len, bytes, source, target, now);
         } else {
             let (c, step) = (a.collective as usize, a.step as usize);
             let n = self.expanded[c].as_ref().expect("expanded").steps[step].flows.len();
             for i in 0..n {
                 let (links, bytes, s, t) = self.expanded[c].as_ref().expect("expanded").steps[step].flows[i];
-                self.add_flow(slot, links, bytes, s, t, now);
+                self.add_flow(slot, links, 2, bytes, s, t, now);
             }
         }
         if self.active[slot as usize].pending == 0 {

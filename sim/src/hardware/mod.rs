@@ -192,7 +192,8 @@ pub type LinkId = u32;
 ///
 /// Link numbering: per device `2*d` (port out) and `2*d+1` (port in); then per node and NIC
 /// `base + 2*(node*nics + k)` (NIC out) and `+1` (NIC in); then per device its PCIe link to
-/// the host, down (`pcie_base + 2*d`) and up (`+1`).
+/// the host, down (`pcie_base + 2*d`) and up (`+1`); then per node its NVMe drives, read
+/// (`nvme_base + 2*node`) and write (`+1`).
 #[derive(Clone, Debug)]
 pub struct Topology {
     pub devices_per_node: u32,
@@ -200,6 +201,7 @@ pub struct Topology {
     pub nics: u32,
     nic_base: u32,
     pcie_base: u32,
+    nvme_base: u32,
     capacity_bytes_per_s: Vec<f64>,
     latency_s: Vec<f64>,
     has_intra: bool,
@@ -226,7 +228,8 @@ impl Topology {
         let nics = cluster.node.nics.max(1);
         let nic_base = 2 * devices;
         let pcie_base = nic_base + 2 * cluster.nodes * nics;
-        let total = pcie_base + 2 * devices;
+        let nvme_base = pcie_base + 2 * devices;
+        let total = nvme_base + 2 * cluster.nodes;
         let mut capacity = vec![0.0; total as usize];
         let mut latency = vec![0.0; total as usize];
         let intra = cluster.node.intra_node.as_ref();
@@ -240,9 +243,13 @@ impl Topology {
             capacity[i as usize] = cluster.node.nic.effective_bytes_per_s();
             latency[i as usize] = cluster.node.nic.latency_s;
         }
-        for i in pcie_base..total {
+        for i in pcie_base..nvme_base {
             capacity[i as usize] = cluster.node.host.pcie.effective_bytes_per_s();
             latency[i as usize] = cluster.node.host.pcie.latency_s;
+        }
+        for i in nvme_base..total {
+            capacity[i as usize] = cluster.node.host.nvme_bandwidth_bytes_per_s;
+            latency[i as usize] = 20e-6;
         }
         Topology {
             devices_per_node: n,
@@ -250,6 +257,7 @@ impl Topology {
             nics,
             nic_base,
             pcie_base,
+            nvme_base,
             capacity_bytes_per_s: capacity,
             latency_s: latency,
             has_intra: intra.is_some(),
@@ -286,6 +294,23 @@ impl Topology {
         self.pcie_base + 2 * device + 1
     }
 
+    /// The node's NVMe drives: reading (`write == false`) or writing.
+    pub fn nvme(&self, node: u32, write: bool) -> LinkId {
+        self.nvme_base + 2 * node + u32::from(write)
+    }
+
+    /// Route of a copy between a device and its host's DRAM (or NVMe behind it).
+    pub fn host_route(&self, device: u32, to_device: bool, nvme: bool) -> Route {
+        let pcie = if to_device { self.pcie_down(device) } else { self.pcie_up(device) };
+        let lat = self.latency_s[pcie as usize];
+        if nvme {
+            let n = self.nvme(self.node_of(device), !to_device);
+            Route { links: [pcie, n], len: 2, latency_s: lat + self.latency_s[n as usize] }
+        } else {
+            Route { links: [pcie, pcie], len: 1, latency_s: lat }
+        }
+    }
+
     /// Route of a transfer from `source` to `target` (distinct devices).
     pub fn route(&self, source: u32, target: u32) -> Route {
         debug_assert_ne!(source, target);
@@ -311,8 +336,11 @@ impl Topology {
             let local = (nic * self.devices_per_node).div_ceil(self.nics);
             let m = map(node * self.devices_per_node + local);
             self.nic_out(self.node_of(m), self.nic_of(m)) + parity
-        } else {
+        } else if link < self.nvme_base {
             self.pcie_base + 2 * map((link - self.pcie_base) / 2) + parity
+        } else {
+            let node = (link - self.nvme_base) / 2;
+            self.nvme(self.node_of(map(node * self.devices_per_node)), parity == 1)
         }
     }
 
@@ -324,9 +352,12 @@ impl Topology {
         } else if link < self.pcie_base {
             let idx = (link - self.nic_base) / 2;
             format!("node{} nic{} {dir}", idx / self.nics, idx % self.nics)
-        } else {
+        } else if link < self.nvme_base {
             let dir = if link % 2 == 0 { "down" } else { "up" };
             format!("dev{} pcie {dir}", (link - self.pcie_base) / 2)
+        } else {
+            let dir = if link % 2 == 0 { "read" } else { "write" };
+            format!("node{} nvme {dir}", (link - self.nvme_base) / 2)
         }
     }
 

@@ -15,7 +15,7 @@ pub mod program;
 pub use program::*;
 
 use crate::cost::memory::{bytes_per_parameter, optimizer_traffic_bytes};
-use crate::plan::{Plan, Recompute};
+use crate::plan::{Plan, Recompute, Tier};
 use crate::report::timeline::{Label, MemoryBreakdown, Phase, StreamKind};
 use crate::scenario::Scenario;
 use crate::schedule::{self, Pass, ScheduleShape};
@@ -51,10 +51,10 @@ struct Builder {
     /// Per-layer label ids: [layer][op][phase], built on first use.
     layer_labels: Vec<Vec<[u32; 3]>>,
     dev_index: Vec<u32>,
-    /// Data-parallel collective tasks per (stage, tp rank), in creation order.
-    dp_tasks: HashMap<(u32, u32), Vec<u32>>,
-    /// How many data-parallel collectives each (replica, stage, tp rank) has lowered.
-    dp_seq: HashMap<(u32, u32, u32), u32>,
+    /// Data-parallel collective tasks per (stage, tp rank, stream), in creation order.
+    dp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
+    /// How many data-parallel collectives each (replica, stage, tp rank, stream) has lowered.
+    dp_seq: HashMap<(u32, u32, u32, u32), u32>,
     collective_ids: HashMap<(u8, Vec<u32>, u64), u32>,
 }
 
@@ -70,7 +70,7 @@ impl Builder {
     }
 
     fn op(&mut self, spec: &OpSpec, backward: bool) -> u32 {
-        self.p.ops.push(OpInstance { spec: spec.clone(), backward });
+        self.p.ops.push(OpInstance { spec: spec.clone(), backward, on_host: false, nvme_bytes: 0.0 });
         (self.p.ops.len() - 1) as u32
     }
 
@@ -129,9 +129,32 @@ impl Builder {
     }
 
     fn memory(&mut self, task: u32, device: u32, at_end: bool, activation_bytes: f64) {
-        debug_assert_eq!(self.p.tasks[task as usize].memory, NONE);
-        self.p.tasks[task as usize].memory = self.p.memory_events.len() as u32;
-        self.p.memory_events.push(MemoryEvent { device, at_end, activation_bytes, buffer_bytes: 0.0 });
+        self.memory_event(task, MemoryEvent { device, at_end, activation_bytes, buffer_bytes: 0.0, next: NONE });
+    }
+
+    /// Attach a memory event to a task (a task may carry several).
+    fn memory_event(&mut self, task: u32, ev: MemoryEvent) {
+        let id = self.p.memory_events.len() as u32;
+        self.p.memory_events.push(ev);
+        let t = &mut self.p.tasks[task as usize];
+        if t.memory == NONE {
+            t.memory = id;
+            return;
+        }
+        let mut m = t.memory;
+        while self.p.memory_events[m as usize].next != NONE {
+            m = self.p.memory_events[m as usize].next;
+        }
+        self.p.memory_events[m as usize].next = id;
+    }
+
+    /// A copy between a device and its host (or the host's NVMe) on the device's gather
+    /// stream.
+    fn host_copy(&mut self, device: u32, to_device: bool, bytes: f64, nvme: bool, label: u32) -> u32 {
+        self.p.host_copies.push(HostCopy { device, to_device, bytes, nvme });
+        let id = (self.p.host_copies.len() - 1) as u32;
+        let s = Program::stream_index(self.dev_index[device as usize], StreamKind::Gather);
+        self.task(TaskKind::HostCopy, id, label, NONE, &[s])
     }
 
     fn compute_streams(&self, group: &[u32]) -> Vec<u32> {
@@ -217,6 +240,14 @@ pub fn lower(s: &Scenario) -> Program {
     let first_params =
         (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
     let last_params = vocab_params;
+    let dp = plan.dp as f64;
+    let z = if plan.dp > 1 { plan.zero_stage } else { 0 };
+    let shard = |stage_at_least: u8| if z >= stage_at_least { dp } else { 1.0 };
+    let off = plan.offload;
+    let host_opt = off.optimizer != Tier::Device;
+    let host_params = off.params != Tier::Device;
+    // ZeRO-3: parameters are all-gathered before every use (FSDP, one unit per layer).
+    let z3 = z >= 3;
 
     for &r in &replicas {
         for stage in 0..plan.pp {
@@ -236,50 +267,115 @@ pub fn lower(s: &Scenario) -> Program {
                 p
             };
             let params: f64 = my_chunks.iter().map(|&c| chunk_params(c)).sum();
-            let zero_div = if plan.zero_stage >= 1 { plan.dp as f64 } else { 1.0 };
+            // Largest unit gathered at once under ZeRO-3 (two in flight with prefetch).
+            let largest_unit = my_chunks
+                .iter()
+                .map(|&c| {
+                    let mut u = layer_params;
+                    if c == 0 {
+                        u = u.max(first_params);
+                    }
+                    if c == chunks - 1 {
+                        u = u.max(last_params);
+                    }
+                    u
+                })
+                .fold(0.0, f64::max);
             let buffers = if plan.dp > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
-                + if plan.pp > 1 { 2.0 * boundary_bytes } else { 0.0 };
+                + if plan.pp > 1 { 2.0 * boundary_bytes } else { 0.0 }
+                + if z3 { 2.0 * largest_unit * wb } else { 0.0 };
+            let dev_weights = if host_params { 0.0 } else { params * wb / shard(3) };
+            // With the optimizer on the host, gradients go there bucket by bucket.
+            let dev_grads = if host_opt && z >= 2 { 0.0 } else { params * gb / shard(2) };
+            let dev_opt = if host_opt { 0.0 } else { params * ob / shard(1) };
+            let host = MemoryBreakdown {
+                weights: if host_params { params * wb / shard(3) } else { 0.0 },
+                // ZeRO-Offload keeps fp32 gradients next to the states it updates.
+                gradients: if host_opt { params * 4.0 / shard(1) } else { 0.0 },
+                optimizer: if off.optimizer == Tier::Cpu { params * ob / shard(1) } else { 0.0 },
+                activations: 0.0,
+                buffers: 0.0,
+            };
+            let nvme = if off.optimizer == Tier::Nvme { params * ob / shard(1) } else { 0.0 }
+                + if off.params == Tier::Nvme { params * wb / shard(3) } else { 0.0 };
             for &d in &group {
                 let di = b.dev_index[d as usize] as usize;
-                if b.p.static_memory.len() <= di {
-                    b.p.static_memory.resize(b.p.devices.len(), MemoryBreakdown::default());
+                let n = b.p.devices.len();
+                for v in [&mut b.p.static_memory, &mut b.p.host_memory] {
+                    if v.len() < n {
+                        v.resize(n, MemoryBreakdown::default());
+                    }
+                }
+                if b.p.nvme_bytes.len() < n {
+                    b.p.nvme_bytes.resize(n, 0.0);
                 }
                 b.p.static_memory[di] = MemoryBreakdown {
-                    weights: params * wb,
-                    gradients: params * gb,
-                    optimizer: params * ob / zero_div,
+                    weights: dev_weights,
+                    gradients: dev_grads,
+                    optimizer: dev_opt,
                     activations: 0.0,
                     buffers,
                 };
+                b.p.host_memory[di] = host;
+                b.p.nvme_bytes[di] = nvme;
             }
             let last_bwd: HashMap<u32, u32> =
                 order.iter().filter(|st| st.pass == Pass::Backward).map(|st| (st.chunk, st.micro_batch)).collect();
             let mut bucket_pending = 0.0;
+            // ZeRO-3 reduce-scatters each layer's gradients as soon as they exist.
+            let bucket_bytes = if z3 { 0.0 } else { plan.bucket_bytes };
             let mut last_sync: Vec<u32> = Vec::new();
+            let mut gathers = Gathers { prev_first: NONE, host: off.params, unit_label: NONE };
             for st in &order {
                 let c = st.chunk;
                 let mb = st.micro_batch;
                 let layers = starts[c as usize]..starts[c as usize + 1];
-                let sync_grads = plan.dp > 1 && last_bwd.get(&c) == Some(&mb);
+                // ZeRO-2 and 3 reduce every micro-batch's gradients; below, only the last.
+                let sync_grads = plan.dp > 1 && (z >= 2 || last_bwd.get(&c) == Some(&mb));
+                let unit = |b: &mut Builder,
+                            gathers: &mut Gathers,
+                            blk: &Block,
+                            layer: i32,
+                            phase: Phase,
+                            alloc: f64,
+                            free: f64,
+                            unit_params: f64| {
+                    let g = if z3 { gathers.before(b, plan, r, stage, unit_params * wb) } else { Vec::new() };
+                    let (f, l) = emit_block(b, &ctx, blk, layer, phase, c, mb, alloc, free);
+                    if z3 {
+                        gathers.after(b, &ctx, &g, f, l, unit_params * wb);
+                    }
+                    (f, l)
+                };
                 match st.pass {
                     Pass::Forward => {
                         let mut first = NONE;
                         let mut last = NONE;
                         if c == 0 {
-                            let (f, l) = emit_block(&mut b, &ctx, &embed, -1, Phase::Forward, c, mb, embed.saved, 0.0);
+                            let (f, l) =
+                                unit(&mut b, &mut gathers, &embed, -1, Phase::Forward, embed.saved, 0.0, first_params);
                             first = f;
                             last = l;
                         }
                         for l in layers.clone() {
-                            let (f, la) =
-                                emit_block(&mut b, &ctx, &layer, l as i32, Phase::Forward, c, mb, layer.saved, 0.0);
+                            let (f, la) = unit(
+                                &mut b,
+                                &mut gathers,
+                                &layer,
+                                l as i32,
+                                Phase::Forward,
+                                layer.saved,
+                                0.0,
+                                layer_params,
+                            );
                             if first == NONE {
                                 first = f;
                             }
                             last = la;
                         }
                         if c == chunks - 1 {
-                            let (_, la) = emit_block(&mut b, &ctx, &head, -1, Phase::Forward, c, mb, head.saved, 0.0);
+                            let (_, la) =
+                                unit(&mut b, &mut gathers, &head, -1, Phase::Forward, head.saved, 0.0, last_params);
                             last = la;
                         }
                         // Tasks of a step are laid out device-major per op; recover each
@@ -299,7 +395,8 @@ pub fn lower(s: &Scenario) -> Program {
                         let mut first = NONE;
                         let mut last = NONE;
                         if c == chunks - 1 {
-                            let (f, l) = emit_block(&mut b, &ctx, &head, -1, Phase::Backward, c, mb, 0.0, head.saved);
+                            let (f, l) =
+                                unit(&mut b, &mut gathers, &head, -1, Phase::Backward, 0.0, head.saved, last_params);
                             first = f;
                             last = l;
                             if sync_grads {
@@ -308,46 +405,52 @@ pub fn lower(s: &Scenario) -> Program {
                         }
                         for l in layers.clone().rev() {
                             let mut free = layer.saved;
+                            // The gather for a layer's backward also serves its recomputation.
+                            let g =
+                                if z3 { gathers.before(&mut b, plan, r, stage, layer_params * wb) } else { Vec::new() };
+                            let mut unit_first = NONE;
                             match plan.recompute {
                                 Recompute::Full => {
                                     let (f, _) =
                                         emit_recompute(&mut b, &ctx, &layer, l as i32, c, mb, false, layer.saved_full);
-                                    if first == NONE {
-                                        first = f;
-                                    }
+                                    unit_first = f;
                                     free += layer.saved_full;
                                 }
                                 Recompute::Selective => {
                                     let (f, _) = emit_recompute(&mut b, &ctx, &layer, l as i32, c, mb, true, 0.0);
-                                    if first == NONE && f != NONE {
-                                        first = f;
-                                    }
+                                    unit_first = f;
                                 }
                                 Recompute::None => {}
                             }
                             let (f, la) = emit_block(&mut b, &ctx, &layer, l as i32, Phase::Backward, c, mb, 0.0, free);
+                            if unit_first == NONE {
+                                unit_first = f;
+                            }
+                            if z3 {
+                                gathers.after(&mut b, &ctx, &g, unit_first, la, layer_params * wb);
+                            }
                             if first == NONE {
-                                first = f;
+                                first = unit_first;
                             }
                             last = la;
                             if sync_grads {
                                 bucket_pending += layer_params * gb;
-                                if bucket_pending >= plan.bucket_bytes {
-                                    last_sync = grad_sync(&mut b, plan, r, stage, bucket_pending, la);
+                                if bucket_pending >= bucket_bytes {
+                                    last_sync = grad_sync(&mut b, plan, r, stage, bucket_pending, la, host_opt);
                                     bucket_pending = 0.0;
                                 }
                             }
                         }
                         if c == 0 {
                             let (_, la) =
-                                emit_block(&mut b, &ctx, &embed, -1, Phase::Backward, c, mb, 0.0, embed.saved);
+                                unit(&mut b, &mut gathers, &embed, -1, Phase::Backward, 0.0, embed.saved, first_params);
                             last = la;
                             if sync_grads {
                                 bucket_pending += first_params * gb;
                             }
                         }
                         if sync_grads && bucket_pending > 0.0 {
-                            last_sync = grad_sync(&mut b, plan, r, stage, bucket_pending, last);
+                            last_sync = grad_sync(&mut b, plan, r, stage, bucket_pending, last, host_opt);
                             bucket_pending = 0.0;
                         }
                         for x in 0..t {
@@ -370,28 +473,8 @@ pub fn lower(s: &Scenario) -> Program {
                 }
                 b.p.compute_marks[d] = b.p.streams[sidx as usize].len() as u32;
             }
-            // Optimizer step on the local (ZeRO-1: 1/dp) shard, after the gradient sync.
-            let traffic = optimizer_traffic_bytes(plan.precision, plan.optimizer) * params / zero_div;
-            let spec = OpSpec {
-                name: "optimizer",
-                class: OpClass::Memory,
-                forward_flops: 0.0,
-                forward_bytes: traffic,
-                backward_flops: 0.0,
-                backward_bytes: traffic,
-                saved: Saved::default(),
-            };
-            let op = b.op(&spec, false);
-            let label = b.label(Label { op: "optimizer", layer: -1, phase: Phase::Optimizer, chunk: my_chunks[0] });
-            let mut opt_tasks = Vec::new();
-            for x in 0..t as usize {
-                let task = b.task(TaskKind::Compute, op, label, NONE, &ctx.streams[x..x + 1]);
-                if let Some(&sync) = last_sync.get(x) {
-                    b.p.deps.push((sync, task));
-                }
-                opt_tasks.push(task);
-            }
-            if plan.zero_stage >= 1 && plan.dp > 1 {
+            let opt_tasks = optimizer_step(&mut b, plan, &ctx, &my_chunks, &last_sync, params, dp, z);
+            if z >= 1 && z < 3 {
                 // Gather the updated parameter shards, in buckets like the gradients.
                 let total = params * wb;
                 let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
@@ -407,6 +490,7 @@ pub fn lower(s: &Scenario) -> Program {
                             CollectiveKind::AllGather,
                             bytes,
                             "param_allgather",
+                            StreamKind::DataParallel,
                         );
                         if i == 0 {
                             b.p.deps.push((o, g));
@@ -610,10 +694,11 @@ fn dp_collective(
     kind: CollectiveKind,
     bytes: f64,
     name: &'static str,
+    stream: StreamKind,
 ) -> u32 {
-    let seq_key = (r, stage, x);
+    let seq_key = (r, stage, x, stream.index() as u32);
     let n = *b.dp_seq.entry(seq_key).and_modify(|v| *v += 1).or_insert(0) as usize;
-    let list = b.dp_tasks.entry((stage, x)).or_default();
+    let list = b.dp_tasks.entry((stage, x, stream.index() as u32)).or_default();
     if n < list.len() {
         return list[n];
     }
@@ -622,24 +707,160 @@ fn dp_collective(
     let streams: Vec<u32> = members
         .iter()
         .filter(|&&d| b.dev_index[d as usize] != NONE)
-        .map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::DataParallel))
+        .map(|&d| Program::stream_index(b.dev_index[d as usize], stream))
         .collect();
     let id = b.collective_id(kind, &members, bytes);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
-    b.dp_tasks.entry((stage, x)).or_default().push(task);
+    b.dp_tasks.entry((stage, x, stream.index() as u32)).or_default().push(task);
     task
 }
 
 /// Gradient sync of one bucket for every device of the group, each after that device's
-/// task `after + x - (t-1)`; returns the tasks per device.
-fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32) -> Vec<u32> {
+/// task `after + x - (t-1)`; with the optimizer on the host, each device then copies its
+/// reduced shard to host memory. Returns the last task per device.
+fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32, to_host: bool) -> Vec<u32> {
     let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
     let t = plan.tp;
+    let label = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: stage });
     (0..t)
         .map(|x| {
-            let task = dp_collective(b, plan, r, stage, x, kind, bytes, "grad_sync");
+            let task = dp_collective(b, plan, r, stage, x, kind, bytes, "grad_sync", StreamKind::DataParallel);
             b.p.deps.push((after + x - (t - 1), task));
-            task
+            if !to_host {
+                return task;
+            }
+            let shard = if kind == CollectiveKind::ReduceScatter { bytes / plan.dp as f64 } else { bytes };
+            let copy = b.host_copy(plan.device(r, stage, x), false, shard, false, label);
+            b.p.deps.push((task, copy));
+            copy
         })
         .collect()
+}
+
+/// ZeRO-3 parameter gathers around each unit (a layer, the embedding, the head).
+struct Gathers {
+    /// Device-0 id of the previous unit's first compute task: the next gather waits for it
+    /// (prefetch of one unit, as FSDP's limit on in-flight all-gathers).
+    prev_first: u32,
+    host: Tier,
+    unit_label: u32,
+}
+
+impl Gathers {
+    /// Fetch (from the host tier if offloaded) and all-gather a unit of `bytes` (unsharded)
+    /// for every device of the group; returns the all-gather task per device.
+    fn before(&mut self, b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64) -> Vec<u32> {
+        if self.unit_label == NONE {
+            self.unit_label = b.label(Label { op: "param_fetch", layer: -1, phase: Phase::Sync, chunk: stage });
+        }
+        (0..plan.tp)
+            .map(|x| {
+                let mut head = NONE;
+                if self.host != Tier::Device {
+                    let d = plan.device(r, stage, x);
+                    head = b.host_copy(d, true, bytes / plan.dp as f64, self.host == Tier::Nvme, self.unit_label);
+                }
+                let g = dp_collective(
+                    b,
+                    plan,
+                    r,
+                    stage,
+                    x,
+                    CollectiveKind::AllGather,
+                    bytes,
+                    "param_gather",
+                    StreamKind::Gather,
+                );
+                if head == NONE {
+                    head = g;
+                }
+                if self.prev_first != NONE {
+                    b.p.deps.push((self.prev_first + x, head));
+                }
+                g
+            })
+            .collect()
+    }
+
+    /// The unit's compute waits for its gather.
+    fn after(&mut self, b: &mut Builder, ctx: &StepCtx, gathers: &[u32], first: u32, _last: u32, _bytes: f64) {
+        for (x, &g) in gathers.iter().enumerate() {
+            b.p.deps.push((g, first + x as u32));
+        }
+        let _ = ctx;
+        self.prev_first = first;
+    }
+}
+
+/// The optimizer step of each device of a stage, after its gradient sync: on the device, or
+/// (offloaded) on the host CPU followed by the copy of the updated weights back. Returns,
+/// per device, the task after which its updated parameter shard is on the device.
+fn optimizer_step(
+    b: &mut Builder,
+    plan: &Plan,
+    ctx: &StepCtx,
+    my_chunks: &[u32],
+    last_sync: &[u32],
+    params: f64,
+    dp: f64,
+    z: u8,
+) -> Vec<u32> {
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let local = params / if z >= 1 { dp } else { 1.0 };
+    let off = plan.offload;
+    let host = off.optimizer != Tier::Device;
+    let traffic = if host {
+        // fp32 gradient in, states read and written, the low-precision weights out.
+        (4.0 + 2.0 * ob + wb) * local
+    } else {
+        optimizer_traffic_bytes(plan.precision, plan.optimizer) * local
+    };
+    let spec = OpSpec {
+        name: if host { "cpu_optimizer" } else { "optimizer" },
+        class: OpClass::Memory,
+        forward_flops: 0.0,
+        forward_bytes: traffic,
+        backward_flops: 0.0,
+        backward_bytes: traffic,
+        saved: Saved::default(),
+    };
+    b.p.ops.push(OpInstance {
+        spec,
+        backward: false,
+        on_host: host,
+        nvme_bytes: if off.optimizer == Tier::Nvme { 2.0 * ob * local } else { 0.0 },
+    });
+    let op = (b.p.ops.len() - 1) as u32;
+    let label = b.label(Label {
+        op: if host { "cpu_optimizer" } else { "optimizer" },
+        layer: -1,
+        phase: Phase::Optimizer,
+        chunk: my_chunks[0],
+    });
+    let copy_label = b.label(Label { op: "param_to_device", layer: -1, phase: Phase::Optimizer, chunk: my_chunks[0] });
+    let grad_label = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: my_chunks[0] });
+    let mut ready = Vec::new();
+    for (x, &stream) in ctx.streams.iter().enumerate() {
+        let device = ctx.group[x];
+        let mut wait = last_sync.get(x).copied().unwrap_or(NONE);
+        if host && wait == NONE {
+            // No data-parallel sync: copy the whole gradient after the pipeline.
+            let pipeline_last = *b.p.streams[stream as usize].last().expect("pipeline tasks");
+            let copy = b.host_copy(device, false, params * gb, false, grad_label);
+            b.p.deps.push((pipeline_last, copy));
+            wait = copy;
+        }
+        let task = b.task(TaskKind::Compute, op, label, NONE, &[stream]);
+        if wait != NONE {
+            b.p.deps.push((wait, task));
+        }
+        if host && off.params == Tier::Device {
+            let copy = b.host_copy(device, true, local * wb, false, copy_label);
+            b.p.deps.push((task, copy));
+            ready.push(copy);
+        } else {
+            ready.push(task);
+        }
+    }
+    ready
 }

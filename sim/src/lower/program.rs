@@ -18,6 +18,8 @@ pub enum TaskKind {
     Collective,
     /// A point-to-point transfer: payload indexes [`Program::transfers`].
     Transfer,
+    /// A copy between a device and host memory: payload indexes [`Program::host_copies`].
+    HostCopy,
 }
 
 pub const NONE: u32 = u32::MAX;
@@ -44,6 +46,10 @@ pub struct Task {
 pub struct OpInstance {
     pub spec: OpSpec,
     pub backward: bool,
+    /// Runs on the host CPU (an offloaded optimizer step), not on the device.
+    pub on_host: bool,
+    /// Bytes the op also streams from and to NVMe (ZeRO-Infinity), overlapped with its work.
+    pub nvme_bytes: f64,
 }
 
 /// Collectives are the workload's communication kinds.
@@ -65,6 +71,16 @@ pub struct Transfer {
     pub bytes: f64,
 }
 
+#[derive(Clone, Copy, Debug)]
+pub struct HostCopy {
+    pub device: u32,
+    /// Host to device (true) or device to host.
+    pub to_device: bool,
+    pub bytes: f64,
+    /// The host side is the node's NVMe rather than DRAM.
+    pub nvme: bool,
+}
+
 /// A change of a device's dynamic memory when a task starts or ends.
 #[derive(Clone, Copy, Debug)]
 pub struct MemoryEvent {
@@ -73,6 +89,8 @@ pub struct MemoryEvent {
     pub at_end: bool,
     pub activation_bytes: f64,
     pub buffer_bytes: f64,
+    /// Next event of the same task, or [`NONE`].
+    pub next: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -92,12 +110,15 @@ pub struct Program {
     pub ops: Vec<OpInstance>,
     pub collectives: Vec<Collective>,
     pub transfers: Vec<Transfer>,
+    pub host_copies: Vec<HostCopy>,
     pub labels: Vec<Label>,
     pub memory_events: Vec<MemoryEvent>,
     /// Memory that is constant over the iteration, per simulated device.
     pub static_memory: Vec<MemoryBreakdown>,
     /// What each simulated device keeps in host DRAM (offloaded states).
     pub host_memory: Vec<MemoryBreakdown>,
+    /// Bytes each simulated device keeps on its node's NVMe.
+    pub nvme_bytes: Vec<f64>,
     /// Per simulated device: how many tasks at the head of its compute stream are the
     /// pipeline (the rest is the optimizer step); the bubble is measured over them.
     pub compute_marks: Vec<u32>,

@@ -66,6 +66,44 @@ pub fn parse_schedule(s: &str) -> Option<ScheduleKind> {
     })
 }
 
+/// Where a kind of model state lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Device memory (HBM).
+    Device,
+    /// Host DRAM, over PCIe.
+    Cpu,
+    /// The node's NVMe drives, through host DRAM.
+    Nvme,
+}
+
+impl Tier {
+    pub const NAMES: [&'static str; 5] = ["none", "gpu", "device", "cpu", "nvme"];
+    pub fn parse(s: &str) -> Option<Tier> {
+        Some(match s {
+            "none" | "gpu" | "device" => Tier::Device,
+            "cpu" => Tier::Cpu,
+            "nvme" => Tier::Nvme,
+            _ => return None,
+        })
+    }
+}
+
+/// Static offload of model states (ZeRO-Offload, ZeRO-Infinity).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Offload {
+    /// Optimizer states and fp32 master weights; off the device, the optimizer step runs on
+    /// the host CPU.
+    pub optimizer: Tier,
+    /// Low-precision parameters (needs ZeRO stage 3): fetched before each use.
+    pub params: Tier,
+}
+
+impl Offload {
+    pub const NONE: Offload = Offload { optimizer: Tier::Device, params: Tier::Device };
+}
+
 /// Order of the parallel dimensions when numbering devices, innermost first. Megatron-LM's
 /// default keeps a tensor-parallel group inside a node, then data-parallel, then pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -94,6 +132,7 @@ pub struct Plan {
     pub optimizer: Optimizer,
     /// Data-parallel gradient bucket (bytes of gradients per all-reduce).
     pub bucket_bytes: f64,
+    pub offload: Offload,
 }
 
 fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {

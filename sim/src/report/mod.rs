@@ -56,6 +56,18 @@ pub struct Report {
     pub memory_capacity_bytes: f64,
     pub peak_memory_device: u32,
     pub memory_breakdown: MemoryBreakdown,
+    /// Whether every device's HBM peak fits.
+    pub fits_hbm: bool,
+    /// Host DRAM the busiest node needs for offloaded states, and what it has.
+    pub host_memory_bytes: f64,
+    pub host_capacity_bytes: f64,
+    pub fits_host: bool,
+    /// NVMe the busiest node needs, and what it has.
+    pub nvme_bytes: f64,
+    pub nvme_capacity_bytes: f64,
+    pub fits_nvme: bool,
+    /// What one device keeps in host DRAM, by kind.
+    pub host_memory_breakdown: MemoryBreakdown,
     pub devices: u32,
     pub simulated_devices: u32,
     /// One data-parallel replica simulated and mirrored (exact when every node holds one
@@ -91,6 +103,14 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         .collect();
     let worst = (0..nd).max_by(|&a, &b| totals[a].total().total_cmp(&totals[b].total()).then(b.cmp(&a))).unwrap_or(0);
     let capacity = s.cluster.node.device.hbm_bytes;
+    let fits_hbm = totals.iter().all(|m| m.total() <= capacity);
+    // Host and NVMe are per node: the node's devices' shares add up.
+    let per_node = s.cluster.node.devices as f64;
+    let host_worst = p.host_memory.iter().copied().max_by(|a, b| a.total().total_cmp(&b.total())).unwrap_or_default();
+    let host_node = host_worst.total() * per_node;
+    let nvme_node = p.nvme_bytes.iter().copied().fold(0.0, f64::max) * per_node;
+    let fits_host = host_node <= s.cluster.node.host.dram_bytes;
+    let fits_nvme = nvme_node <= s.cluster.node.host.nvme_bytes;
     let starts = plan.chunk_starts();
     let stages = (0..plan.pp)
         .map(|stage| {
@@ -122,7 +142,15 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         model_flops_per_s_per_device: model_flops / iteration_s / devices as f64,
         mfu: model_flops / iteration_s / (devices as f64 * peak),
         bubble_fraction,
-        fits: totals.iter().all(|m| m.total() <= capacity),
+        fits: fits_hbm && fits_host && fits_nvme,
+        fits_hbm,
+        host_memory_bytes: host_node,
+        host_capacity_bytes: s.cluster.node.host.dram_bytes,
+        fits_host,
+        nvme_bytes: nvme_node,
+        nvme_capacity_bytes: s.cluster.node.host.nvme_bytes,
+        fits_nvme,
+        host_memory_breakdown: host_worst,
         peak_memory_bytes: totals[worst].total(),
         memory_capacity_bytes: capacity,
         peak_memory_device: p.devices[worst],

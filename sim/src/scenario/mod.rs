@@ -10,7 +10,7 @@ pub mod reader;
 use crate::hardware::{
     ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, LinkSpec, NodeSpec, PeakFlops, Precision, catalog,
 };
-use crate::plan::{Optimizer, Plan, Recompute, parse_schedule};
+use crate::plan::{Offload, Optimizer, Plan, Recompute, Tier, parse_schedule};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
 use crate::workload::{self, Workload};
 use reader::{Obj, invalid, show, unsupported};
@@ -433,6 +433,54 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
     Ok(Training { global_batch, micro_batch, seq_len, precision, optimizer })
 }
 
+fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> Result<Offload> {
+    let key = o.key("offload");
+    let offload = match o.get("offload") {
+        None => {
+            dflt("offload", "none");
+            Offload::NONE
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Offload::NONE,
+            // ZeRO-Offload (Ren et al. 2021): optimizer states and step on the CPU.
+            "zero-offload" => Offload { optimizer: Tier::Cpu, params: Tier::Device },
+            // ZeRO-Infinity (Rajbhandari et al. 2021): optimizer and parameters on NVMe.
+            "zero-infinity" => Offload { optimizer: Tier::Nvme, params: Tier::Nvme },
+            other => {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "\"{other}\" is not one of: none, zero-offload, zero-infinity, or an object {{\"optimizer\": tier, \"params\": tier}}"
+                    ),
+                ));
+            }
+        },
+        Some(v) => {
+            let oo = Obj::new(v, &key)?;
+            oo.only(&["optimizer", "params", "activations", "policy"])?;
+            if oo.has("activations") {
+                return Err(unsupported(&oo.key("activations"), "activation offload is planned"));
+            }
+            if oo.has("policy") {
+                return Err(unsupported(&oo.key("policy"), "dynamic offload policies (Gemini) are planned"));
+            }
+            Offload {
+                optimizer: oo.choice("optimizer", &Tier::NAMES, Tier::parse)?.unwrap_or(Tier::Device),
+                params: oo.choice("params", &Tier::NAMES, Tier::parse)?.unwrap_or(Tier::Device),
+            }
+        }
+    };
+    if offload.params != Tier::Device && zero_stage < 3 {
+        return Err(invalid(
+            &format!("{key}.params"),
+            format!(
+                "parameter offload needs zero_stage 3 (parameters are fetched shard by shard before use); zero_stage is {zero_stage}"
+            ),
+        ));
+    }
+    Ok(offload)
+}
+
 fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &mut Vec<String>) -> Result<Plan> {
     o.only(&[
         "dp",
@@ -450,11 +498,9 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         "freeze",
         "bucket_bytes",
     ])?;
-    for (k, what) in [
-        ("token_slices", "token-level pipelining (TeraPipe)"),
-        ("freeze", "layer freezing (PipeTransformer)"),
-        ("offload", "offload to host memory and NVMe"),
-    ] {
+    for (k, what) in
+        [("token_slices", "token-level pipelining (TeraPipe)"), ("freeze", "layer freezing (PipeTransformer)")]
+    {
         if o.has(k) {
             return Err(unsupported(&o.key(k), format!("{what} is planned; remove the key to simulate without it")));
         }
@@ -511,15 +557,6 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         ));
     }
     let schedule = match o.choice("schedule", &["gpipe", "1f1b", "interleaved", "2bw", "flush"], parse_schedule)? {
-        Some(s @ (ScheduleKind::TwoBW | ScheduleKind::Flush)) => {
-            return Err(unsupported(
-                &o.key("schedule"),
-                format!(
-                    "\"{}\" (PipeDream) is planned; gpipe, 1f1b and interleaved work today",
-                    crate::plan::schedule_name(s)
-                ),
-            ));
-        }
         Some(s) => s,
         None => {
             dflt("schedule", "1f1b");
@@ -549,16 +586,11 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             0
         }
         Some(v) => match v.as_u64() {
-            Some(z @ (0 | 1)) => z as u8,
-            Some(z @ (2 | 3)) => {
-                return Err(unsupported(
-                    &o.key("zero_stage"),
-                    format!("ZeRO stage {z} is planned; 0 and 1 work today"),
-                ));
-            }
+            Some(z @ 0..=3) => z as u8,
             _ => return Err(invalid(&o.key("zero_stage"), format!("{} is not one of: 0, 1, 2, 3", show(v)))),
         },
     };
+    let offload = parse_offload(o, zero_stage, &mut dflt)?;
     let recompute = o.choice("recompute", &Recompute::NAMES, Recompute::parse)?.unwrap_or_else(|| {
         dflt("recompute", "none");
         Recompute::None
@@ -653,5 +685,6 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         precision: t.precision,
         optimizer: t.optimizer,
         bucket_bytes,
+        offload,
     })
 }
