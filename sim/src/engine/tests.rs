@@ -122,8 +122,8 @@ fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResu
     let pp = shape.stages;
     let mut p = empty_program(pp);
     let v = shape.virtual_stages as u64;
-    p.ops.push(OpInstance { spec: op(), backward: false });
-    p.ops.push(OpInstance { spec: op(), backward: true });
+    p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0 });
+    p.ops.push(OpInstance { spec: op(), backward: true, on_host: false, nvme_bytes: 0.0 });
     let op_ns = [f / v, b / v];
     let chunks = pp * shape.virtual_stages;
     let m = shape.micro_batches;
