@@ -326,10 +326,25 @@ mod tests {
             devices: vec![2, 3],
             stages: vec![0, 1],
             static_hbm: vec![
-                MemoryBreakdown { weights: 14.0 * GIB, gradients: 14.0 * GIB, optimizer: 28.0 * GIB, activations: 0.0, buffers: 1.0 * GIB },
-                MemoryBreakdown { weights: 12.0 * GIB, gradients: 12.0 * GIB, optimizer: 24.0 * GIB, activations: 0.0, buffers: 1.0 * GIB },
+                MemoryBreakdown {
+                    weights: 14.0 * GIB,
+                    gradients: 14.0 * GIB,
+                    optimizer: 28.0 * GIB,
+                    activations: 0.0,
+                    buffers: 1.0 * GIB,
+                },
+                MemoryBreakdown {
+                    weights: 12.0 * GIB,
+                    gradients: 12.0 * GIB,
+                    optimizer: 24.0 * GIB,
+                    activations: 0.0,
+                    buffers: 1.0 * GIB,
+                },
             ],
-            static_host: vec![MemoryBreakdown::default(), MemoryBreakdown { optimizer: 8.0 * GIB, ..Default::default() }],
+            static_host: vec![
+                MemoryBreakdown::default(),
+                MemoryBreakdown { optimizer: 8.0 * GIB, ..Default::default() },
+            ],
             hbm_capacity_bytes: 80.0 * GIB,
             host_capacity_bytes: 256.0 * GIB,
             iteration_ns: 1_200_000_000,
@@ -365,7 +380,7 @@ mod tests {
         draw(&t, 3, &svg, "").unwrap();
         let text = std::fs::read_to_string(&svg).unwrap();
         assert!(text.starts_with("<svg"), "{}", &text[..text.len().min(80)]);
-        for s in ["memory over the iteration", "device 3, peak 68.50 GiB of 80.00 GiB; 8.00 GiB on host"] {
+        for s in ["memory over the iteration", "device 3, peak 67.50 GiB of 80.00 GiB; 8.00 GiB on host"] {
             assert!(text.contains(s), "{s}");
         }
         for s in ["HBM capacity", "time (ms)", "memory (GiB)", "weights", "activations", "buffers"] {

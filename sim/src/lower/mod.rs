@@ -239,7 +239,9 @@ pub fn lower(s: &Scenario) -> Program {
     let vocab_params = w.head_classes() * w.hidden as f64 / tf;
     let first_params =
         (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
-    let last_params = vocab_params;
+    // The output layer: its own matrix, or (tied) a copy of the embedding on the last stage;
+    // with one chunk, the tied head is the embedding itself.
+    let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { vocab_params };
     let dp = plan.dp as f64;
     let z = if plan.dp > 1 { plan.zero_stage } else { 0 };
     let shard = |stage_at_least: u8| if z >= stage_at_least { dp } else { 1.0 };
@@ -864,3 +866,6 @@ fn optimizer_step(
     }
     ready
 }
+
+#[cfg(test)]
+mod tests;
