@@ -22,7 +22,7 @@ const HEIGHT: u32 = 720;
 const HEADER_PX: u32 = 78;
 const MARGIN_PX: u32 = 12;
 const X_LABEL_PX: u32 = 48;
-const Y_LABEL_PX: u32 = 70;
+const Y_LABEL_PX: u32 = 84;
 /// Most steps drawn (about one per pixel column of the plot area).
 const MAX_STEPS: usize = 1300;
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -135,15 +135,14 @@ pub fn draw(t: &Timeline, device: u32, path: &Path, title: &str) -> Result<(), S
     result.map_err(|e| format!("memory plot: drawing {}: {e}", path.display()))
 }
 
-/// Bytes in GiB, with more decimals for small amounts.
+/// Bytes in GiB: two decimals, or three significant digits below 1 GiB.
 fn gib(bytes: f64) -> String {
     let g = bytes / GIB;
-    if g.abs() >= 100.0 {
-        format!("{g:.1}")
-    } else if g.abs() >= 1.0 {
+    if g.abs() >= 1.0 || g == 0.0 || !g.is_finite() {
         format!("{g:.2}")
     } else {
-        format!("{g:.3}")
+        let decimals = (2 - g.abs().log10().floor() as i32).clamp(2, 12) as usize;
+        format!("{g:.decimals$}")
     }
 }
 
@@ -304,15 +303,10 @@ impl Chart<'_> {
     }
 }
 
-/// Decimals for axis labels of a range from 0 to `max`.
+/// Decimals for axis labels of a range from 0 to `max` (about 10 labels).
 fn decimals(max: f64) -> usize {
-    if max >= 20.0 {
-        0
-    } else if max >= 2.0 {
-        1
-    } else {
-        ((-max.log10()).ceil().max(0.0) as usize + 2).min(9)
-    }
+    let step = max / 10.0;
+    if step >= 1.0 || step.is_nan() || step <= 0.0 { 0 } else { ((-step.log10()).ceil() as usize).min(12) }
 }
 
 #[cfg(test)]
@@ -421,6 +415,15 @@ mod tests {
         draw(&t, 2, &dir.join("many.png"), "").unwrap();
         assert!(std::fs::read(dir.join("many.png")).unwrap().starts_with(b"\x89PNG"));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn number_formats() {
+        assert_eq!(gib(80.0 * GIB), "80.00");
+        assert_eq!(gib(0.25 * GIB), "0.250");
+        assert_eq!(gib(1500.0), "0.00000140");
+        assert_eq!(gib(0.0), "0.00");
+        assert_eq!((decimals(88.0), decimals(9.0), decimals(1.2), decimals(0.0)), (0, 1, 1, 0));
     }
 
     #[test]

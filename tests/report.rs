@@ -75,10 +75,6 @@ fn more_micro_batches_shrink_the_bubble() {
 /// et al. 2021): every stage idles (p - 1) x (forward + backward), the last ones partly after
 /// their final backward while the gradients flow back to the first stage.
 #[test]
-#[ignore = "bug: report::build measures each device's bubble to its own pipeline end \
-            (pipeline_end_ns[d] - pipeline_busy_ns[d]) instead of the global pipeline end (max over \
-            devices, as engine/tests.rs does), so the idle time of later stages after their last \
-            backward is dropped: p=4 m=4 reports 0.29 instead of ~0.43"]
 fn balanced_pipeline_bubble_matches_narayanan() {
     let p = 4.0;
     // Few micro-batches: the small imbalance of the embedding and head stages adds idle time
@@ -179,11 +175,6 @@ fn single_stage_holds_every_parameter_once() {
 }
 
 #[test]
-#[ignore = "bug: lower::lower adds the tied embedding table twice when one chunk is both the \
-            first and the last (pp=1): first_params includes the table (tied, so no head is \
-            subtracted) and last_params adds vocab x hidden again; weights, gradients and Adam \
-            state are 39% too large for this 83M model (16.7 instead of 12 optimizer bytes per \
-            parameter), and the data-parallel gradient buckets count the table twice as well"]
 fn single_stage_holds_tied_embeddings_once() {
     assert_single_stage_holds_every_parameter_once(true);
 }

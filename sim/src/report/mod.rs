@@ -90,9 +90,10 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let peak = s.cluster.node.device.peak_flops.at(plan.precision);
     let samples_per_s = s.training.global_batch as f64 / iteration_s;
     let nd = p.devices.len();
-    // Bubble: idle time of each compute stream before its pipeline part ends, averaged.
-    let bubble_ns: Vec<f64> =
-        (0..nd).map(|d| r.pipeline_end_ns[d].saturating_sub(r.pipeline_busy_ns[d]) as f64).collect();
+    // Bubble: idle time of each compute stream until the last device ends its pipeline part
+    // (before gradient sync and optimizer), averaged over devices.
+    let pipeline_end = r.pipeline_end_ns.iter().copied().max().unwrap_or(0);
+    let bubble_ns: Vec<f64> = (0..nd).map(|d| pipeline_end.saturating_sub(r.pipeline_busy_ns[d]) as f64).collect();
     let bubble_fraction = bubble_ns.iter().sum::<f64>() / nd as f64 / r.iteration_ns.max(1) as f64;
     let totals: Vec<MemoryBreakdown> = (0..nd)
         .map(|d| MemoryBreakdown {

@@ -38,6 +38,11 @@ pub fn parse(name: &str, text: &str) -> Result<Workload, String> {
     };
     let tied = v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(!gated);
     let bias = v.get("attention_bias").or_else(|| v.get("bias")).and_then(Value::as_bool).unwrap_or(!gated);
+    // Dropout keeps masks for backward: on when any dropout probability is positive.
+    let dropout =
+        ["attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout_prob", "attention_dropout", "hidden_dropout"]
+            .iter()
+            .any(|k| v.get(*k).and_then(Value::as_f64).is_some_and(|p| p > 0.0));
     Ok(Workload {
         name: name.to_string(),
         transformer: TransformerConfig {
@@ -51,7 +56,7 @@ pub fn parse(name: &str, text: &str) -> Result<Workload, String> {
             mlp: if gated { Mlp::SwiGlu } else { Mlp::Gelu },
             norm: if rms { Norm::RmsNorm } else { Norm::LayerNorm },
             bias,
-            dropout: false,
+            dropout,
             tied_embeddings: tied,
             input: Input::Tokens { positions, token_types: 0 },
             pooler: false,
