@@ -205,8 +205,6 @@ impl Chart<'_> {
         // Header: title, subtitle, legend of the kinds present.
         let title_style = TextStyle::from(("sans-serif", 24).into_font()).color(&BLACK);
         let sub_style = TextStyle::from(("sans-serif", 16).into_font()).color(&RGBColor(80, 80, 80));
-        root.draw(&Text::new(self.title.to_string(), (20, 12), title_style)).map_err(err)?;
-        root.draw(&Text::new(self.subtitle.to_string(), (20, 46), sub_style)).map_err(err)?;
         let present: Vec<Kind> =
             KINDS.iter().copied().filter(|k| self.steps.iter().any(|(_, b)| k.of(b) != 0.0)).collect();
         let legend_style = TextStyle::from(("sans-serif", 15).into_font()).color(&BLACK);
@@ -216,6 +214,15 @@ impl Chart<'_> {
         }
         let total: i32 = widths.iter().map(|w| 18 + w + 18).sum();
         let mut x = width as i32 - 20 - total;
+        // The title, shortened if it would run into the legend.
+        let mut title = self.title.to_string();
+        let mut chars: Vec<char> = self.title.chars().collect();
+        while !chars.is_empty() && 20 + root.estimate_text_size(&title, &title_style).map_err(err)?.0 as i32 > x - 20 {
+            chars.pop();
+            title = chars.iter().collect::<String>().trim_end().to_string() + "...";
+        }
+        root.draw(&Text::new(title, (20, 12), title_style)).map_err(err)?;
+        root.draw(&Text::new(self.subtitle.to_string(), (20, 46), sub_style)).map_err(err)?;
         let y = 20;
         for (k, w) in present.iter().zip(&widths) {
             root.draw(&Rectangle::new([(x, y - 7), (x + 14, y + 7)], k.color().filled())).map_err(err)?;
@@ -372,6 +379,11 @@ mod tests {
         assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
         let svg = dir.join("m.svg");
         draw(&t, 3, &svg, "").unwrap();
+        // A title too long for the header is shortened.
+        let long = "a very long title ".repeat(20);
+        draw(&t, 3, &dir.join("long.svg"), &long).unwrap();
+        let long_svg = std::fs::read_to_string(dir.join("long.svg")).unwrap();
+        assert!(long_svg.contains("a very long title a very long title") && !long_svg.contains(long.trim_end()));
         let text = std::fs::read_to_string(&svg).unwrap();
         assert!(text.starts_with("<svg"), "{}", &text[..text.len().min(80)]);
         for s in ["memory over the iteration", "device 3, peak 67.50 GiB of 80.00 GiB; 8.00 GiB on host"] {
