@@ -3,6 +3,7 @@
 
 mod bench;
 mod gantt;
+mod memory_plot;
 
 use clap::{Parser, Subcommand};
 use sim::hardware::Topology;
@@ -37,6 +38,15 @@ enum Command {
         /// Also draw the pipeline schedule (.png or .svg).
         #[arg(long, value_name = "FILE")]
         gantt: Option<PathBuf>,
+        /// Also write every simulated device's memory per tier over the iteration (CSV).
+        #[arg(long = "memory", value_name = "FILE.csv")]
+        memory_csv: Option<PathBuf>,
+        /// Also draw the memory of the peak device (or --memory-device) stacked by kind (.png or .svg).
+        #[arg(long, value_name = "FILE")]
+        memory_plot: Option<PathBuf>,
+        /// Device (cluster id) for --memory-plot; default: the one with the highest peak.
+        #[arg(long, value_name = "ID", requires = "memory_plot")]
+        memory_device: Option<u32>,
         /// Simulate every device even where one data-parallel replica could stand for all.
         #[arg(long)]
         full: bool,
@@ -63,8 +73,15 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Simulate { scenario, json, trace, gantt, full, network } => {
-            simulate(&scenario, json, trace.as_deref(), gantt.as_deref(), full, network.as_deref())
+        Command::Simulate { scenario, json, trace, gantt, memory_csv, memory_plot, memory_device, full, network } => {
+            let outputs = Outputs {
+                trace: trace.as_deref(),
+                gantt: gantt.as_deref(),
+                memory_csv: memory_csv.as_deref(),
+                memory_plot: memory_plot.as_deref(),
+                memory_device,
+            };
+            simulate(&scenario, json, &outputs, full, network.as_deref())
         }
         Command::Presets { json } => {
             presets(json);
@@ -93,14 +110,17 @@ pub fn load_scenario(path: &Path) -> Result<Scenario, String> {
     scenario::parse(&text, &load).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn simulate(
-    path: &Path,
-    json: bool,
-    trace: Option<&Path>,
-    gantt_path: Option<&Path>,
-    full: bool,
-    network: Option<&str>,
-) -> Result<(), String> {
+/// Files `simulate` writes besides the report.
+struct Outputs<'a> {
+    trace: Option<&'a Path>,
+    gantt: Option<&'a Path>,
+    memory_csv: Option<&'a Path>,
+    memory_plot: Option<&'a Path>,
+    memory_device: Option<u32>,
+}
+
+fn simulate(path: &Path, json: bool, outputs: &Outputs, full: bool, network: Option<&str>) -> Result<(), String> {
+    let (trace, gantt_path) = (outputs.trace, outputs.gantt);
     let mut s = load_scenario(path)?;
     if full {
         s.options.symmetry = false;
@@ -110,7 +130,8 @@ fn simulate(
             format!("--network: \"{n}\" is not one of: {}", sim::network::NetworkKind::NAMES.join(", "))
         })?;
     }
-    let record = trace.is_some() || gantt_path.is_some();
+    let record =
+        trace.is_some() || gantt_path.is_some() || outputs.memory_csv.is_some() || outputs.memory_plot.is_some();
     if record && s.plan.devices() > 512 && !json {
         eprintln!("note: recording every span of {} devices; the trace may be large", s.plan.devices());
     }
@@ -129,6 +150,17 @@ fn simulate(
         let opts = gantt::GanttOptions { title: s.name.clone(), max_rows: 32 };
         gantt::draw(&out.timeline, g, &opts)?;
     }
+    if let Some(m) = outputs.memory_plot {
+        let device = match outputs.memory_device {
+            Some(d) => d,
+            None => sim::report::memory::peak_device(&out.timeline).ok_or("--memory-plot: no device was simulated")?,
+        };
+        memory_plot::draw(&out.timeline, device, m, &s.name)?;
+    }
+    if let Some(c) = outputs.memory_csv {
+        std::fs::write(c, sim::report::memory::curves_csv(&out.timeline))
+            .map_err(|e| format!("cannot write memory CSV {}: {e}", c.display()))?;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&out.report).map_err(|e| e.to_string())?);
     } else {
@@ -138,6 +170,12 @@ fn simulate(
         }
         if let Some(g) = gantt_path {
             println!("gantt:        {}", g.display());
+        }
+        if let Some(m) = outputs.memory_plot {
+            println!("memory plot:  {}", m.display());
+        }
+        if let Some(c) = outputs.memory_csv {
+            println!("memory CSV:   {}", c.display());
         }
     }
     Ok(())
