@@ -59,7 +59,14 @@ fn preset_names_are_unique_and_resolve() {
 }
 
 fn shape(b: u32, s: u32, t: u32, sp: bool) -> LayerShape {
-    LayerShape { micro_batch: b, seq_len: s, tp: t, sequence_parallel: sp, activation_bytes: 2.0 }
+    LayerShape {
+        micro_batch: b,
+        seq_len: s,
+        tp: t,
+        tp_mode: TpMode::OneD,
+        sequence_parallel: sp,
+        activation_bytes: 2.0,
+    }
 }
 
 fn gemm_forward_flops(cfg: &TransformerConfig, sh: LayerShape) -> f64 {

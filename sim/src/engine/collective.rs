@@ -23,7 +23,15 @@ pub struct StepFlow {
     pub bytes: f64,
 }
 
-pub type Steps = Vec<Vec<StepFlow>>;
+/// One step: flows that all start together; the step ends with the last. A chain's hops
+/// (broadcast, reduce) forward data as it arrives, so their latencies add up.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Step {
+    pub flows: Vec<StepFlow>,
+    pub chain: bool,
+}
+
+pub type Steps = Vec<Step>;
 
 fn ring_steps(out: &mut Steps, rings: &[Vec<u32>], steps: u32, chunk_bytes: f64) {
     for _ in 0..steps {
@@ -34,7 +42,7 @@ fn ring_steps(out: &mut Steps, rings: &[Vec<u32>], steps: u32, chunk_bytes: f64)
                 step.push(StepFlow { source: ring[i], target: ring[(i + 1) % p], bytes: chunk_bytes });
             }
         }
-        out.push(step);
+        out.push(Step { flows: step, chain: false });
     }
 }
 
@@ -43,6 +51,17 @@ pub fn expand(c: &Collective, topo: &Topology) -> Steps {
     let p = c.members.len() as u32;
     let mut out = Vec::new();
     if p <= 1 || c.bytes <= 0.0 {
+        return out;
+    }
+    // Broadcast and reduce: a pipelined chain from (to) the first member; all hops move the
+    // whole message at once, so the chain costs its latency plus n / bandwidth.
+    if matches!(c.kind, CollectiveKind::Broadcast | CollectiveKind::Reduce) {
+        let m = &c.members;
+        let hops = (0..m.len() - 1).map(|i| {
+            let (a, b) = if c.kind == CollectiveKind::Broadcast { (m[i], m[i + 1]) } else { (m[i + 1], m[i]) };
+            StepFlow { source: a, target: b, bytes: c.bytes }
+        });
+        out.push(Step { flows: hops.collect(), chain: true });
         return out;
     }
     // Group members by node, keeping ring order.
@@ -64,7 +83,7 @@ pub fn expand(c: &Collective, topo: &Topology) -> Steps {
         let ring = vec![c.members.clone()];
         let steps = match c.kind {
             CollectiveKind::AllReduce => 2 * (p - 1),
-            CollectiveKind::ReduceScatter | CollectiveKind::AllGather => p - 1,
+            _ => p - 1,
         };
         ring_steps(&mut out, &ring, steps, n / p as f64);
         return out;
@@ -88,6 +107,7 @@ pub fn expand(c: &Collective, topo: &Topology) -> Steps {
             ring_steps(&mut out, &inter, nn - 1, shard);
             ring_steps(&mut out, &intra, k32 - 1, n / kf);
         }
+        CollectiveKind::Broadcast | CollectiveKind::Reduce => unreachable!("handled above"),
     }
     out
 }

@@ -317,12 +317,14 @@ impl<'a> Engine<'a> {
             .into_iter()
             .map(|st| {
                 let mut latency = 0.0f64;
+                let chain = st.chain;
                 let flows = st
+                    .flows
                     .iter()
                     .filter(|f| simulated(f.source))
                     .map(|f| {
                         let r = self.topo.route(f.source, f.target);
-                        latency = latency.max(r.latency_s);
+                        latency = if chain { latency + r.latency_s } else { latency.max(r.latency_s) };
                         let mut links = r.links;
                         if p.symmetric {
                             for l in links.iter_mut() {

@@ -166,6 +166,8 @@ impl Builder {
 struct StepCtx<'b> {
     group: &'b [u32],
     streams: Vec<u32>,
+    /// The tensor-parallel grid's dimensions (see `TpMode::dims`).
+    dims: Vec<u32>,
 }
 
 /// Lower a validated scenario.
@@ -208,6 +210,7 @@ pub fn lower(s: &Scenario) -> Program {
         micro_batch: plan.micro_batch,
         seq_len: plan.seq_len,
         tp: plan.tp,
+        tp_mode: plan.tp_mode,
         sequence_parallel: plan.sequence_parallel,
         activation_bytes: e,
     };
@@ -235,7 +238,7 @@ pub fn lower(s: &Scenario) -> Program {
 
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
     let tf = t as f64;
-    let layer_params = w.layer_parameters() / tf;
+    let layer_params = w.layer_parameters() / plan.tp_mode.weight_shards(t) as f64;
     let vocab_params = w.head_classes() * w.hidden as f64 / tf;
     let first_params =
         (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
@@ -254,7 +257,7 @@ pub fn lower(s: &Scenario) -> Program {
     for &r in &replicas {
         for stage in 0..plan.pp {
             let group: Vec<u32> = (0..t).map(|x| plan.device(r, stage, x)).collect();
-            let ctx = StepCtx { streams: b.compute_streams(&group), group: &group };
+            let ctx = StepCtx { streams: b.compute_streams(&group), group: &group, dims: plan.tp_mode.dims(t) };
             let order = schedule::stage_order(plan.schedule, sched_shape, stage).expect("schedule validated at parse");
             // Parameters held per chunk on this stage, and the last backward step per chunk.
             let my_chunks: Vec<u32> = (0..chunks).filter(|c| c % plan.pp == stage).collect();
@@ -567,10 +570,10 @@ fn emit_block(
                     }
                 }
             }
-            LayerOp::Comm { name, bytes, axis, forward, backward: bwd } => {
+            LayerOp::Comm { name, bytes, axis, forward, backward: bwd, root } => {
                 let kind = if backward { *bwd } else { *forward };
                 if let Some(kind) = kind {
-                    collective_on_compute(b, ctx, kind, *axis, name, *bytes, layer, phase, chunk, mb);
+                    collective_on_compute(b, ctx, kind, (*axis, *root), name, *bytes, layer, phase, chunk, mb);
                 }
             }
         }
@@ -611,9 +614,20 @@ fn emit_recompute(
                 }
                 last = f + ctx.group.len() as u32 - 1;
             }
-            LayerOp::Comm { name, bytes, axis, forward: Some(kind), .. } => {
+            LayerOp::Comm { name, bytes, axis, forward: Some(kind), root, .. } => {
                 if !selective_only {
-                    collective_on_compute(b, ctx, *kind, *axis, name, *bytes, layer, Phase::Recompute, chunk, mb);
+                    collective_on_compute(
+                        b,
+                        ctx,
+                        *kind,
+                        (*axis, *root),
+                        name,
+                        *bytes,
+                        layer,
+                        Phase::Recompute,
+                        chunk,
+                        mb,
+                    );
                 }
             }
             LayerOp::Comm { .. } => {}
@@ -654,7 +668,7 @@ fn collective_on_compute(
     b: &mut Builder,
     ctx: &StepCtx,
     kind: CollectiveKind,
-    axis: Axis,
+    (axis, root): (Axis, u32),
     name: &'static str,
     bytes: f64,
     layer: i32,
@@ -662,12 +676,32 @@ fn collective_on_compute(
     chunk: u32,
     mb: u32,
 ) {
-    let Axis::Tensor = axis;
     let label = b.label(Label { op: name, layer, phase, chunk });
-    let id = b.collective_id(kind, ctx.group, bytes);
-    // One task on all the group's compute streams.
-    let streams = ctx.streams.clone();
-    b.task(TaskKind::Collective, id, label, mb, &streams);
+    let Some(n) = axis.dim() else {
+        // The whole group: one task on all its compute streams.
+        let id = b.collective_id(kind, ctx.group, bytes);
+        let streams = ctx.streams.clone();
+        b.task(TaskKind::Collective, id, label, mb, &streams);
+        return;
+    };
+    // Along grid dimension n: one collective per line of the grid, all at once.
+    let dims = &ctx.dims;
+    let size = dims[n];
+    if size <= 1 {
+        return;
+    }
+    let stride: u32 = dims[n + 1..].iter().product();
+    for x in 0..ctx.group.len() as u32 {
+        if (x / stride) % size != 0 {
+            continue;
+        }
+        // Members in coordinate order, rotated so the root comes first.
+        let idx: Vec<usize> = (0..size).map(|k| (x + ((k + root) % size) * stride) as usize).collect();
+        let members: Vec<u32> = idx.iter().map(|&i| ctx.group[i]).collect();
+        let streams: Vec<u32> = idx.iter().map(|&i| ctx.streams[i]).collect();
+        let id = b.collective_id(kind, &members, bytes);
+        b.task(TaskKind::Collective, id, label, mb, &streams);
+    }
 }
 
 fn send(b: &mut Builder, src: u32, dst: u32, bytes: f64, after: u32, chunk: u32, mb: u32, phase: Phase) -> u32 {

@@ -123,6 +123,7 @@ pub struct Plan {
     pub recompute: Recompute,
     pub zero_stage: u8,
     pub sequence_parallel: bool,
+    pub tp_mode: crate::workload::TpMode,
     /// Layers of each pipeline chunk (pp x virtual_stages entries, in model order).
     pub partition: Vec<u32>,
     pub micro_batches: u32,

@@ -12,7 +12,7 @@ use crate::hardware::{
 };
 use crate::plan::{Offload, Optimizer, Plan, Recompute, Tier, parse_schedule};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
-use crate::workload::{self, Workload};
+use crate::workload::{self, TpMode, Workload};
 use reader::{Obj, invalid, show, unsupported};
 pub use reader::{Result, ScenarioError};
 use serde::Serialize;
@@ -433,6 +433,40 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
     Ok(Training { global_batch, micro_batch, seq_len, precision, optimizer })
 }
 
+/// `tp_mode` and, for 2.5D, `tp_depth`: the grid must use exactly `tp` devices.
+fn parse_tp_mode(o: &Obj, tp: u32, dflt: &mut dyn FnMut(&str, &str)) -> Result<TpMode> {
+    let root = |n: u32, k: u32| (1..=n).find(|q| q.pow(k) >= n).filter(|q| q.pow(k) == n);
+    let mode = match o.string("tp_mode")? {
+        None => {
+            dflt("tp_mode", "1d");
+            TpMode::OneD
+        }
+        Some("1d") => TpMode::OneD,
+        Some("2d") => match root(tp, 2) {
+            Some(q) => TpMode::TwoD { q },
+            None => return Err(invalid(&o.key("tp"), format!("{tp} is not a square; \"2d\" needs tp = q x q"))),
+        },
+        Some("2.5d") => {
+            let d = o
+                .uint("tp_depth")?
+                .ok_or_else(|| invalid(&o.key("tp_depth"), "required with \"2.5d\": the depth d of tp = d x q x q"))?;
+            match root(tp / d, 2).filter(|_| tp % d == 0) {
+                Some(q) => TpMode::TwoPointFiveD { q, d },
+                None => return Err(invalid(&o.key("tp"), format!("{tp} is not d x q x q with d = tp_depth = {d}"))),
+            }
+        }
+        Some("3d") => match root(tp, 3) {
+            Some(q) => TpMode::ThreeD { q },
+            None => return Err(invalid(&o.key("tp"), format!("{tp} is not a cube; \"3d\" needs tp = q x q x q"))),
+        },
+        Some(m) => return Err(invalid(&o.key("tp_mode"), format!("\"{m}\" is not one of: 1d, 2d, 2.5d, 3d"))),
+    };
+    if o.has("tp_depth") && !matches!(mode, TpMode::TwoPointFiveD { .. }) {
+        return Err(invalid(&o.key("tp_depth"), "only with \"tp_mode\": \"2.5d\""));
+    }
+    Ok(mode)
+}
+
 fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> Result<Offload> {
     let key = o.key("offload");
     let offload = match o.get("offload") {
@@ -489,6 +523,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         "schedule",
         "virtual_stages",
         "tp_mode",
+        "tp_depth",
         "sequence_parallel",
         "zero_stage",
         "recompute",
@@ -528,21 +563,14 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             ),
         ));
     }
-    match o.string("tp_mode")? {
-        None => dflt("tp_mode", "1d"),
-        Some("1d") => {}
-        Some(m @ ("2d" | "2.5d" | "3d")) => {
-            return Err(unsupported(
-                &o.key("tp_mode"),
-                format!("\"{m}\" tensor parallelism is planned; \"1d\" works today"),
-            ));
-        }
-        Some(m) => return Err(invalid(&o.key("tp_mode"), format!("\"{m}\" is not one of: 1d, 2d, 2.5d, 3d"))),
-    }
+    let tp_mode = parse_tp_mode(o, tp, &mut dflt)?;
     let sequence_parallel = o.boolean("sequence_parallel")?.unwrap_or_else(|| {
         dflt("sequence_parallel", "false");
         false
     });
+    if sequence_parallel && tp_mode != TpMode::OneD {
+        return Err(invalid(&o.key("sequence_parallel"), "Megatron sequence parallelism goes with tp_mode \"1d\""));
+    }
     let tf = &w.transformer;
     if tf.heads % tp != 0 {
         return Err(invalid(&o.key("tp"), format!("{tp} does not divide the workload's {} attention heads", tf.heads)));
@@ -678,6 +706,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         recompute,
         zero_stage,
         sequence_parallel,
+        tp_mode,
         partition,
         micro_batches,
         micro_batch: t.micro_batch,

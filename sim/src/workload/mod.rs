@@ -6,6 +6,7 @@
 //! micro-batch `b`, the sequence length `s` and the tensor-parallel degree `t`.
 
 pub mod catalog;
+pub mod grid;
 pub mod hf;
 pub mod transformer;
 
@@ -67,6 +68,10 @@ pub enum Comm {
     AllReduce,
     ReduceScatter,
     AllGather,
+    /// From the root (the first member) to all: a pipelined chain.
+    Broadcast,
+    /// From all to the root: a pipelined chain the other way.
+    Reduce,
 }
 
 /// Which devices of a tensor-parallel group take part in a collective.
@@ -74,6 +79,57 @@ pub enum Comm {
 pub enum Axis {
     /// The whole group.
     Tensor,
+    /// The devices that differ only in grid coordinate 0, 1 or 2 (see [`TpMode::dims`]).
+    Dim0,
+    Dim1,
+    Dim2,
+}
+
+impl Axis {
+    pub fn dim(self) -> Option<usize> {
+        match self {
+            Axis::Tensor => None,
+            Axis::Dim0 => Some(0),
+            Axis::Dim1 => Some(1),
+            Axis::Dim2 => Some(2),
+        }
+    }
+}
+
+/// How a tensor-parallel group splits each matrix (Colossal-AI's modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TpMode {
+    /// Megatron: column- then row-parallel pairs over all t devices.
+    OneD,
+    /// SUMMA on a q x q grid (Optimus).
+    TwoD { q: u32 },
+    /// d stacked q x q grids sharing weights (Tesseract).
+    TwoPointFiveD { q: u32, d: u32 },
+    /// A q x q x q cube.
+    ThreeD { q: u32 },
+}
+
+impl TpMode {
+    /// Grid dimensions, outermost first: a device's tensor rank is its mixed-radix coordinates.
+    /// 2D: (1, row i, column j); 2.5D: (depth k, row i, column j); 3D: (i, j, l).
+    pub fn dims(self, tp: u32) -> Vec<u32> {
+        match self {
+            TpMode::OneD => vec![tp],
+            TpMode::TwoD { q } => vec![1, q, q],
+            TpMode::TwoPointFiveD { q, d } => vec![d, q, q],
+            TpMode::ThreeD { q } => vec![q, q, q],
+        }
+    }
+
+    /// Into how many parts each weight matrix is split.
+    pub fn weight_shards(self, tp: u32) -> u32 {
+        match self {
+            TpMode::OneD => tp,
+            TpMode::TwoD { q } | TpMode::TwoPointFiveD { q, .. } => q * q,
+            TpMode::ThreeD { q } => q * q * q,
+        }
+    }
 }
 
 /// One compute op of a layer, at fixed (b, s, t).
@@ -103,6 +159,8 @@ pub enum LayerOp {
         axis: Axis,
         forward: Option<Comm>,
         backward: Option<Comm>,
+        /// Root of a broadcast or reduce: its index along the axis.
+        root: u32,
     },
 }
 
@@ -121,6 +179,7 @@ pub struct LayerShape {
     pub micro_batch: u32,
     pub seq_len: u32,
     pub tp: u32,
+    pub tp_mode: TpMode,
     pub sequence_parallel: bool,
     /// Bytes of an activation element (2 for fp16/bf16).
     pub activation_bytes: f64,

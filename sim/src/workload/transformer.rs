@@ -190,6 +190,9 @@ impl TransformerConfig {
 
     /// The ops of one layer at `shape`.
     pub fn layer_ops(&self, shape: LayerShape) -> Vec<LayerOp> {
+        if shape.tp > 1 && shape.tp_mode != super::TpMode::OneD {
+            return super::grid::layer_ops(self, shape);
+        }
         let b = shape.micro_batch as f64;
         let s = shape.seq_len as f64;
         let h = self.hidden as f64;
@@ -218,6 +221,7 @@ impl TransformerConfig {
             name,
             bytes: e * sbh,
             axis: Axis::Tensor,
+            root: 0,
             forward: if sp { Some(Comm::AllGather) } else { None },
             backward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
         };
@@ -225,6 +229,7 @@ impl TransformerConfig {
             name,
             bytes: e * sbh,
             axis: Axis::Tensor,
+            root: 0,
             forward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
             backward: if sp { Some(Comm::AllGather) } else { None },
         };
@@ -340,6 +345,7 @@ impl TransformerConfig {
                 name: "embed_out",
                 bytes: e * s * b * h,
                 axis: Axis::Tensor,
+                root: 0,
                 forward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
                 backward: if sp { Some(Comm::AllGather) } else { None },
             });
@@ -373,6 +379,7 @@ impl TransformerConfig {
                 name: "head_in",
                 bytes: e * rows * h,
                 axis: Axis::Tensor,
+                root: 0,
                 forward: if sp { Some(Comm::AllGather) } else { None },
                 backward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
             });
