@@ -8,7 +8,7 @@ use rand_pcg::Pcg64Mcg;
 use serde_json::json;
 use sim::plan::Recompute;
 use sim::workload::transformer::TransformerConfig;
-use sim::workload::{LayerOp, LayerShape, OpClass};
+use sim::workload::{LayerOp, LayerShape, OpClass, TpMode};
 use std::path::Path;
 
 /// Presets whose `published_parameters` is the paper's rounded size label rather than a count.
