@@ -102,7 +102,8 @@ fn grid_modes_split_activations_over_all_devices_and_weights_per_mode() {
 #[test]
 fn grid_modes_simulate_and_agree_with_full_simulation() {
     let w = json!({"transformer": {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 1000}});
-    let training = json!({"global_batch": 32, "micro_batch": 8, "seq_len": 512, "precision": "bf16", "optimizer": "adam"});
+    let training =
+        json!({"global_batch": 32, "micro_batch": 8, "seq_len": 512, "precision": "bf16", "optimizer": "adam"});
     let mut activations = Vec::new();
     for plan in [
         json!({"dp": 2, "tp": 8, "tp_mode": "1d"}),
@@ -139,4 +140,42 @@ fn grid_sizes_are_validated() {
         assert!(!err.unsupported);
     }
     let _ = Comm::Broadcast;
+}
+
+/// Ring self-attention passes key and value chunks around the ring: per pass each device
+/// sends 2(N-1)/N of the K (= V) bytes of the whole sequence forward, twice that backward;
+/// weights stay whole and activations split N ways.
+#[test]
+fn ring_self_attention_moves_key_value_chunks_around_the_ring() {
+    let cfg = TransformerConfig::gpt(1, 1024, 16, 1000, 0);
+    let (b, s) = (4u32, 1024u32);
+    let kv_bytes = (b * s) as f64 * 1024.0 * 2.0;
+    for n in [2u32, 4, 8] {
+        let sh = LayerShape { tp_mode: TpMode::Ring, ..shape(b, s, n, TpMode::Ring) };
+        let (mut fwd, mut bwd) = (0.0, 0.0);
+        for op in cfg.layer_ops(sh) {
+            if let LayerOp::Comm { bytes, forward, backward, .. } = op {
+                fwd += forward.map_or(0.0, |k| bytes_sent_per_device(k, bytes, n));
+                bwd += backward.map_or(0.0, |k| bytes_sent_per_device(k, bytes, n));
+            }
+        }
+        let nf = n as f64;
+        assert!((fwd - 2.0 * (nf - 1.0) / nf * kv_bytes).abs() < 1e-6 * kv_bytes, "N={n}: forward {fwd}");
+        assert!((bwd - 2.0 * fwd).abs() < 1e-6 * kv_bytes, "N={n}: backward {bwd} vs 2 x {fwd}");
+        let whole = cfg.layer_activation_bytes(shape(b, s, 1, TpMode::OneD), sim::plan::Recompute::None);
+        let split = cfg.layer_activation_bytes(sh, sim::plan::Recompute::None);
+        assert!((split - whole / nf).abs() < 1e-9 * whole, "N={n}: activations {split} vs {}", whole / nf);
+    }
+    // End to end: weights whole on every device, gradients summed over dp x ring.
+    let w = json!({"transformer": {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 1000}});
+    let training =
+        json!({"global_batch": 32, "micro_batch": 8, "seq_len": 1024, "precision": "bf16", "optimizer": "adam"});
+    let ring =
+        simulate(&scenario(w.clone(), 1, training.clone(), json!({"dp": 2, "tp": 4, "sequence_parallel": "ring"})));
+    let one_d = simulate(&scenario(w, 1, training, json!({"dp": 2, "tp": 4})));
+    assert!(
+        (ring.memory_breakdown.weights - 4.0 * one_d.memory_breakdown.weights).abs()
+            < 0.01 * ring.memory_breakdown.weights
+    );
+    assert!(ring.iteration_s > 0.0 && ring.mfu < 1.0);
 }

@@ -215,11 +215,18 @@ pub fn lower(s: &Scenario) -> Program {
         activation_bytes: e,
     };
     let boundary_bytes = e * plan.micro_batch as f64 * plan.seq_len as f64 * w.hidden as f64
-        / if plan.sequence_parallel { plan.tp as f64 } else { 1.0 };
+        / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
     let layer = b.block(w.layer_ops(shape), plan.recompute, boundary_bytes);
+    // Under ring sequence parallelism the embedding and head are whole on each device, on
+    // its share of the tokens.
+    let edge_shape = if plan.ring() {
+        LayerShape { seq_len: plan.seq_len / plan.tp, tp: 1, tp_mode: crate::workload::TpMode::OneD, ..shape }
+    } else {
+        shape
+    };
     // Embedding and head are not recomputed.
-    let embed = b.block(w.embedding_ops(shape), Recompute::None, 0.0);
-    let head = b.block(w.head_ops(shape), Recompute::None, 0.0);
+    let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, 0.0);
+    let head = b.block(w.head_ops(edge_shape), Recompute::None, 0.0);
     b.layer_labels = vec![Vec::new(); w.layers as usize];
 
     let chunks = plan.chunks();
@@ -237,7 +244,7 @@ pub fn lower(s: &Scenario) -> Program {
     let mut bwd_send = vec![NONE; slots];
 
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
-    let tf = t as f64;
+    let tf = if plan.ring() { 1.0 } else { t as f64 };
     let layer_params = w.layer_parameters() / plan.tp_mode.weight_shards(t) as f64;
     let vocab_params = w.head_classes() * w.hidden as f64 / tf;
     let first_params =
@@ -245,8 +252,9 @@ pub fn lower(s: &Scenario) -> Program {
     // The output layer: its own matrix, or (tied) a copy of the embedding on the last stage;
     // with one chunk, the tied head is the embedding itself.
     let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { vocab_params };
-    let dp = plan.dp as f64;
-    let z = if plan.dp > 1 { plan.zero_stage } else { 0 };
+    let sync = plan.sync_degree();
+    let dp = sync as f64;
+    let z = if sync > 1 { plan.zero_stage } else { 0 };
     let shard = |stage_at_least: u8| if z >= stage_at_least { dp } else { 1.0 };
     let off = plan.offload;
     let host_opt = off.optimizer != Tier::Device;
@@ -286,7 +294,7 @@ pub fn lower(s: &Scenario) -> Program {
                     u
                 })
                 .fold(0.0, f64::max);
-            let buffers = if plan.dp > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
+            let buffers = if sync > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
                 + if plan.pp > 1 { 2.0 * boundary_bytes } else { 0.0 }
                 + if z3 { 2.0 * largest_unit * wb } else { 0.0 };
             let dev_weights = if host_params { 0.0 } else { params * wb / shard(3) };
@@ -336,7 +344,7 @@ pub fn lower(s: &Scenario) -> Program {
                 let mb = st.micro_batch;
                 let layers = starts[c as usize]..starts[c as usize + 1];
                 // ZeRO-2 and 3 reduce every micro-batch's gradients; below, only the last.
-                let sync_grads = plan.dp > 1 && (z >= 2 || last_bwd.get(&c) == Some(&mb));
+                let sync_grads = sync > 1 && (z >= 2 || last_bwd.get(&c) == Some(&mb));
                 let unit = |b: &mut Builder,
                             gathers: &mut Gathers,
                             blk: &Block,
@@ -734,12 +742,14 @@ fn dp_collective(
 ) -> u32 {
     let seq_key = (r, stage, x, stream.index() as u32);
     let n = *b.dp_seq.entry(seq_key).and_modify(|v| *v += 1).or_insert(0) as usize;
-    let list = b.dp_tasks.entry((stage, x, stream.index() as u32)).or_default();
+    // Under ring sequence parallelism one collective spans the whole stage.
+    let x_key = if plan.ring() { 0 } else { x };
+    let list = b.dp_tasks.entry((stage, x_key, stream.index() as u32)).or_default();
     if n < list.len() {
         return list[n];
     }
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
-    let members: Vec<u32> = (0..plan.dp).map(|rr| plan.device(rr, stage, x)).collect();
+    let members = plan.sync_members(stage, x);
     let streams: Vec<u32> = members
         .iter()
         .filter(|&&d| b.dev_index[d as usize] != NONE)
@@ -747,7 +757,7 @@ fn dp_collective(
         .collect();
     let id = b.collective_id(kind, &members, bytes);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
-    b.dp_tasks.entry((stage, x, stream.index() as u32)).or_default().push(task);
+    b.dp_tasks.entry((stage, x_key, stream.index() as u32)).or_default().push(task);
     task
 }
 
@@ -765,7 +775,7 @@ fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after
             if !to_host {
                 return task;
             }
-            let shard = if kind == CollectiveKind::ReduceScatter { bytes / plan.dp as f64 } else { bytes };
+            let shard = if kind == CollectiveKind::ReduceScatter { bytes / plan.sync_degree() as f64 } else { bytes };
             let copy = b.host_copy(plan.device(r, stage, x), false, shard, false, label);
             b.p.deps.push((task, copy));
             copy
@@ -794,7 +804,13 @@ impl Gathers {
                 let mut head = NONE;
                 if self.host != Tier::Device {
                     let d = plan.device(r, stage, x);
-                    head = b.host_copy(d, true, bytes / plan.dp as f64, self.host == Tier::Nvme, self.unit_label);
+                    head = b.host_copy(
+                        d,
+                        true,
+                        bytes / plan.sync_degree() as f64,
+                        self.host == Tier::Nvme,
+                        self.unit_label,
+                    );
                 }
                 let g = dp_collective(
                     b,

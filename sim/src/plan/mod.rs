@@ -157,6 +157,29 @@ impl Plan {
         (rest % self.dp, rest / self.dp, tp)
     }
 
+    /// Whether the tensor-parallel group does sequence parallelism with ring attention.
+    pub fn ring(&self) -> bool {
+        self.tp_mode == crate::workload::TpMode::Ring && self.tp > 1
+    }
+
+    /// Devices that hold the same weights and sum their gradients: the data-parallel
+    /// replicas, times the ring under ring sequence parallelism.
+    pub fn sync_degree(&self) -> u32 {
+        self.dp * if self.ring() { self.tp } else { 1 }
+    }
+
+    /// The devices that sum gradients with tensor rank `x` of `stage`, in ring order.
+    pub fn sync_members(&self, stage: u32, x: u32) -> Vec<u32> {
+        if self.ring() {
+            (0..self.dp)
+                .flat_map(|r| (0..self.tp).map(move |xx| (r, xx)))
+                .map(|(r, xx)| self.device(r, stage, xx))
+                .collect()
+        } else {
+            (0..self.dp).map(|r| self.device(r, stage, x)).collect()
+        }
+    }
+
     pub fn chunks(&self) -> u32 {
         self.pp * self.virtual_stages
     }

@@ -563,16 +563,42 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             ),
         ));
     }
-    let tp_mode = parse_tp_mode(o, tp, &mut dflt)?;
-    let sequence_parallel = o.boolean("sequence_parallel")?.unwrap_or_else(|| {
-        dflt("sequence_parallel", "false");
-        false
-    });
+    let mut tp_mode = parse_tp_mode(o, tp, &mut dflt)?;
+    // true or "megatron": Megatron's sequence parallelism inside 1D tensor parallelism;
+    // "ring": the tp group splits the sequence instead and passes keys and values around.
+    let sp_key = o.key("sequence_parallel");
+    let sequence_parallel = match o.get("sequence_parallel") {
+        None => {
+            dflt("sequence_parallel", "false");
+            false
+        }
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) if s == "megatron" => true,
+        Some(Value::String(s)) if s == "ring" => {
+            if tp_mode != TpMode::OneD {
+                return Err(invalid(
+                    &sp_key,
+                    "ring self-attention uses the tp group as a sequence-parallel ring; leave tp_mode at \"1d\"",
+                ));
+            }
+            if t.seq_len % tp != 0 {
+                return Err(invalid(
+                    &sp_key,
+                    format!("seq_len {} does not split into tp = {tp} equal chunks", t.seq_len),
+                ));
+            }
+            tp_mode = TpMode::Ring;
+            false
+        }
+        Some(v) => {
+            return Err(invalid(&sp_key, format!("{} is not one of: true, false, \"megatron\", \"ring\"", show(v))));
+        }
+    };
     if sequence_parallel && tp_mode != TpMode::OneD {
-        return Err(invalid(&o.key("sequence_parallel"), "Megatron sequence parallelism goes with tp_mode \"1d\""));
+        return Err(invalid(&sp_key, "Megatron sequence parallelism goes with tp_mode \"1d\""));
     }
     let tf = &w.transformer;
-    if tf.heads % tp != 0 {
+    if tf.heads % tp != 0 && tp_mode != TpMode::Ring {
         return Err(invalid(&o.key("tp"), format!("{tp} does not divide the workload's {} attention heads", tf.heads)));
     }
     if tp > c.node.devices {

@@ -60,7 +60,7 @@ fn comm(
 /// The ops of a linear layer of `tokens` rows, `h_in` -> `h_out`, whose input it keeps.
 fn linear(ops: &mut Vec<LayerOp>, mode: TpMode, name: &'static str, tokens: f64, h_in: f64, h_out: f64, e: f64) {
     match mode {
-        TpMode::OneD => unreachable!("1D layers are built in transformer.rs"),
+        TpMode::OneD | TpMode::Ring => unreachable!("built in transformer.rs and ring.rs"),
         TpMode::TwoD { q } | TpMode::TwoPointFiveD { q, .. } => {
             let d = if let TpMode::TwoPointFiveD { d, .. } = mode { d } else { 1 };
             let qf = q as f64;

@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod grid;
 pub mod hf;
+pub mod ring;
 pub mod transformer;
 
 pub use transformer::TransformerConfig;
@@ -108,6 +109,9 @@ pub enum TpMode {
     TwoPointFiveD { q: u32, d: u32 },
     /// A q x q x q cube.
     ThreeD { q: u32 },
+    /// Sequence parallelism with ring self-attention (Li et al. 2021): the group splits the
+    /// sequence, keeps whole weights, and passes key and value chunks around the ring.
+    Ring,
 }
 
 impl TpMode {
@@ -115,7 +119,7 @@ impl TpMode {
     /// 2D: (1, row i, column j); 2.5D: (depth k, row i, column j); 3D: (i, j, l).
     pub fn dims(self, tp: u32) -> Vec<u32> {
         match self {
-            TpMode::OneD => vec![tp],
+            TpMode::OneD | TpMode::Ring => vec![tp],
             TpMode::TwoD { q } => vec![1, q, q],
             TpMode::TwoPointFiveD { q, d } => vec![d, q, q],
             TpMode::ThreeD { q } => vec![q, q, q],
@@ -126,6 +130,7 @@ impl TpMode {
     pub fn weight_shards(self, tp: u32) -> u32 {
         match self {
             TpMode::OneD => tp,
+            TpMode::Ring => 1,
             TpMode::TwoD { q } | TpMode::TwoPointFiveD { q, .. } => q * q,
             TpMode::ThreeD { q } => q * q * q,
         }

@@ -190,6 +190,9 @@ impl TransformerConfig {
 
     /// The ops of one layer at `shape`.
     pub fn layer_ops(&self, shape: LayerShape) -> Vec<LayerOp> {
+        if shape.tp > 1 && shape.tp_mode == super::TpMode::Ring {
+            return super::ring::layer_ops(self, shape);
+        }
         if shape.tp > 1 && shape.tp_mode != super::TpMode::OneD {
             return super::grid::layer_ops(self, shape);
         }
