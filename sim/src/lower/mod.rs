@@ -338,6 +338,11 @@ pub fn lower(s: &Scenario) -> Program {
             // ZeRO-3 reduce-scatters each layer's gradients as soon as they exist.
             let bucket_bytes = if z3 { 0.0 } else { plan.bucket_bytes };
             let mut last_sync: Vec<u32> = Vec::new();
+            // Activation offload: copies out per (chunk, micro-batch, layer), and the first
+            // task of the last backward layer (fetches run one layer ahead).
+            let act_off = off.activations != Tier::Device;
+            let mut stashed: HashMap<(u32, u32, u32), Vec<u32>> = HashMap::new();
+            let mut prev_bwd_first = NONE;
             let mut gathers = Gathers { prev_first: NONE, host: off.params, unit_label: NONE };
             for st in &order {
                 let c = st.chunk;
@@ -381,6 +386,13 @@ pub fn lower(s: &Scenario) -> Program {
                                 0.0,
                                 layer_params,
                             );
+                            if act_off {
+                                let outs = act_copies(&mut b, &ctx, false, layer.saved, l as i32, c, mb);
+                                for (x, &o) in outs.iter().enumerate() {
+                                    b.p.deps.push((la - (t - 1) + x as u32, o));
+                                }
+                                stashed.insert((c, mb, l), outs);
+                            }
                             if first == NONE {
                                 first = f;
                             }
@@ -421,6 +433,17 @@ pub fn lower(s: &Scenario) -> Program {
                             // The gather for a layer's backward also serves its recomputation.
                             let g =
                                 if z3 { gathers.before(&mut b, plan, r, stage, layer_params * wb) } else { Vec::new() };
+                            let mut fetched = Vec::new();
+                            if act_off {
+                                fetched = act_copies(&mut b, &ctx, true, layer.saved, l as i32, c, mb);
+                                let outs = stashed.remove(&(c, mb, l)).expect("forward stashed this layer");
+                                for x in 0..t as usize {
+                                    b.p.deps.push((outs[x], fetched[x]));
+                                    if prev_bwd_first != NONE {
+                                        b.p.deps.push((prev_bwd_first + x as u32, fetched[x]));
+                                    }
+                                }
+                            }
                             let mut unit_first = NONE;
                             match plan.recompute {
                                 Recompute::Full => {
@@ -442,6 +465,10 @@ pub fn lower(s: &Scenario) -> Program {
                             if z3 {
                                 gathers.after(&mut b, &ctx, &g, unit_first, la, layer_params * wb);
                             }
+                            for (x, &fch) in fetched.iter().enumerate() {
+                                b.p.deps.push((fch, unit_first + x as u32));
+                            }
+                            prev_bwd_first = unit_first;
                             if first == NONE {
                                 first = unit_first;
                             }
@@ -779,6 +806,29 @@ fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after
             let copy = b.host_copy(plan.device(r, stage, x), false, shard, false, label);
             b.p.deps.push((task, copy));
             copy
+        })
+        .collect()
+}
+
+/// Copy a layer's kept activations out to host memory (freed on the device when the copy
+/// ends) or back (allocated when the copy starts), for every device of the group.
+fn act_copies(b: &mut Builder, ctx: &StepCtx, to_device: bool, bytes: f64, layer: i32, chunk: u32, mb: u32) -> Vec<u32> {
+    let name = if to_device { "act_fetch" } else { "act_offload" };
+    let phase = if to_device { Phase::Backward } else { Phase::Forward };
+    let label = b.label(Label { op: name, layer, phase, chunk });
+    ctx.group
+        .iter()
+        .map(|&d| {
+            let task = b.host_copy(d, to_device, bytes, false, label);
+            b.p.tasks[task as usize].micro_batch = mb;
+            let device = b.dev_index[d as usize];
+            let ev = if to_device {
+                MemoryEvent { device, at_end: false, activation_bytes: bytes, buffer_bytes: 0.0, next: NONE }
+            } else {
+                MemoryEvent { device, at_end: true, activation_bytes: -bytes, buffer_bytes: 0.0, next: NONE }
+            };
+            b.memory_event(task, ev);
+            task
         })
         .collect()
 }

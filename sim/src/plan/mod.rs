@@ -98,10 +98,13 @@ pub struct Offload {
     pub optimizer: Tier,
     /// Low-precision parameters (needs ZeRO stage 3): fetched before each use.
     pub params: Tier,
+    /// Activations kept for backward: copied out after each layer's forward and fetched
+    /// back (one layer ahead) before its backward.
+    pub activations: Tier,
 }
 
 impl Offload {
-    pub const NONE: Offload = Offload { optimizer: Tier::Device, params: Tier::Device };
+    pub const NONE: Offload = Offload { optimizer: Tier::Device, params: Tier::Device, activations: Tier::Device };
 }
 
 /// Order of the parallel dimensions when numbering devices, innermost first. Megatron-LM's

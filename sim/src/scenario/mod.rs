@@ -477,9 +477,9 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
         Some(Value::String(s)) => match s.as_str() {
             "none" => Offload::NONE,
             // ZeRO-Offload (Ren et al. 2021): optimizer states and step on the CPU.
-            "zero-offload" => Offload { optimizer: Tier::Cpu, params: Tier::Device },
+            "zero-offload" => Offload { optimizer: Tier::Cpu, ..Offload::NONE },
             // ZeRO-Infinity (Rajbhandari et al. 2021): optimizer and parameters on NVMe.
-            "zero-infinity" => Offload { optimizer: Tier::Nvme, params: Tier::Nvme },
+            "zero-infinity" => Offload { optimizer: Tier::Nvme, params: Tier::Nvme, ..Offload::NONE },
             other => {
                 return Err(invalid(
                     &key,
@@ -492,15 +492,19 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
         Some(v) => {
             let oo = Obj::new(v, &key)?;
             oo.only(&["optimizer", "params", "activations", "policy"])?;
-            if oo.has("activations") {
-                return Err(unsupported(&oo.key("activations"), "activation offload is planned"));
-            }
             if oo.has("policy") {
                 return Err(unsupported(&oo.key("policy"), "dynamic offload policies (Gemini) are planned"));
             }
             Offload {
                 optimizer: oo.choice("optimizer", &Tier::NAMES, Tier::parse)?.unwrap_or(Tier::Device),
                 params: oo.choice("params", &Tier::NAMES, Tier::parse)?.unwrap_or(Tier::Device),
+                activations: match oo.choice("activations", &Tier::NAMES, Tier::parse)? {
+                    Some(Tier::Nvme) => {
+                        return Err(invalid(&oo.key("activations"), "activations offload to \"cpu\" only (NVMe is too slow to hide)"));
+                    }
+                    Some(t) => t,
+                    None => Tier::Device,
+                },
             }
         }
     };
