@@ -812,7 +812,15 @@ fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after
 
 /// Copy a layer's kept activations out to host memory (freed on the device when the copy
 /// ends) or back (allocated when the copy starts), for every device of the group.
-fn act_copies(b: &mut Builder, ctx: &StepCtx, to_device: bool, bytes: f64, layer: i32, chunk: u32, mb: u32) -> Vec<u32> {
+fn act_copies(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    to_device: bool,
+    bytes: f64,
+    layer: i32,
+    chunk: u32,
+    mb: u32,
+) -> Vec<u32> {
     let name = if to_device { "act_fetch" } else { "act_offload" };
     let phase = if to_device { Phase::Backward } else { Phase::Forward };
     let label = b.label(Label { op: name, layer, phase, chunk });

@@ -75,3 +75,30 @@ fn moving_states_to_the_host_costs_time_on_the_timeline() {
     assert!(b.report.iteration_s > a.report.iteration_s, "{} vs {}", b.report.iteration_s, a.report.iteration_s);
     assert!(b.report.memory_breakdown.optimizer < a.report.memory_breakdown.optimizer);
 }
+
+#[test]
+fn activation_offload_trades_pcie_time_for_device_memory() {
+    let plan = |acts: &str| {
+        format!(
+            r#"{{"dp": 8, "zero_stage": 2, "recompute": "selective", "offload": {{"optimizer": "cpu", "activations": "{acts}"}}}}"#
+        )
+    };
+    let big = r#"{"transformer": {"layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000}}"#;
+    let on = crate::simulate(&scenario(&plan("gpu"), r#""dgx-a100-40gb""#, 1, big), false);
+    let off = crate::simulate(&scenario(&plan("cpu"), r#""dgx-a100-40gb""#, 1, big), false);
+    assert!(off.report.memory_breakdown.activations < on.report.memory_breakdown.activations);
+    assert!(off.report.iteration_s > on.report.iteration_s);
+    assert!(off.program.host_copies.len() > on.program.host_copies.len());
+}
+
+#[test]
+fn two_bw_keeps_two_weight_versions_and_drops_the_flush() {
+    let plan = |s: &str| format!(r#"{{"dp": 2, "tp": 1, "pp": 4, "schedule": "{s}"}}"#);
+    let node = r#"{"preset": "dgx-a100-80gb"}"#;
+    let flush = crate::simulate(&scenario(&plan("1f1b"), node, 1, GPT), false);
+    let two = crate::simulate(&scenario(&plan("2bw"), node, 1, GPT), false);
+    assert!(two.report.iteration_s < flush.report.iteration_s);
+    let w = flush.report.memory_breakdown.weights;
+    assert!((two.report.memory_breakdown.weights - 2.0 * w).abs() < 1e-6 * w);
+    assert!(two.report.bubble_fraction < flush.report.bubble_fraction);
+}

@@ -500,7 +500,10 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
                 params: oo.choice("params", &Tier::NAMES, Tier::parse)?.unwrap_or(Tier::Device),
                 activations: match oo.choice("activations", &Tier::NAMES, Tier::parse)? {
                     Some(Tier::Nvme) => {
-                        return Err(invalid(&oo.key("activations"), "activations offload to \"cpu\" only (NVMe is too slow to hide)"));
+                        return Err(invalid(
+                            &oo.key("activations"),
+                            "activations offload to \"cpu\" only (NVMe is too slow to hide)",
+                        ));
                     }
                     Some(t) => t,
                     None => Tier::Device,
