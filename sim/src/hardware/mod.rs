@@ -346,17 +346,17 @@ impl Topology {
 
     /// A readable name for a link ("dev3 port out", "node1 nic0 in", "dev3 pcie down").
     pub fn link_name(&self, link: LinkId) -> String {
-        let dir = if link % 2 == 0 { "out" } else { "in" };
+        let dir = if link.is_multiple_of(2) { "out" } else { "in" };
         if link < self.nic_base {
             format!("dev{} port {dir}", link / 2)
         } else if link < self.pcie_base {
             let idx = (link - self.nic_base) / 2;
             format!("node{} nic{} {dir}", idx / self.nics, idx % self.nics)
         } else if link < self.nvme_base {
-            let dir = if link % 2 == 0 { "down" } else { "up" };
+            let dir = if link.is_multiple_of(2) { "down" } else { "up" };
             format!("dev{} pcie {dir}", (link - self.pcie_base) / 2)
         } else {
-            let dir = if link % 2 == 0 { "read" } else { "write" };
+            let dir = if link.is_multiple_of(2) { "read" } else { "write" };
             format!("node{} nvme {dir}", (link - self.nvme_base) / 2)
         }
     }

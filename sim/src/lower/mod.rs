@@ -514,7 +514,7 @@ pub fn lower(s: &Scenario) -> Program {
                 b.p.compute_marks[d] = b.p.streams[sidx as usize].len() as u32;
             }
             let opt_tasks = optimizer_step(&mut b, plan, &ctx, &my_chunks, &last_sync, params, dp, z);
-            if z >= 1 && z < 3 {
+            if (1..3).contains(&z) {
                 // Gather the updated parameter shards, in buckets like the gradients.
                 let total = params * wb;
                 let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
@@ -727,7 +727,7 @@ fn collective_on_compute(
     }
     let stride: u32 = dims[n + 1..].iter().product();
     for x in 0..ctx.group.len() as u32 {
-        if (x / stride) % size != 0 {
+        if !(x / stride).is_multiple_of(size) {
             continue;
         }
         // Members in coordinate order, rotated so the root comes first.

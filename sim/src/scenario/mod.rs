@@ -408,13 +408,12 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
         1
     });
     let mut seq_len = o.req("seq_len", Obj::uint)?;
-    if let Some(fixed) = w.fixed_seq_len() {
-        if fixed != seq_len {
-            defaults.push(format!(
-                "training.seq_len = {fixed} (the workload's patches + class token; {seq_len} was given)"
-            ));
-            seq_len = fixed;
-        }
+    if let Some(fixed) = w.fixed_seq_len()
+        && fixed != seq_len
+    {
+        defaults
+            .push(format!("training.seq_len = {fixed} (the workload's patches + class token; {seq_len} was given)"));
+        seq_len = fixed;
     }
     let precision = o.choice("precision", &Precision::NAMES, Precision::parse)?.unwrap_or_else(|| {
         defaults.push("training.precision = bf16".into());
@@ -450,7 +449,7 @@ fn parse_tp_mode(o: &Obj, tp: u32, dflt: &mut dyn FnMut(&str, &str)) -> Result<T
             let d = o
                 .uint("tp_depth")?
                 .ok_or_else(|| invalid(&o.key("tp_depth"), "required with \"2.5d\": the depth d of tp = d x q x q"))?;
-            match root(tp / d, 2).filter(|_| tp % d == 0) {
+            match root(tp / d, 2).filter(|_| tp.is_multiple_of(d)) {
                 Some(q) => TpMode::TwoPointFiveD { q, d },
                 None => return Err(invalid(&o.key("tp"), format!("{tp} is not d x q x q with d = tp_depth = {d}"))),
             }
@@ -588,7 +587,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
                     "ring self-attention uses the tp group as a sequence-parallel ring; leave tp_mode at \"1d\"",
                 ));
             }
-            if t.seq_len % tp != 0 {
+            if !t.seq_len.is_multiple_of(tp) {
                 return Err(invalid(
                     &sp_key,
                     format!("seq_len {} does not split into tp = {tp} equal chunks", t.seq_len),
@@ -605,7 +604,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         return Err(invalid(&sp_key, "Megatron sequence parallelism goes with tp_mode \"1d\""));
     }
     let tf = &w.transformer;
-    if tf.heads % tp != 0 && tp_mode != TpMode::Ring {
+    if !tf.heads.is_multiple_of(tp) && tp_mode != TpMode::Ring {
         return Err(invalid(&o.key("tp"), format!("{tp} does not divide the workload's {} attention heads", tf.heads)));
     }
     if tp > c.node.devices {
@@ -657,7 +656,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         Recompute::None
     });
     let per_replica = t.global_batch / dp;
-    if t.global_batch % dp != 0 || per_replica % t.micro_batch != 0 {
+    if !t.global_batch.is_multiple_of(dp) || !per_replica.is_multiple_of(t.micro_batch) {
         return Err(invalid(
             "training.global_batch",
             format!(

@@ -192,7 +192,7 @@ pub fn validate(kind: ScheduleKind, shape: ScheduleShape) -> Result<(), Schedule
     if kind != ScheduleKind::Interleaved && shape.virtual_stages != 1 {
         return Err(ScheduleError::VirtualStagesNeedInterleaved { kind, virtual_stages: shape.virtual_stages });
     }
-    if kind == ScheduleKind::Interleaved && shape.micro_batches % shape.stages != 0 {
+    if kind == ScheduleKind::Interleaved && !shape.micro_batches.is_multiple_of(shape.stages) {
         return Err(ScheduleError::MicroBatchesNotMultipleOfStages {
             micro_batches: shape.micro_batches,
             stages: shape.stages,
