@@ -294,7 +294,8 @@ pub fn lower(s: &Scenario) -> Program {
                     u
                 })
                 .fold(0.0, f64::max);
-            let buffers = if sync > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
+            let buffers = s.options.framework_bytes(&s.cluster.node.device)
+                + if sync > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
                 + if plan.pp > 1 { 2.0 * boundary_bytes } else { 0.0 }
                 + if z3 { 2.0 * largest_unit * wb } else { 0.0 };
             let dev_weights = if host_params { 0.0 } else { params * wb / shard(3) };

@@ -56,6 +56,9 @@ pub struct Report {
     pub peak_memory_bytes: f64,
     pub memory_capacity_bytes: f64,
     pub peak_memory_device: u32,
+    /// The breakdown's buffers include this allowance for the framework (CUDA context,
+    /// library workspaces); set it with `simulation.framework_overhead_bytes`.
+    pub framework_overhead_bytes: f64,
     pub memory_breakdown: MemoryBreakdown,
     /// Whether every device's HBM peak fits.
     pub fits_hbm: bool,
@@ -156,6 +159,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         peak_memory_bytes: totals[worst].total(),
         memory_capacity_bytes: capacity,
         peak_memory_device: p.devices[worst],
+        framework_overhead_bytes: s.options.framework_bytes(&s.cluster.node.device),
         memory_breakdown: totals[worst],
         devices,
         simulated_devices: nd as u32,

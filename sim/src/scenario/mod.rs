@@ -24,11 +24,27 @@ pub struct SimOptions {
     pub network: crate::network::NetworkKind,
     /// Simulate one data-parallel replica and mirror it, where that is exact.
     pub symmetry: bool,
+    /// Device memory the framework holds besides tensors (CUDA context, library
+    /// workspaces); `None`: the device kind's default (see [`SimOptions::framework_bytes`]).
+    pub framework_overhead_bytes: Option<u64>,
 }
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { network: crate::network::NetworkKind::MaxMinFair, symmetry: true }
+        SimOptions { network: crate::network::NetworkKind::MaxMinFair, symmetry: true, framework_overhead_bytes: None }
+    }
+}
+
+impl SimOptions {
+    /// The framework allowance on `device`: 0.5 GiB on a GPU by default (a PyTorch CUDA context
+    /// with cuBLAS and NCCL workspaces is 0.3-0.6 GiB; allocator fragmentation is not
+    /// included), nothing on FPGAs and CPUs.
+    pub fn framework_bytes(&self, device: &crate::hardware::DeviceSpec) -> f64 {
+        match self.framework_overhead_bytes {
+            Some(b) => b as f64,
+            None if device.kind == DeviceKind::Gpu => 0.5 * 1024f64.powi(3),
+            None => 0.0,
+        }
     }
 }
 
@@ -79,7 +95,10 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
 fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
     let mut opts = SimOptions::default();
     if let Some(o) = o {
-        o.only(&["network", "symmetry"])?;
+        o.only(&["network", "symmetry", "framework_overhead_bytes"])?;
+        if let Some(b) = o.non_negative("framework_overhead_bytes")? {
+            opts.framework_overhead_bytes = Some(b.round() as u64);
+        }
         if let Some(n) = o.choice("network", &crate::network::NetworkKind::NAMES, crate::network::NetworkKind::parse)? {
             opts.network = n;
         }
