@@ -226,6 +226,19 @@ fn print_summary(r: &sim::report::Report) {
         gib(m.activations),
         gib(m.buffers)
     );
+    if !r.peak_activations.is_empty() {
+        let mbs: std::collections::BTreeSet<u32> = r.peak_activations.iter().map(|a| a.micro_batch).collect();
+        let layers: std::collections::BTreeSet<i32> =
+            r.peak_activations.iter().map(|a| a.layer).filter(|&l| l >= 0).collect();
+        println!(
+            "              at the peak: activations of {} micro-batches over {} layers (largest {} for layer {}, micro-batch {})",
+            mbs.len(),
+            layers.len(),
+            gib(r.peak_activations.iter().map(|a| a.bytes).fold(0.0, f64::max)),
+            r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map_or(0, |a| a.layer),
+            r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map_or(0, |a| a.micro_batch),
+        );
+    }
     println!("stages:       stage  layers  busy_s    bubble_s  peak");
     for st in &r.stages {
         println!(

@@ -218,3 +218,21 @@ fn symmetric_and_full_simulation_agree() {
         assert_eq!(a.mfu, b.mfu, "plan {plan}: mfu");
     }
 }
+
+/// The activations listed at the peak add up to the breakdown's activations, and a 1F1B first
+/// stage holds exactly min(p, m) micro-batches then (the schedule's in-flight bound).
+#[test]
+fn peak_activations_are_itemised_by_layer_and_micro_batch() {
+    for (pp, m) in [(4u32, 8u32), (4, 2), (2, 6)] {
+        let w = json!({"transformer": {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 1024}});
+        let plan = json!({"dp": 8 / pp, "tp": 1, "pp": pp, "schedule": "1f1b"});
+        let r = simulate(&scenario(w, 1, training(m * (8 / pp), 1, 1024), plan));
+        let listed: f64 = r.peak_activations.iter().map(|a| a.bytes).sum();
+        let act = r.memory_breakdown.activations;
+        assert!((listed - act).abs() <= 1e-6 * act, "pp={pp} m={m}: {listed} vs {act}");
+        // The first stage (devices 0..dp) holds the most micro-batches, so it peaks.
+        assert!(r.peak_memory_device < 8 / pp, "pp={pp} m={m}: peak on device {}", r.peak_memory_device);
+        let mbs: std::collections::BTreeSet<u32> = r.peak_activations.iter().map(|a| a.micro_batch).collect();
+        assert_eq!(mbs.len() as u32, pp.min(m), "pp={pp} m={m}: {mbs:?}");
+    }
+}

@@ -32,6 +32,8 @@ pub struct RunResult {
     pub peak_activations: Vec<f64>,
     pub peak_buffers: Vec<f64>,
     pub peak_time_ns: Vec<u64>,
+    /// At each device's peak: the live activation bytes by (memory tag, micro-batch).
+    pub peak_live: Vec<Vec<(u32, u32, f64)>>,
     pub timeline: Timeline,
 }
 
@@ -89,6 +91,8 @@ struct Engine<'a> {
     ready: Vec<u32>,
     cur_act: Vec<f64>,
     cur_buf: Vec<f64>,
+    /// Live activation bytes per device by (tag, micro-batch).
+    live: Vec<std::collections::BTreeMap<(u32, u32), f64>>,
     res: RunResult,
     flows: u64,
 }
@@ -142,6 +146,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> Run
         ready: Vec::new(),
         cur_act: vec![0.0; nd],
         cur_buf: vec![0.0; nd],
+        live: vec![std::collections::BTreeMap::new(); nd],
         res: RunResult {
             compute_busy_ns: vec![0; nd],
             pipeline_end_ns: vec![0; nd],
@@ -149,6 +154,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> Run
             peak_activations: vec![0.0; nd],
             peak_buffers: vec![0.0; nd],
             peak_time_ns: vec![0; nd],
+            peak_live: vec![Vec::new(); nd],
             ..RunResult::default()
         },
         flows: 0,
@@ -215,11 +221,19 @@ impl<'a> Engine<'a> {
 
     fn memory(&mut self, t: u32, at_end: bool, now: u64) {
         let mut m = self.p.tasks[t as usize].memory;
+        let mb = self.p.tasks[t as usize].micro_batch;
         while m != NONE {
             let ev = self.p.memory_events[m as usize];
             m = ev.next;
             if ev.at_end == at_end {
-                self.apply_memory(ev.device as usize, ev.activation_bytes, ev.buffer_bytes, now);
+                let d = ev.device as usize;
+                let key = (ev.tag, mb);
+                let v = self.live[d].entry(key).or_insert(0.0);
+                *v += ev.activation_bytes;
+                if v.abs() < 1.0 {
+                    self.live[d].remove(&key);
+                }
+                self.apply_memory(d, ev.activation_bytes, ev.buffer_bytes, now);
             }
         }
     }
@@ -232,6 +246,7 @@ impl<'a> Engine<'a> {
             self.res.peak_activations[d] = self.cur_act[d];
             self.res.peak_buffers[d] = self.cur_buf[d];
             self.res.peak_time_ns[d] = now;
+            self.res.peak_live[d] = self.live[d].iter().map(|(&(tag, mb), &b)| (tag, mb, b)).collect();
         }
         if self.opts.record {
             self.res.timeline.memory.push(MemorySample {

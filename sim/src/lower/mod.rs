@@ -128,8 +128,9 @@ impl Builder {
         next
     }
 
-    fn memory(&mut self, task: u32, device: u32, at_end: bool, activation_bytes: f64) {
-        self.memory_event(task, MemoryEvent { device, at_end, activation_bytes, buffer_bytes: 0.0, next: NONE });
+    fn memory(&mut self, task: u32, device: u32, at_end: bool, activation_bytes: f64, layer: i32) {
+        let tag = memory_tag(layer);
+        self.memory_event(task, MemoryEvent { device, at_end, activation_bytes, buffer_bytes: 0.0, next: NONE, tag });
     }
 
     /// Attach a memory event to a task (a task may carry several).
@@ -594,7 +595,7 @@ fn emit_block(
                     if alloc > 0.0 {
                         for x in 0..t {
                             let di = Program::stream_device(ctx.streams[x as usize]);
-                            b.memory(f + x, di, false, alloc);
+                            b.memory(f + x, di, false, alloc, layer);
                         }
                     }
                 }
@@ -602,7 +603,7 @@ fn emit_block(
                 if seen == compute_ops && free > 0.0 {
                     for x in 0..t {
                         let di = Program::stream_device(ctx.streams[x as usize]);
-                        b.memory(f + x, di, true, -free);
+                        b.memory(f + x, di, true, -free, layer);
                     }
                 }
             }
@@ -644,7 +645,7 @@ fn emit_recompute(
                     if alloc > 0.0 {
                         for x in 0..ctx.group.len() as u32 {
                             let di = Program::stream_device(ctx.streams[x as usize]);
-                            b.memory(f + x, di, false, alloc);
+                            b.memory(f + x, di, false, alloc, layer);
                         }
                     }
                 }
@@ -832,9 +833,23 @@ fn act_copies(
             b.p.tasks[task as usize].micro_batch = mb;
             let device = b.dev_index[d as usize];
             let ev = if to_device {
-                MemoryEvent { device, at_end: false, activation_bytes: bytes, buffer_bytes: 0.0, next: NONE }
+                MemoryEvent {
+                    device,
+                    at_end: false,
+                    activation_bytes: bytes,
+                    buffer_bytes: 0.0,
+                    next: NONE,
+                    tag: memory_tag(layer),
+                }
             } else {
-                MemoryEvent { device, at_end: true, activation_bytes: -bytes, buffer_bytes: 0.0, next: NONE }
+                MemoryEvent {
+                    device,
+                    at_end: true,
+                    activation_bytes: -bytes,
+                    buffer_bytes: 0.0,
+                    next: NONE,
+                    tag: memory_tag(layer),
+                }
             };
             b.memory_event(task, ev);
             task

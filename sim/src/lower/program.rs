@@ -91,6 +91,18 @@ pub struct MemoryEvent {
     pub buffer_bytes: f64,
     /// Next event of the same task, or [`NONE`].
     pub next: u32,
+    /// What the bytes belong to, with the task's micro-batch: see [`memory_tag`].
+    pub tag: u32,
+}
+
+/// The memory tag of a layer's activations (embedding -1 and head -2 included).
+pub fn memory_tag(layer: i32) -> u32 {
+    (layer + 2) as u32
+}
+
+/// The layer of a memory tag.
+pub fn tag_layer(tag: u32) -> i32 {
+    tag as i32 - 2
 }
 
 #[derive(Clone, Debug, Default)]

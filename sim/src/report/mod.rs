@@ -22,6 +22,15 @@ pub struct StageReport {
     pub peak_memory_bytes: f64,
 }
 
+/// Activations live at the peak, for one layer and micro-batch.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveActivation {
+    /// Transformer layer; -1 the embedding, -2 the head.
+    pub layer: i32,
+    pub micro_batch: u32,
+    pub bytes: f64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct PlanSummary {
     pub dp: u32,
@@ -60,6 +69,8 @@ pub struct Report {
     /// library workspaces); set it with `simulation.framework_overhead_bytes`.
     pub framework_overhead_bytes: f64,
     pub memory_breakdown: MemoryBreakdown,
+    /// The activations behind the peak device's peak, by layer and micro-batch.
+    pub peak_activations: Vec<LiveActivation>,
     /// Whether every device's HBM peak fits.
     pub fits_hbm: bool,
     /// Host DRAM the busiest node needs for offloaded states, and what it has.
@@ -161,6 +172,10 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         peak_memory_device: p.devices[worst],
         framework_overhead_bytes: s.options.framework_bytes(&s.cluster.node.device),
         memory_breakdown: totals[worst],
+        peak_activations: r.peak_live[worst]
+            .iter()
+            .map(|&(tag, mb, bytes)| LiveActivation { layer: crate::lower::tag_layer(tag), micro_batch: mb, bytes })
+            .collect(),
         devices,
         simulated_devices: nd as u32,
         symmetric: p.symmetric,
