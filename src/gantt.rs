@@ -70,10 +70,10 @@ fn phase_name(p: Phase) -> &'static str {
 }
 
 /// Registers the embedded DejaVu Sans as plotters' "sans-serif" (once per process).
-fn ensure_font() -> Result<(), String> {
+pub(crate) fn ensure_font() -> Result<(), String> {
     static FONT: OnceLock<bool> = OnceLock::new();
     let ok = *FONT.get_or_init(|| register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_ok());
-    if ok { Ok(()) } else { Err("gantt: the embedded DejaVu Sans font could not be loaded".to_string()) }
+    if ok { Ok(()) } else { Err("the embedded DejaVu Sans font could not be loaded".to_string()) }
 }
 
 /// One row of the chart.

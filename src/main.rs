@@ -2,8 +2,10 @@
 //! calls into the pure `sim` crate for everything else.
 
 mod bench;
+mod exec;
 mod gantt;
 mod memory_plot;
+mod validate_plot;
 
 use clap::{Parser, Subcommand};
 use sim::hardware::Topology;
@@ -53,6 +55,53 @@ enum Command {
         /// Interconnect model: fair (max-min fair sharing) or ideal (no contention).
         #[arg(long, value_name = "MODEL")]
         network: Option<String>,
+        /// Use a calibration profile (from `trainsim calibrate`) for the device and its links.
+        #[arg(long, value_name = "FILE")]
+        profile: Option<PathBuf>,
+    },
+    /// Run a scenario's lowered plan on real devices and measure it.
+    Replay {
+        scenario: PathBuf,
+        /// cpu (worker threads of this machine), cuda, or torch.
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        #[arg(long, default_value_t = 1)]
+        warmup: u32,
+        #[arg(long, default_value_t = 3)]
+        repeats: u32,
+        #[arg(long)]
+        json: bool,
+        /// Write the measured timeline as a Chrome/Perfetto trace.
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
+    },
+    /// Microbenchmark a device and write a calibration profile (profile.json + README.md).
+    Calibrate {
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        /// Folder for the profile, e.g. traces/2026-11-22-cpu/.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Fewer shapes and repeats.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Predict, replay, and compare per op kind and per iteration.
+    Validate {
+        scenario: PathBuf,
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        #[arg(long, value_name = "FILE")]
+        profile: Option<PathBuf>,
+        #[arg(long, default_value_t = 1)]
+        warmup: u32,
+        #[arg(long, default_value_t = 3)]
+        repeats: u32,
+        #[arg(long)]
+        json: bool,
+        /// Draw predicted vs measured (.png or .svg).
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
     },
     /// List every built-in device, link, node and workload preset.
     Presets {
@@ -73,7 +122,34 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Simulate { scenario, json, trace, gantt, memory_csv, memory_plot, memory_device, full, network } => {
+        Command::Replay { scenario, backend, warmup, repeats, json, trace } => exec::replay_cmd(
+            &scenario,
+            &backend,
+            executor::replay::ReplayOptions { warmup, repeats },
+            json,
+            trace.as_deref(),
+        ),
+        Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
+        Command::Validate { scenario, backend, profile, warmup, repeats, json, plot } => exec::validate_cmd(
+            &scenario,
+            &backend,
+            profile.as_deref(),
+            executor::replay::ReplayOptions { warmup, repeats },
+            json,
+            plot.as_deref(),
+        ),
+        Command::Simulate {
+            scenario,
+            json,
+            trace,
+            gantt,
+            memory_csv,
+            memory_plot,
+            memory_device,
+            full,
+            network,
+            profile,
+        } => {
             let outputs = Outputs {
                 trace: trace.as_deref(),
                 gantt: gantt.as_deref(),
@@ -81,7 +157,7 @@ fn main() -> ExitCode {
                 memory_plot: memory_plot.as_deref(),
                 memory_device,
             };
-            simulate(&scenario, json, &outputs, full, network.as_deref())
+            simulate(&scenario, json, &outputs, full, network.as_deref(), profile.as_deref())
         }
         Command::Presets { json } => {
             presets(json);
@@ -119,9 +195,19 @@ struct Outputs<'a> {
     memory_device: Option<u32>,
 }
 
-fn simulate(path: &Path, json: bool, outputs: &Outputs, full: bool, network: Option<&str>) -> Result<(), String> {
+fn simulate(
+    path: &Path,
+    json: bool,
+    outputs: &Outputs,
+    full: bool,
+    network: Option<&str>,
+    profile: Option<&Path>,
+) -> Result<(), String> {
     let (trace, gantt_path) = (outputs.trace, outputs.gantt);
     let mut s = load_scenario(path)?;
+    if let Some(p) = profile {
+        s.calibrate(&exec::load_profile(p)?);
+    }
     if full {
         s.options.symmetry = false;
     }

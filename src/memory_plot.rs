@@ -8,12 +8,10 @@
 //! so peaks stay visible.
 
 use std::path::Path;
-use std::sync::OnceLock;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use plotters::style::{FontStyle, register_font};
 use sim::report::memory::{HBM, HOST, MemoryPoint, device_curve};
 use sim::report::timeline::{MemoryBreakdown, Timeline};
 
@@ -73,12 +71,7 @@ impl Kind {
 
 const CAPACITY_COLOR: RGBColor = RGBColor(214, 39, 40);
 
-/// Registers the embedded DejaVu Sans as plotters' "sans-serif" (once per process).
-fn ensure_font() -> Result<(), String> {
-    static FONT: OnceLock<bool> = OnceLock::new();
-    let ok = *FONT.get_or_init(|| register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_ok());
-    if ok { Ok(()) } else { Err("memory plot: the embedded DejaVu Sans font could not be loaded".to_string()) }
-}
+use crate::gantt::ensure_font;
 
 /// Draws the HBM memory of `device` (a cluster device id) over the iteration recorded in `t`
 /// to `path`: PNG if it ends in `.png`, SVG if `.svg`. An empty `title` gives a default one.

@@ -30,7 +30,7 @@ pub struct Simulation {
 /// Durations of a program's ops on the scenario's device, in nanoseconds.
 pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: Option<cost::Calibration>) -> Vec<u64> {
     let node = &s.cluster.node;
-    let model = cost::ComputeModel::new(&node.device, s.training.precision, calibration);
+    let model = cost::ComputeModel::new(&node.device, s.training.precision, calibration).with_op_rates(&s.op_rates);
     // Host work (an offloaded optimizer step) shares the node's CPU memory bandwidth and
     // NVMe drives among the node's devices, which all step at once.
     let share = node.devices.max(1) as f64;

@@ -13,6 +13,20 @@ pub mod memory;
 use crate::hardware::{DeviceKind, DeviceSpec, Precision};
 use crate::workload::{OpClass, OpSpec};
 
+/// The kernel family a memory-bound op belongs to (ops of a family cost the same per byte;
+/// calibration measures one rate per family).
+pub fn memory_kernel(name: &str) -> &'static str {
+    match name {
+        "ln1" | "ln2" | "final_norm" => "ln1",
+        "softmax" => "softmax",
+        "act" => "act",
+        "attn_dropout" => "attn_dropout",
+        "dropout_residual" => "dropout_residual",
+        "optimizer" | "cpu_optimizer" => "optimizer",
+        _ => "embedding",
+    }
+}
+
 /// Measured corrections of a device's defaults (from the executor's calibration).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Calibration {
@@ -30,6 +44,8 @@ pub struct ComputeModel {
     launch_s: f64,
     units: f64,
     quantize: bool,
+    /// Measured bytes per second per memory-kernel family (overrides the roofline).
+    op_rates: Vec<(&'static str, f64)>,
 }
 
 const TILE: f64 = 128.0;
@@ -48,7 +64,14 @@ impl ComputeModel {
             launch_s: launch,
             units: device.compute_units.max(1) as f64,
             quantize: device.kind == DeviceKind::Gpu,
+            op_rates: Vec::new(),
         }
+    }
+
+    /// Use measured streaming rates per memory-kernel family (name, bytes/s).
+    pub fn with_op_rates(mut self, rates: &[(String, f64)]) -> ComputeModel {
+        self.op_rates = rates.iter().map(|(n, r)| (memory_kernel(n), *r)).collect();
+        self
     }
 
     /// Fraction of peak a GEMM of this shape reaches.
@@ -76,7 +99,13 @@ impl ComputeModel {
             if backward { (op.backward_flops, op.backward_bytes) } else { (op.forward_flops, op.forward_bytes) };
         let compute = match op.class {
             OpClass::Gemm { batch, m, n, k } => flops / (self.peak_flops * self.gemm_efficiency(batch, m, n, k)),
-            OpClass::Memory => 0.0,
+            OpClass::Memory => {
+                let family = memory_kernel(op.name);
+                if let Some(&(_, rate)) = self.op_rates.iter().find(|(f, _)| *f == family) {
+                    return bytes / rate + self.launch_s;
+                }
+                0.0
+            }
         };
         // Backward of a GEMM is two GEMMs, so two launches.
         let launches = if backward && matches!(op.class, OpClass::Gemm { .. }) { 2.0 } else { 1.0 };

@@ -97,6 +97,7 @@ pub fn devices() -> Vec<DeviceSpec> {
         // RTX 5000 datasheet; not in the reference file).
         gpu("quadro-rtx5000", 11.2, 89.2, None, None, 16.0 * GIB, 448.0, 48, 0.8, "NVIDIA Quadro RTX 5000 datasheet"),
         host_cpu(),
+        cpu_core(),
         fpga(
             "alveo-u280",
             8490.0,
@@ -122,6 +123,25 @@ pub fn devices() -> Vec<DeviceSpec> {
             "Xilinx UltraScale+ product table (VU9P: 6,840 DSP48E2, BRAM+URAM; unverified) via hardware_specs.json",
         ),
     ]
+}
+
+/// One core of a server CPU, as the executor's CPU backend uses it (one worker thread per
+/// device). Defaults: 2.5 GHz x 32 fp32 FLOP/cycle (two AVX-512 FMA units), 10 GB/s of
+/// memory bandwidth per core, 8 GiB; calibration replaces them.
+pub fn cpu_core() -> DeviceSpec {
+    DeviceSpec {
+        name: "cpu-core".into(),
+        kind: DeviceKind::Cpu,
+        peak_flops: PeakFlops { fp32: Some(80e9), fp16: None, bf16: None, fp8: None },
+        hbm_bytes: 8.0 * GIB,
+        mem_bandwidth_bytes_per_s: 10.0 * GB,
+        compute_units: 1,
+        gemm_efficiency: 0.7,
+        mem_efficiency: 0.7,
+        kernel_launch_s: 1e-6,
+        fpga: None,
+        source: "default server core".into(),
+    }
 }
 
 /// A generic two-socket server CPU used as the host of GPU nodes.
@@ -218,6 +238,18 @@ pub fn nodes() -> Vec<NodeSpec> {
         node("p4d.24xlarge", "a100-sxm-40gb", Some("nvlink3"), 4, "eth-100g", host(1152.0, "pcie4")),
         node("dgx-h100", "h100-sxm", Some("nvlink4"), 8, "ib-ndr", host(2048.0, "pcie5")),
         node("hgx-h200", "h200", Some("nvlink4"), 8, "ib-ndr", host(2048.0, "pcie5")),
+        // This host for the executor's CPU backend: each worker thread is a device, and
+        // threads exchange data through shared memory (a memcpy-rate "link"). Two threads by
+        // default, as the development machines have two cores.
+        NodeSpec {
+            name: "host-cpu".into(),
+            device: cpu_core(),
+            devices: 2,
+            intra_node: Some(link("shared-memory", 10.0 * GB, 1e-6, 1.0, "default; replaced by calibration")),
+            nics: 1,
+            nic: link_preset("eth-25g").expect("link preset"),
+            host: host(64.0, "pcie3"),
+        },
         // PipeTransformer: 8 x RTX 5000 per machine on PCIe 3.0 x16, machines at 5 GB/s.
         node("rtx5000-pcie-2x8", "quadro-rtx5000", Some("pcie3"), 1, "ib-cx353a-5gbs", host(512.0, "pcie3")),
     ]

@@ -68,6 +68,47 @@ pub struct Scenario {
     pub options: SimOptions,
     /// Defaults filled in, as "key = value (why)".
     pub defaults_applied: Vec<String>,
+    /// Measured streaming rates per kind of memory-bound op, from a calibration profile.
+    pub op_rates: Vec<(String, f64)>,
+}
+
+/// Rates measured on real hardware (a calibration profile), in the simulator's terms.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MeasuredRates {
+    /// Large-GEMM rate, FLOP/s.
+    pub gemm_flops_per_s: f64,
+    /// Streaming-op memory bandwidth, bytes/s.
+    pub mem_bytes_per_s: f64,
+    /// Fixed cost of one op.
+    pub launch_s: f64,
+    /// Device-to-device link inside a node, if measured.
+    pub link_bytes_per_s: Option<f64>,
+    pub link_latency_s: Option<f64>,
+    /// Streaming rate of each kind of memory-bound op (see `cost::memory_kernel`).
+    pub memory_op_bytes_per_s: Vec<(String, f64)>,
+}
+
+impl Scenario {
+    /// Replace the device's and intra-node link's defaults by measured rates.
+    pub fn calibrate(&mut self, m: &MeasuredRates) {
+        let d = &mut self.cluster.node.device;
+        let peak = d.peak_flops.at(self.training.precision);
+        if peak > 0.0 {
+            d.gemm_efficiency = m.gemm_flops_per_s / peak;
+        }
+        d.mem_efficiency = m.mem_bytes_per_s / d.mem_bandwidth_bytes_per_s;
+        d.kernel_launch_s = m.launch_s;
+        self.op_rates = m.memory_op_bytes_per_s.clone();
+        d.source = format!("{} (calibrated)", d.source);
+        if let (Some(bw), Some(lat), Some(link)) =
+            (m.link_bytes_per_s, m.link_latency_s, self.cluster.node.intra_node.as_mut())
+        {
+            link.bandwidth_bytes_per_s = bw;
+            link.latency_s = lat;
+            link.efficiency = 1.0;
+            link.source = "calibrated".into();
+        }
+    }
 }
 
 /// Parse and validate a scenario from its JSON text. `load` reads a file named in it.
@@ -89,7 +130,7 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     let training = parse_training(&root.req("training", Obj::obj)?, &workload, &mut defaults)?;
     let plan = parse_plan(&root.req("plan", Obj::obj)?, &workload, &cluster, &training, &mut defaults)?;
     let options = parse_options(root.obj("simulation")?)?;
-    Ok(Scenario { name, workload, cluster, training, plan, options, defaults_applied: defaults })
+    Ok(Scenario { name, workload, cluster, training, plan, options, defaults_applied: defaults, op_rates: Vec::new() })
 }
 
 fn parse_options(o: Option<Obj>) -> Result<SimOptions> {

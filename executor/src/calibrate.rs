@@ -1,0 +1,325 @@
+//! Calibration: microbenchmarks on one device of a backend, and the fit of the cost model's
+//! parameters with confidence intervals.
+//!
+//! - GEMMs over a grid of shapes: the large-GEMM rate R and a fixed overhead b from
+//!   `t = flops / (R * k_eff(k)) + b` (least squares; k_eff is the simulator's K-loop term,
+//!   so the fit and the model agree on what R means);
+//! - a streaming op over sizes: memory bandwidth and per-op overhead (`t = bytes / B + b`);
+//! - the smallest op: launch overhead (median);
+//! - copies between two threads (the CPU's device-to-device link) over sizes: bandwidth and
+//!   latency (`t = bytes / beta + alpha`).
+//!
+//! Each fit reports the 95% interval of its slope from the Student t distribution (statrs).
+
+use crate::replay::median;
+use crate::{Device, OpContext, Result};
+use serde::Serialize;
+use sim::lower::OpInstance;
+use sim::workload::{OpClass, OpSpec, Saved};
+use statrs::distribution::{ContinuousCDF, StudentsT};
+use std::time::Instant;
+
+pub const SCHEMA: &str = "trainsim-profile/1";
+
+/// A straight-line fit y = slope * x + intercept with the slope's 95% interval.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fit {
+    pub slope: f64,
+    pub intercept: f64,
+    pub slope_ci95: [f64; 2],
+    pub r2: f64,
+}
+
+/// Ordinary least squares.
+pub fn fit_line(x: &[f64], y: &[f64]) -> Fit {
+    let n = x.len() as f64;
+    let mx = x.iter().sum::<f64>() / n;
+    let my = y.iter().sum::<f64>() / n;
+    let sxx: f64 = x.iter().map(|a| (a - mx).powi(2)).sum();
+    let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let slope = sxy / sxx;
+    let intercept = my - slope * mx;
+    let ss_res: f64 = x.iter().zip(y).map(|(a, b)| (b - (slope * a + intercept)).powi(2)).sum();
+    let ss_tot: f64 = y.iter().map(|b| (b - my).powi(2)).sum();
+    let dof = (n - 2.0).max(1.0);
+    let se = (ss_res / dof / sxx).sqrt();
+    let t = StudentsT::new(0.0, 1.0, dof).map(|d| d.inverse_cdf(0.975)).unwrap_or(2.0);
+    Fit {
+        slope,
+        intercept,
+        slope_ci95: [slope - t * se, slope + t * se],
+        r2: if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 1.0 },
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GemmPoint {
+    pub batch: f64,
+    pub m: f64,
+    pub n: f64,
+    pub k: f64,
+    pub seconds: f64,
+    pub flops_per_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SizePoint {
+    pub bytes: f64,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GemmFit {
+    /// Large-GEMM rate (FLOP/s) and its 95% interval.
+    pub flops_per_s: f64,
+    pub flops_per_s_ci95: [f64; 2],
+    pub overhead_s: f64,
+    pub points: Vec<GemmPoint>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OpRate {
+    pub name: String,
+    pub bytes_per_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BandwidthFit {
+    pub bytes_per_s: f64,
+    pub bytes_per_s_ci95: [f64; 2],
+    pub latency_s: f64,
+    pub points: Vec<SizePoint>,
+}
+
+/// A calibration profile (versioned JSON).
+#[derive(Clone, Debug, Serialize)]
+pub struct Profile {
+    pub schema: &'static str,
+    pub backend: String,
+    pub device: String,
+    /// How many devices ran the microbenchmarks at once.
+    pub devices_measured_together: usize,
+    pub created: String,
+    pub gemm: GemmFit,
+    pub memory: BandwidthFit,
+    /// Streaming rate of each kind of memory-bound op (bytes it moves per second).
+    pub memory_ops: Vec<OpRate>,
+    pub launch_s: f64,
+    pub link: BandwidthFit,
+}
+
+/// The simulator's K-loop efficiency term (see sim::cost): prologue and epilogue of two
+/// 32-deep steps.
+fn k_eff(k: f64) -> f64 {
+    (k / 32.0) / (k / 32.0 + 2.0)
+}
+
+fn gemm_op(batch: f64, m: f64, n: f64, k: f64) -> OpInstance {
+    let flops = 2.0 * batch * m * n * k;
+    OpInstance {
+        spec: OpSpec {
+            name: "calibration_gemm",
+            class: OpClass::Gemm { batch, m, n, k },
+            forward_flops: flops,
+            forward_bytes: batch * 4.0 * (m * k + k * n + m * n),
+            backward_flops: 2.0 * flops,
+            backward_bytes: 0.0,
+            saved: Saved::default(),
+        },
+        backward: false,
+        on_host: false,
+        nvme_bytes: 0.0,
+    }
+}
+
+fn stream_op(bytes: f64) -> OpInstance {
+    OpInstance {
+        spec: OpSpec {
+            name: "calibration_copy",
+            class: OpClass::Memory,
+            forward_flops: 0.0,
+            forward_bytes: bytes,
+            backward_flops: 0.0,
+            backward_bytes: bytes,
+            saved: Saved::default(),
+        },
+        backward: false,
+        on_host: false,
+        nvme_bytes: 0.0,
+    }
+}
+
+/// Median of `reps` timed runs after one warm-up.
+fn time(dev: &mut dyn Device, op: &OpInstance, ctx: &OpContext, reps: usize) -> Result<f64> {
+    dev.run_op(op, ctx)?;
+    let v: Vec<f64> = (0..reps).map(|_| dev.run_op(op, ctx)).collect::<Result<_>>()?;
+    Ok(median(&v))
+}
+
+/// Raw measurements of one device.
+struct Raw {
+    gemm: Vec<GemmPoint>,
+    memory: Vec<SizePoint>,
+    ops: Vec<(String, f64)>,
+    launch_s: f64,
+}
+
+/// The op names whose kernels differ on a backend, each measured as a streaming op of its
+/// own (norms, softmax, activation, dropout, residual, optimizer step, plain copies).
+pub const MEMORY_OPS: [&str; 7] =
+    ["ln1", "softmax", "act", "attn_dropout", "dropout_residual", "optimizer", "embedding"];
+
+fn named_op(name: &'static str, bytes: f64) -> OpInstance {
+    let mut op = stream_op(bytes);
+    op.spec.name = name;
+    op
+}
+
+fn measure(dev: &mut dyn Device, quick: bool, progress: &(dyn Fn(&str) + Sync)) -> Result<Raw> {
+    let ctx = OpContext { hidden: 1024, seq_len: 1024, element_bytes: 4.0 };
+    let reps = if quick { 3 } else { 7 };
+    // GEMMs: squares and the shapes transformers use (tall-skinny, batched attention).
+    let mut shapes: Vec<(f64, f64, f64, f64)> = Vec::new();
+    let sizes: &[f64] = if quick { &[64.0, 128.0, 256.0, 384.0] } else { &[64.0, 128.0, 256.0, 384.0, 512.0, 768.0] };
+    for &s in sizes {
+        shapes.push((1.0, s, s, s));
+        shapes.push((1.0, 4.0 * s, s, s));
+        shapes.push((8.0, s, s, 64.0));
+    }
+    let mut gemm = Vec::new();
+    for (i, &(b, m, n, k)) in shapes.iter().enumerate() {
+        progress(&format!("gemm {}/{}: {b}x{m}x{n}x{k}", i + 1, shapes.len()));
+        let t = time(dev, &gemm_op(b, m, n, k), &ctx, reps)?;
+        gemm.push(GemmPoint { batch: b, m, n, k, seconds: t, flops_per_s: 2.0 * b * m * n * k / t });
+    }
+    let mut memory = Vec::new();
+    for (i, mib) in [1.0, 4.0, 16.0, 64.0].iter().enumerate() {
+        progress(&format!("memory {}/4: {mib} MiB", i + 1));
+        let bytes = mib * 1024.0 * 1024.0;
+        memory.push(SizePoint { bytes, seconds: time(dev, &stream_op(bytes), &ctx, reps)? });
+    }
+    let mut ops = Vec::new();
+    for name in MEMORY_OPS {
+        progress(&format!("op kind {name}"));
+        let bytes = 16.0 * 1024.0 * 1024.0;
+        ops.push((name.to_string(), bytes / time(dev, &named_op(name, bytes), &ctx, reps)?));
+    }
+    progress("launch overhead");
+    let launch_s = time(dev, &stream_op(64.0), &ctx, 31)?;
+    Ok(Raw { gemm, memory, ops, launch_s })
+}
+
+/// Run the microbenchmarks on every device in `devs` at once (devices of a training step
+/// all work together, sharing memory bandwidth and power) and fit the profile from the
+/// per-point medians across devices. `progress` reports on device 0's progress.
+pub fn calibrate(
+    backend: &str,
+    mut devs: Vec<Box<dyn Device>>,
+    created: &str,
+    quick: bool,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Profile> {
+    let device = devs.first().map(|d| d.name()).unwrap_or_default();
+    let silent = |_: &str| {};
+    let raws: Vec<Result<Raw>> = std::thread::scope(|s| {
+        let handles: Vec<_> = devs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, d)| {
+                let p: &(dyn Fn(&str) + Sync) = if i == 0 { progress } else { &silent };
+                s.spawn(move || measure(d.as_mut(), quick, p))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(crate::ExecError("a calibration thread panicked".into()))))
+            .collect()
+    });
+    let raws: Vec<Raw> = raws.into_iter().collect::<Result<_>>()?;
+    let med = |f: &dyn Fn(&Raw) -> f64| median(&raws.iter().map(f).collect::<Vec<_>>());
+    let first = &raws[0];
+    let points: Vec<GemmPoint> = (0..first.gemm.len())
+        .map(|i| {
+            let t = med(&|r| r.gemm[i].seconds);
+            let p = &first.gemm[i];
+            GemmPoint { seconds: t, flops_per_s: 2.0 * p.batch * p.m * p.n * p.k / t, ..p.clone() }
+        })
+        .collect();
+    // t = (flops / k_eff) * (1/R) + overhead.
+    let x: Vec<f64> = points.iter().map(|p| 2.0 * p.batch * p.m * p.n * p.k / k_eff(p.k)).collect();
+    let y: Vec<f64> = points.iter().map(|p| p.seconds).collect();
+    let f = fit_line(&x, &y);
+    let gemm = GemmFit {
+        flops_per_s: 1.0 / f.slope,
+        flops_per_s_ci95: [1.0 / f.slope_ci95[1], 1.0 / f.slope_ci95[0].max(f64::MIN_POSITIVE)],
+        overhead_s: f.intercept.max(0.0),
+        points,
+    };
+    let memory = bandwidth(
+        (0..first.memory.len())
+            .map(|i| SizePoint { bytes: first.memory[i].bytes, seconds: med(&|r| r.memory[i].seconds) })
+            .collect(),
+    );
+    let memory_ops = (0..first.ops.len())
+        .map(|i| OpRate { name: first.ops[i].0.clone(), bytes_per_s: med(&|r| r.ops[i].1) })
+        .collect();
+    let launch_s = med(&|r| r.launch_s);
+    // Copies between two threads: the CPU devices' link.
+    let reps = if quick { 3 } else { 7 };
+    let mut link_points = Vec::new();
+    for (i, mib) in [0.25, 1.0, 4.0, 16.0, 64.0].iter().enumerate() {
+        progress(&format!("link {}/5: {mib} MiB", i + 1));
+        let bytes = mib * 1024.0 * 1024.0;
+        link_points.push(SizePoint { bytes, seconds: thread_copy_s(bytes as usize, reps) });
+    }
+    let link = bandwidth(link_points);
+    Ok(Profile {
+        schema: SCHEMA,
+        backend: backend.into(),
+        device,
+        devices_measured_together: raws.len(),
+        created: created.into(),
+        gemm,
+        memory,
+        memory_ops,
+        launch_s,
+        link,
+    })
+}
+
+fn bandwidth(points: Vec<SizePoint>) -> BandwidthFit {
+    let x: Vec<f64> = points.iter().map(|p| p.bytes).collect();
+    let y: Vec<f64> = points.iter().map(|p| p.seconds).collect();
+    let f = fit_line(&x, &y);
+    BandwidthFit {
+        bytes_per_s: 1.0 / f.slope,
+        bytes_per_s_ci95: [1.0 / f.slope_ci95[1], 1.0 / f.slope_ci95[0].max(f64::MIN_POSITIVE)],
+        latency_s: f.intercept.max(0.0),
+        points,
+    }
+}
+
+/// Median time for a second thread to copy `bytes` that the first produced and hand them
+/// back (what a transfer between two CPU "devices" costs), one direction.
+fn thread_copy_s(bytes: usize, reps: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut v = Vec::new();
+    for _ in 0..reps + 1 {
+        let (tx, rx) = std::sync::mpsc::channel::<Instant>();
+        let data = &src;
+        let secs = std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                // The receive buffer exists already, as a replay's does.
+                let mut dst = vec![0u8; data.len()];
+                let t0: Instant = rx.recv().expect("start");
+                dst.copy_from_slice(data);
+                std::hint::black_box(&dst);
+                t0.elapsed().as_secs_f64()
+            });
+            tx.send(Instant::now()).expect("send");
+            h.join().expect("copy thread")
+        });
+        v.push(secs);
+    }
+    median(&v[1..])
+}

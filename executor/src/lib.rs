@@ -1,0 +1,73 @@
+//! The executor: runs the ops of a lowered [`sim::lower::Program`] on real devices and
+//! measures them, so the simulator's cost model can be calibrated and checked.
+//!
+//! [`Backend`] is the one interface; [`cpu`] runs real kernels on host threads (each thread a
+//! device), [`cuda`] on NVIDIA GPUs through the driver loaded at run time (behind the `cuda`
+//! feature; without it a stub with the same API says it was not built in). Measurement code
+//! never consults the simulator's cost model: it reads only the Program's shapes.
+
+pub mod calibrate;
+pub mod cpu;
+pub mod cuda;
+pub mod replay;
+
+use sim::lower::OpInstance;
+use std::fmt;
+
+/// An executor error: what failed, said plainly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecError(pub String);
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+pub type Result<T> = std::result::Result<T, ExecError>;
+
+/// Shapes an op needs besides its spec (widths of norms and softmax rows).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpContext {
+    pub hidden: usize,
+    pub seq_len: usize,
+    /// Bytes of one element at the training precision: element counts of memory-bound ops
+    /// are their bytes / (2 x this). The CPU computes in f32 on those element counts, so it
+    /// moves 4 / element_bytes times the bytes; calibration measures it the same way.
+    pub element_bytes: f64,
+}
+
+/// One device of a backend: runs ops and copies, timed on the device.
+pub trait Device: Send {
+    fn name(&self) -> String;
+    /// Run one op at its real shapes; returns the device-measured seconds.
+    fn run_op(&mut self, op: &OpInstance, ctx: &OpContext) -> Result<f64>;
+    /// Copy `bytes` between host and device memory (or, on the CPU, between buffers);
+    /// returns the measured seconds.
+    fn copy(&mut self, bytes: usize, to_device: bool) -> Result<f64>;
+    /// Wait for everything issued so far.
+    fn synchronize(&mut self) -> Result<()>;
+}
+
+/// A kind of hardware: how many devices it has and how to open one.
+pub trait Backend {
+    fn name(&self) -> &'static str;
+    /// Devices available now (0 with no hardware or driver: `open` then explains).
+    fn device_count(&self) -> usize;
+    fn open(&self, index: usize) -> Result<Box<dyn Device>>;
+}
+
+/// The backend called `name` (`cpu` or `cuda`), or an error listing them.
+pub fn backend(name: &str) -> Result<Box<dyn Backend>> {
+    match name {
+        "cpu" => Ok(Box::new(cpu::CpuBackend::new())),
+        "cuda" => Ok(Box::new(cuda::CudaBackend::new())),
+        "torch" => Err(ExecError(
+            "backend \"torch\" is not built into this binary (build with --features torch and a PyTorch 2.11 libtorch)"
+                .into(),
+        )),
+        other => Err(ExecError(format!("unknown backend \"{other}\"; available: cpu, cuda"))),
+    }
+}

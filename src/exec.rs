@@ -1,0 +1,294 @@
+//! The executor's commands: `replay`, `calibrate`, `validate`, and profiles for `simulate`.
+//! Wall clocks and files live here; the measuring is in the `executor` crate.
+
+use crate::load_scenario;
+use executor::OpContext;
+use executor::calibrate::Profile;
+use executor::replay::{Measured, ReplayOptions, median, replay};
+use serde::Serialize;
+use sim::scenario::{MeasuredRates, Scenario};
+use std::path::Path;
+
+/// Read a calibration profile's rates (schema trainsim-profile/1).
+pub fn load_profile(path: &Path) -> Result<MeasuredRates, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read profile {}: {e}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("profile {}: not valid JSON: {e}", path.display()))?;
+    let schema = v["schema"].as_str().unwrap_or("");
+    if schema != executor::calibrate::SCHEMA {
+        return Err(format!(
+            "profile {}: schema \"{schema}\" is not \"{}\" (make it again with trainsim calibrate)",
+            path.display(),
+            executor::calibrate::SCHEMA
+        ));
+    }
+    let num = |p: &str| {
+        v.pointer(p)
+            .and_then(serde_json::Value::as_f64)
+            .ok_or_else(|| format!("profile {}: missing number {p}", path.display()))
+    };
+    Ok(MeasuredRates {
+        gemm_flops_per_s: num("/gemm/flops_per_s")?,
+        mem_bytes_per_s: num("/memory/bytes_per_s")?,
+        launch_s: num("/launch_s")?,
+        link_bytes_per_s: num("/link/bytes_per_s").ok(),
+        link_latency_s: num("/link/latency_s").ok(),
+        memory_op_bytes_per_s: v["memory_ops"]
+            .as_array()
+            .map(|a| {
+                a.iter().filter_map(|o| Some((o["name"].as_str()?.to_string(), o["bytes_per_s"].as_f64()?))).collect()
+            })
+            .unwrap_or_default(),
+    })
+}
+
+fn context(s: &Scenario) -> OpContext {
+    OpContext {
+        hidden: s.workload.transformer.hidden as usize,
+        seq_len: s.plan.seq_len as usize,
+        element_bytes: s.training.precision.activation_bytes(),
+    }
+}
+
+fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions) -> Result<(sim::Simulation, Measured), String> {
+    let b = executor::backend(backend).map_err(|e| e.to_string())?;
+    let sim_out = sim::simulate(s, false);
+    eprintln!(
+        "replaying {} tasks on {} device(s) of backend {backend} ({} warm-up + {} measured runs)...",
+        sim_out.program.tasks.len(),
+        sim_out.program.devices.len(),
+        opts.warmup,
+        opts.repeats
+    );
+    let m = replay(&sim_out.program, b.as_ref(), context(s), opts).map_err(|e| format!("replay on {backend}: {e}"))?;
+    Ok((sim_out, m))
+}
+
+#[derive(Serialize)]
+struct OpRow {
+    op: String,
+    pass: &'static str,
+    count: usize,
+    predicted_s: f64,
+    measured_s: f64,
+    error: f64,
+}
+
+/// Per op kind (name and pass): mean predicted and measured duration per task.
+fn op_rows(s: &Scenario, sim_out: &sim::Simulation, m: &Measured) -> Vec<OpRow> {
+    let predicted = sim::op_durations_ns(s, &sim_out.program, None);
+    let mut rows: std::collections::BTreeMap<(String, &'static str), (usize, f64, f64)> = Default::default();
+    for o in &m.ops {
+        if o.samples_s.is_empty() {
+            continue;
+        }
+        let inst = &sim_out.program.ops[o.op as usize];
+        let key = (inst.spec.name.to_string(), if inst.backward { "backward" } else { "forward" });
+        let e = rows.entry(key).or_insert((0, 0.0, 0.0));
+        e.0 += o.samples_s.len();
+        e.1 += predicted[o.op as usize] as f64 * 1e-9 * o.samples_s.len() as f64;
+        e.2 += o.samples_s.iter().sum::<f64>();
+    }
+    rows.into_iter()
+        .map(|((op, pass), (n, p, mm))| {
+            let (predicted_s, measured_s) = (p / n as f64, mm / n as f64);
+            OpRow { op, pass, count: n, predicted_s, measured_s, error: (predicted_s - measured_s) / measured_s }
+        })
+        .collect()
+}
+
+pub fn replay_cmd(
+    path: &Path,
+    backend: &str,
+    opts: ReplayOptions,
+    json: bool,
+    trace: Option<&Path>,
+) -> Result<(), String> {
+    let s = load_scenario(path)?;
+    let (sim_out, m) = run_replay(&s, backend, opts)?;
+    if let Some(t) = trace {
+        let link_name = |l: u32| format!("link{l}");
+        let device_name = |d: u32| format!("dev{d} ({backend}, measured)");
+        let names = sim::report::trace::TraceNames { link_name: &link_name, device_name: &device_name };
+        std::fs::write(t, sim::report::trace::chrome_trace(&m.timeline, &names))
+            .map_err(|e| format!("cannot write trace {}: {e}", t.display()))?;
+    }
+    let rows = op_rows(&s, &sim_out, &m);
+    if json {
+        let v = serde_json::json!({
+            "backend": backend, "mode": m.mode, "iteration_s_measured": m.iteration_s(),
+            "iterations_s": m.iterations_s, "ops": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+    } else {
+        println!("{}: measured on {backend} ({})", s.name, m.mode);
+        println!("iteration:    {:.4} s (median of {:?})", m.iteration_s(), m.iterations_s);
+        println!("op kinds:     op  pass  count  measured_ms");
+        for r in &rows {
+            println!("              {:<18} {:<8} {:>6}  {:.4}", r.op, r.pass, r.count, r.measured_s * 1e3);
+        }
+    }
+    Ok(())
+}
+
+pub fn calibrate_cmd(backend: &str, out: &Path, quick: bool) -> Result<(), String> {
+    let b = executor::backend(backend).map_err(|e| e.to_string())?;
+    let n = b.device_count().max(1);
+    let devs =
+        (0..n).map(|i| b.open(i)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("calibrate on {backend}: {e}"))?;
+    let created = today();
+    eprintln!("calibrating {n} device(s) of backend {backend} at once...");
+    let profile = executor::calibrate::calibrate(backend, devs, &created, quick, &|msg| {
+        eprintln!("calibrating: {msg}");
+    })
+    .map_err(|e| format!("calibrate on {backend}: {e}"))?;
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let file = out.join("profile.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&profile).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    std::fs::write(out.join("README.md"), profile_readme(&profile, quick))
+        .map_err(|e| format!("cannot write README in {}: {e}", out.display()))?;
+    println!(
+        "profile: {} (GEMM {:.1} GFLOP/s [{:.1}, {:.1}], memory {:.1} GB/s, launch {:.2} us, link {:.1} GB/s + {:.1} us)",
+        file.display(),
+        profile.gemm.flops_per_s / 1e9,
+        profile.gemm.flops_per_s_ci95[0] / 1e9,
+        profile.gemm.flops_per_s_ci95[1] / 1e9,
+        profile.memory.bytes_per_s / 1e9,
+        profile.launch_s * 1e6,
+        profile.link.bytes_per_s / 1e9,
+        profile.link.latency_s * 1e6
+    );
+    Ok(())
+}
+
+fn today() -> String {
+    std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cpu}, {cores} hardware threads")
+}
+
+fn profile_readme(p: &Profile, quick: bool) -> String {
+    format!(
+        "# Calibration profile: {} backend, {}\n\nMachine: {}. Made on {} with `trainsim calibrate --backend {}{}`.\n\n\
+         | parameter | value | 95% interval |\n|---|---|---|\n\
+         | large-GEMM rate | {:.2} GFLOP/s | [{:.2}, {:.2}] |\n| GEMM overhead | {:.2} us | |\n\
+         | streaming memory bandwidth | {:.2} GB/s | [{:.2}, {:.2}] |\n| op launch overhead | {:.2} us | |\n\
+         | device-to-device link | {:.2} GB/s, {:.2} us latency | [{:.2}, {:.2}] GB/s |\n\n\
+         `profile.json` holds every measured point. Use it with `trainsim simulate --profile` or `trainsim validate --profile`.\n",
+        p.backend,
+        p.device,
+        machine(),
+        p.created,
+        p.backend,
+        if quick { " --quick" } else { "" },
+        p.gemm.flops_per_s / 1e9,
+        p.gemm.flops_per_s_ci95[0] / 1e9,
+        p.gemm.flops_per_s_ci95[1] / 1e9,
+        p.gemm.overhead_s * 1e6,
+        p.memory.bytes_per_s / 1e9,
+        p.memory.bytes_per_s_ci95[0] / 1e9,
+        p.memory.bytes_per_s_ci95[1] / 1e9,
+        p.launch_s * 1e6,
+        p.link.bytes_per_s / 1e9,
+        p.link.latency_s * 1e6,
+        p.link.bytes_per_s_ci95[0] / 1e9,
+        p.link.bytes_per_s_ci95[1] / 1e9,
+    )
+}
+
+#[derive(Serialize)]
+struct Validation {
+    scenario: String,
+    backend: String,
+    mode: String,
+    iteration_s_predicted: f64,
+    iteration_s_measured: f64,
+    /// (predicted - measured) / measured.
+    error: f64,
+    /// Mean absolute percentage error over op kinds.
+    ops_mape: f64,
+    ops: Vec<OpRow>,
+}
+
+pub fn validate_cmd(
+    path: &Path,
+    backend: &str,
+    profile: Option<&Path>,
+    opts: ReplayOptions,
+    json: bool,
+    plot: Option<&Path>,
+) -> Result<(), String> {
+    let mut s = load_scenario(path)?;
+    if let Some(p) = profile {
+        s.calibrate(&load_profile(p)?);
+    }
+    let (sim_out, m) = run_replay(&s, backend, opts)?;
+    let rows = op_rows(&s, &sim_out, &m);
+    let predicted = sim_out.report.iteration_s;
+    let measured = m.iteration_s();
+    let v = Validation {
+        scenario: s.name.clone(),
+        backend: backend.into(),
+        mode: m.mode.clone(),
+        iteration_s_predicted: predicted,
+        iteration_s_measured: measured,
+        error: (predicted - measured) / measured,
+        ops_mape: rows.iter().map(|r| r.error.abs()).sum::<f64>() / rows.len().max(1) as f64,
+        ops: rows,
+    };
+    if let Some(p) = plot {
+        crate::validate_plot::draw(
+            &v.ops
+                .iter()
+                .map(|r| (format!("{} {}", r.op, &r.pass[..1]), r.predicted_s, r.measured_s))
+                .collect::<Vec<_>>(),
+            (predicted, measured),
+            &s.name,
+            p,
+        )?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+    } else {
+        println!("{}: predicted vs measured on {backend} ({})", v.scenario, v.mode);
+        println!(
+            "iteration:    predicted {:.4} s, measured {:.4} s (median of {}), error {:+.1}%",
+            predicted,
+            measured,
+            m.iterations_s.len(),
+            100.0 * v.error
+        );
+        println!("op kinds:     mean absolute error {:.1}%", 100.0 * v.ops_mape);
+        for r in &v.ops {
+            println!(
+                "              {:<18} {:<8} x{:<5} predicted {:>9.4} ms  measured {:>9.4} ms  {:+.1}%",
+                r.op,
+                r.pass,
+                r.count,
+                r.predicted_s * 1e3,
+                r.measured_s * 1e3,
+                100.0 * r.error
+            );
+        }
+    }
+    let _ = median;
+    Ok(())
+}
