@@ -5,6 +5,8 @@ mod util;
 
 // The example scenarios, the report keys and the CLI's error behaviour (shared/SCENARIO.md).
 mod contract;
+// The executor: CPU replay, calibration and validation through the CLI, the CUDA error path.
+mod executor;
 // Tensor-parallel modes (1D, 2D, 2.5D, 3D): collective volumes, memory, end-to-end runs.
 mod parallelism;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.

@@ -126,3 +126,8 @@ pub fn scenario(workload: Value, nodes: u32, training: Value, plan: Value) -> St
     })
     .to_string()
 }
+
+/// Run the CLI with string arguments.
+pub fn run_cli(args: &[&str]) -> Output {
+    bin().args(args).output().expect("run trainsim")
+}

@@ -272,7 +272,9 @@ pub fn calibrate(
         let bytes = mib * 1024.0 * 1024.0;
         link_points.push(SizePoint { bytes, seconds: thread_copy_s(bytes as usize, reps) });
     }
-    let link = bandwidth(link_points);
+    let mut link = bandwidth(link_points);
+    // The copy itself has no fixed cost worth fitting; the latency is the peer's wake-up.
+    link.latency_s = thread_wakeup_s(201);
     Ok(Profile {
         schema: SCHEMA,
         backend: backend.into(),
@@ -299,27 +301,44 @@ fn bandwidth(points: Vec<SizePoint>) -> BandwidthFit {
     }
 }
 
-/// Median time for a second thread to copy `bytes` that the first produced and hand them
-/// back (what a transfer between two CPU "devices" costs), one direction.
+/// Median time for one copy of `bytes` into a buffer that already exists, as a transfer
+/// between two CPU "devices" costs in a replay.
 fn thread_copy_s(bytes: usize, reps: usize) -> f64 {
     let src = vec![1u8; bytes];
-    let mut v = Vec::new();
-    for _ in 0..reps + 1 {
-        let (tx, rx) = std::sync::mpsc::channel::<Instant>();
-        let data = &src;
-        let secs = std::thread::scope(|s| {
-            let h = s.spawn(move || {
-                // The receive buffer exists already, as a replay's does.
-                let mut dst = vec![0u8; data.len()];
-                let t0: Instant = rx.recv().expect("start");
-                dst.copy_from_slice(data);
-                std::hint::black_box(&dst);
-                t0.elapsed().as_secs_f64()
-            });
-            tx.send(Instant::now()).expect("send");
-            h.join().expect("copy thread")
-        });
-        v.push(secs);
-    }
+    let mut dst = vec![0u8; bytes];
+    let v: Vec<f64> = (0..reps + 1)
+        .map(|_| {
+            let t0 = Instant::now();
+            dst.copy_from_slice(&src);
+            std::hint::black_box(&dst);
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
     median(&v[1..])
+}
+
+/// Half the median round trip of a message between two threads: how long a device waits to
+/// learn that another finished.
+fn thread_wakeup_s(trips: usize) -> f64 {
+    let (to, from_main) = std::sync::mpsc::channel::<()>();
+    let (back, from_peer) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            while from_main.recv().is_ok() {
+                if back.send(()).is_err() {
+                    break;
+                }
+            }
+        });
+        let v: Vec<f64> = (0..trips)
+            .map(|_| {
+                let t0 = Instant::now();
+                to.send(()).expect("peer alive");
+                from_peer.recv().expect("peer answers");
+                t0.elapsed().as_secs_f64() / 2.0
+            })
+            .collect();
+        drop(to);
+        median(&v)
+    })
 }

@@ -118,9 +118,9 @@ impl Shared {
     }
 
     /// Meet the other `members` at task `t`; returns when all have arrived. `phase` 0 is the
-    /// start barrier, 1 the end barrier.
+    /// start barrier, 1 the end of the work, 2 the end times taken.
     fn rendezvous(&self, t: u32, round: u32, members: u32, phase: u32) -> Result<()> {
-        let key = t * 2 + phase;
+        let key = t * 3 + phase;
         let mut guard = self.lock.lock().map_err(|_| ExecError("replay lock poisoned".into()))?;
         let entry = guard.entry(key).or_insert((round, 0));
         if entry.0 != round {
@@ -381,7 +381,9 @@ fn run_stream(
         let task = p.tasks[t as usize];
         shared.wait_preds(t, round)?;
         let begin = start.elapsed();
-        match task.kind {
+        // Each branch takes its end time before marking the task done, so a task that
+        // waits for it never appears to start first.
+        let end = match task.kind {
             TaskKind::Compute => {
                 let op = &p.ops[task.payload as usize];
                 let d = dev.as_mut().ok_or_else(|| ExecError("compute task off the compute stream".into()))?;
@@ -389,11 +391,15 @@ fn run_stream(
                 if measured && let Ok(mut s) = op_samples.lock() {
                     s[task.payload as usize].push(secs);
                 }
+                let end = start.elapsed();
                 shared.finish(t, round);
+                end
             }
             TaskKind::Transfer => {
                 memcpy(&mut buf, p.transfers[task.payload as usize].bytes);
+                let end = start.elapsed();
                 shared.finish(t, round);
+                end
             }
             TaskKind::HostCopy => {
                 let c = p.host_copies[task.payload as usize];
@@ -403,7 +409,9 @@ fn run_stream(
                     }
                     None => memcpy(&mut buf, c.bytes),
                 }
+                let end = start.elapsed();
                 shared.finish(t, round);
+                end
             }
             TaskKind::Collective => {
                 let c = &p.collectives[task.payload as usize];
@@ -412,15 +420,17 @@ fn run_stream(
                 shared.rendezvous(t, round, n, 0)?;
                 memcpy(&mut buf, ring_bytes(c.kind, c.bytes, c.members.len()));
                 shared.rendezvous(t, round, n, 1)?;
-                // The first member listed marks it done for everyone.
+                let end = start.elapsed();
+                // Everyone has its end time; then the first member listed marks it done.
+                shared.rendezvous(t, round, n, 2)?;
                 if m.first() == Some(&(device as u32)) {
                     shared.finish(t, round);
                 } else {
                     shared.wait_preds_done(t, round)?;
                 }
+                end
             }
-        }
-        let end = start.elapsed();
+        };
         local_spans.push(Span {
             device: p.devices[device],
             stream: Program::stream_kind(stream as u32),

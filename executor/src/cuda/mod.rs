@@ -1,29 +1,130 @@
-//! The CUDA backend. Placeholder until the cudarc implementation lands.
+//! The CUDA backend: NVIDIA GPUs, through the driver, cuBLAS and NVRTC loaded at run time.
+//!
+//! With the `cuda` feature, `enabled.rs` is the backend; without it, `disabled.rs` is a stub
+//! with the same API that has no devices and says how to build it in, so callers never see a
+//! `cfg`. Either way the backend never panics on a machine without a GPU or driver: it reports
+//! no devices, and `open` explains why. What a device runs for an op (kernel, shapes, buffer
+//! sizes, the scale for ops over the buffer cap) is worked out in `plan.rs`, which needs no GPU
+//! and is tested everywhere.
 
-use crate::{Backend, Device, ExecError, Result};
+#[cfg(not(feature = "cuda"))]
+mod disabled;
+#[cfg(feature = "cuda")]
+mod enabled;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod host;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod plan;
 
-pub struct CudaBackend;
+#[cfg(not(feature = "cuda"))]
+pub use disabled::CudaBackend;
+#[cfg(feature = "cuda")]
+pub use enabled::CudaBackend;
 
-impl CudaBackend {
-    pub fn new() -> CudaBackend {
-        CudaBackend
+#[cfg(test)]
+mod tests {
+    use super::CudaBackend;
+    use crate::{Backend, OpContext};
+    use sim::lower::OpInstance;
+    use sim::workload::{OpClass, OpSpec, Saved};
+
+    #[cfg(feature = "cuda")]
+    use super::enabled::driver_present as driver_loads;
+
+    /// Whether this binary can reach a GPU driver at all.
+    #[cfg(not(feature = "cuda"))]
+    fn driver_loads() -> bool {
+        false
     }
-}
 
-impl Default for CudaBackend {
-    fn default() -> Self {
-        CudaBackend::new()
+    #[test]
+    fn never_panics_and_explains_missing_devices() {
+        let backend = CudaBackend::new();
+        assert_eq!(backend.name(), "cuda");
+        let count = backend.device_count();
+        if !driver_loads() {
+            assert_eq!(count, 0);
+        }
+        // Past the last device (the first, on a machine with none) opening fails and says why.
+        let err = backend.open(count).err().expect("no device past the last");
+        let says_why = ["GPU", "driver", "--features cuda"].iter().any(|w| err.0.contains(w));
+        assert!(says_why, "{err}");
+        if count == 0 {
+            let err = backend.open(0).err().expect("no device 0");
+            assert!(["GPU", "driver", "--features cuda"].iter().any(|w| err.0.contains(w)), "{err}");
+        }
     }
-}
 
-impl Backend for CudaBackend {
-    fn name(&self) -> &'static str {
-        "cuda"
+    #[test]
+    fn the_registry_hands_it_out() {
+        let backend = crate::backend("cuda").expect("cuda is a known backend");
+        assert_eq!(backend.name(), "cuda");
     }
-    fn device_count(&self) -> usize {
-        0
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn the_stub_says_how_to_build_it_in() {
+        let err = CudaBackend::new().open(0).err().expect("the stub opens nothing");
+        assert!(err.0.contains("not built into this binary") && err.0.contains("--features cuda"), "{err}");
     }
-    fn open(&self, _index: usize) -> Result<Box<dyn Device>> {
-        Err(ExecError("the cuda backend is not built into this binary (build with --features cuda)".into()))
+
+    fn op(name: &'static str, class: OpClass, bytes: f64, backward: bool) -> OpInstance {
+        let spec = OpSpec {
+            name,
+            class,
+            forward_flops: 0.0,
+            forward_bytes: bytes,
+            backward_flops: 0.0,
+            backward_bytes: 1.5 * bytes,
+            saved: Saved::default(),
+        };
+        OpInstance { spec, backward, on_host: name == "cpu_optimizer", nvme_bytes: 0.0 }
+    }
+
+    /// Runs every kind of op and copy on device 0 where there is one (skipped elsewhere): each
+    /// takes a positive, finite time, and twice the work takes longer.
+    #[test]
+    fn runs_every_op_on_a_gpu_when_there_is_one() {
+        let backend = CudaBackend::new();
+        if backend.device_count() == 0 {
+            eprintln!("no CUDA device: GPU run not checked");
+            return;
+        }
+        let mut dev = backend.open(0).expect("device 0 opens");
+        assert!(dev.name().starts_with("cuda:0"), "{}", dev.name());
+        for element_bytes in [2.0, 4.0] {
+            let ctx = OpContext { hidden: 1024, seq_len: 512, element_bytes };
+            let act = 2.0 * element_bytes * 4096.0 * 1024.0;
+            let gemm = OpClass::Gemm { batch: 1.0, m: 4096.0, n: 3072.0, k: 1024.0 };
+            let scores = OpClass::Gemm { batch: 32.0, m: 512.0, n: 512.0, k: 64.0 };
+            let ops = [
+                op("qkv", gemm, 0.0, false),
+                op("qkv", gemm, 0.0, true),
+                op("scores", scores, 0.0, false),
+                op("scores", scores, 0.0, true),
+                op("ln1", OpClass::Memory, act, false),
+                op("softmax", OpClass::Memory, act, true),
+                op("act", OpClass::Memory, act, false),
+                op("attn_dropout", OpClass::Memory, act, false),
+                op("dropout_residual", OpClass::Memory, act, true),
+                op("embedding", OpClass::Memory, act, false),
+                op("optimizer", OpClass::Memory, 28e6, false),
+                op("cpu_optimizer", OpClass::Memory, 28e6, false),
+            ];
+            for o in &ops {
+                let t = dev.run_op(o, &ctx).unwrap_or_else(|e| panic!("{}: {e}", o.spec.name));
+                assert!(t > 0.0 && t.is_finite(), "{} took {t} s", o.spec.name);
+            }
+            let small = dev.run_op(&op("qkv", gemm, 0.0, false), &ctx).unwrap();
+            let big = OpClass::Gemm { batch: 1.0, m: 4.0 * 4096.0, n: 3072.0, k: 1024.0 };
+            let big = dev.run_op(&op("qkv", big, 0.0, false), &ctx).unwrap();
+            assert!(big > small, "4x the FLOPs took {big} s, 1x {small} s");
+        }
+        for to_device in [true, false] {
+            let t = dev.copy(64 << 20, to_device).unwrap();
+            assert!(t > 0.0 && t.is_finite());
+        }
+        assert_eq!(dev.copy(0, true), Ok(0.0));
+        dev.synchronize().unwrap();
     }
 }

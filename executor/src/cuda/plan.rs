@@ -77,13 +77,33 @@ pub(super) enum Work {
     Nothing,
     /// `batch` row-major products Y = X . W with X m x k, W k x n; backward computes
     /// dX = dY . W^T and dW = X^T . dY instead.
-    Gemm { batch: usize, m: usize, n: usize, k: usize, backward: bool, precision: Precision },
-    Elementwise { kernel: Elementwise, elems: usize, precision: Precision },
-    Rows { kernel: Rows, rows: usize, width: usize, precision: Precision },
+    Gemm {
+        batch: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        backward: bool,
+        precision: Precision,
+    },
+    Elementwise {
+        kernel: Elementwise,
+        elems: usize,
+        precision: Precision,
+    },
+    Rows {
+        kernel: Rows,
+        rows: usize,
+        width: usize,
+        precision: Precision,
+    },
     /// Adam on f32 parameters, gradients and moments in device memory.
-    Adam { params: usize },
+    Adam {
+        params: usize,
+    },
     /// Adam on the host CPU (an offloaded optimizer step).
-    HostAdam { params: usize },
+    HostAdam {
+        params: usize,
+    },
 }
 
 /// Work to run and the factor that turns its measured time into the op's.
@@ -278,7 +298,10 @@ mod tests {
         let p = plan(&gemm(2.0, 512.0, 3072.0, 1024.0, true), &ctx(2.0), CAP, CAP).unwrap();
         let work = Work::Gemm { batch: 2, m: 512, n: 3072, k: 1024, backward: true, precision: Precision::Bf16 };
         assert_eq!(p, Plan { work, scale: 1.0 });
-        assert_eq!(work.buffer_bytes(), vec![2 * 512 * 1024 * 2, 2 * 1024 * 3072 * 2, 2 * 512 * 3072 * 2, 2 * 512 * 1024 * 2, 2 * 1024 * 3072 * 2]);
+        assert_eq!(
+            work.buffer_bytes(),
+            vec![2 * 512 * 1024 * 2, 2 * 1024 * 3072 * 2, 2 * 512 * 3072 * 2, 2 * 512 * 1024 * 2, 2 * 1024 * 3072 * 2]
+        );
         let p = plan(&gemm(1.0, 8.0, 8.0, 8.0, false), &ctx(4.0), CAP, CAP).unwrap();
         assert_eq!(p.work, Work::Gemm { batch: 1, m: 8, n: 8, k: 8, backward: false, precision: Precision::F32 });
         assert_eq!(p.work.buffer_bytes().len(), 3);
@@ -351,7 +374,7 @@ mod tests {
         let p = plan(&op("softmax", OpClass::Memory, 4.0 * 4e6, false), &c, cap, cap).unwrap();
         let Work::Rows { rows, width, .. } = p.work else { panic!("{p:?}") };
         assert_eq!((rows, width), (1024, 512));
-        assert!((p.scale - (4e6 / 512.0).floor() / 1024.0).abs() < 1e-12);
+        assert!((p.scale - (4e6_f64 / 512.0).floor() / 1024.0).abs() < 1e-12);
         let p = plan(&op("optimizer", OpClass::Memory, 28e6, false), &c, cap, cap).unwrap();
         assert_eq!(p, Plan { work: Work::Adam { params: 1 << 18 }, scale: 1e6 / (1 << 18) as f64 });
         for w in [p.work, Work::Rows { kernel: Rows::LayerNorm, rows, width, precision: Precision::F32 }] {
