@@ -41,32 +41,40 @@ where
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(230)
-        .build_cartesian_2d((lo / 2.0..hi * 2.0).log_scale(), 0.0..n as f64)
+        .build_cartesian_2d((lo / 2.0..hi * 2.0).log_scale(), (0..n).into_segmented())
         .map_err(err)?;
     let labels: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     chart
         .configure_mesh()
         .x_desc("seconds per task (log)")
         .y_labels(n)
-        .y_label_formatter(&|y| labels.get(y.floor() as usize).cloned().unwrap_or_default())
+        .y_label_formatter(&|y| match y {
+            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+            _ => String::new(),
+        })
         .draw()
         .map_err(err)?;
+    // Each row: predicted on top, measured below, both from the left edge.
     for (i, (_, p, m)) in rows.iter().enumerate() {
-        let y = i as f64;
-        chart
-            .draw_series([Rectangle::new([(lo / 2.0, y + 0.52), (p.max(lo / 2.0), y + 0.9)], PREDICTED.filled())])
-            .map_err(err)?;
-        chart
-            .draw_series([Rectangle::new([(lo / 2.0, y + 0.1), (m.max(lo / 2.0), y + 0.48)], MEASURED.filled())])
-            .map_err(err)?;
+        let row = |v: f64, top: bool| {
+            let (a, b) = if top {
+                (SegmentValue::Exact(i + 1), SegmentValue::CenterOf(i))
+            } else {
+                (SegmentValue::CenterOf(i), SegmentValue::Exact(i))
+            };
+            [(lo / 2.0, a), (v.max(lo / 2.0), b)]
+        };
+        chart.draw_series([Rectangle::new(row(*p, true), PREDICTED.filled())]).map_err(err)?;
+        chart.draw_series([Rectangle::new(row(*m, false), MEASURED.filled())]).map_err(err)?;
     }
+    let nowhere = [(lo / 2.0, SegmentValue::Exact(0)), (lo / 2.0, SegmentValue::Exact(0))];
     chart
-        .draw_series([Rectangle::new([(lo / 2.0, -1.0), (lo / 2.0, -1.0)], PREDICTED.filled())])
+        .draw_series([Rectangle::new(nowhere.clone(), PREDICTED.filled())])
         .map_err(err)?
         .label("predicted")
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], PREDICTED.filled()));
     chart
-        .draw_series([Rectangle::new([(lo / 2.0, -1.0), (lo / 2.0, -1.0)], MEASURED.filled())])
+        .draw_series([Rectangle::new(nowhere, MEASURED.filled())])
         .map_err(err)?
         .label("measured")
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], MEASURED.filled()));
