@@ -52,6 +52,10 @@ fn context(s: &Scenario) -> OpContext {
 
 fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions) -> Result<(sim::Simulation, Measured), String> {
     let b = executor::backend(backend).map_err(|e| e.to_string())?;
+    if b.device_count() == 0 {
+        // Say why there is nothing to run on before announcing a replay.
+        b.open(0).map_err(|e| format!("replay on {backend}: {e}"))?;
+    }
     let sim_out = sim::simulate(s, false);
     eprintln!(
         "replaying {} tasks on {} device(s) of backend {backend} ({} warm-up + {} measured runs)...",

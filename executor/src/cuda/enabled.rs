@@ -310,25 +310,21 @@ impl CudaDevice {
         match *work {
             Work::Nothing | Work::HostAdam { .. } => Ok(()),
             Work::Gemm { batch, m, n, k, backward, precision } => {
-                let (mk, kn, mn) = (m * k, k * n, m * n);
                 // Row-major X (m x k), W (k x n) and Y (m x n) are column-major X^T, W^T and Y^T,
                 // so each product is issued transposed, as PyTorch's linear layers do.
+                let x = Mat { ptr: b[0], ld: k, stride: m * k };
+                let w = Mat { ptr: b[1], ld: n, stride: k * n };
+                // Y forward, dY backward.
+                let y = Mat { ptr: b[2], ld: n, stride: m * n };
                 if backward {
-                    let (x, w, dy) = (
-                        Mat { ptr: b[0], ld: k, stride: mk },
-                        Mat { ptr: b[1], ld: n, stride: kn },
-                        Mat { ptr: b[2], ld: n, stride: mn },
-                    );
                     // dX = dY . W^T, i.e. dX^T (k x m) = W (k x n) . dY^T (n x m).
-                    let dx = Mat { ptr: b[3], ld: k, stride: mk };
-                    self.gemm((T, N), (k, m, n), w, dy, dx, batch, precision)?;
+                    let dx = Mat { ptr: b[3], ..x };
+                    self.gemm((T, N), (k, m, n), w, y, dx, batch, precision)?;
                     // dW = X^T . dY, i.e. dW^T (n x k) = dY^T (n x m) . X (m x k).
-                    let dw = Mat { ptr: b[4], ld: n, stride: kn };
-                    self.gemm((N, T), (n, k, m), dy, x, dw, batch, precision)
+                    let dw = Mat { ptr: b[4], ..w };
+                    self.gemm((N, T), (n, k, m), y, x, dw, batch, precision)
                 } else {
                     // Y = X . W, i.e. Y^T (n x m) = W^T (n x k) . X^T (k x m).
-                    let (x, w) = (Mat { ptr: b[0], ld: k, stride: mk }, Mat { ptr: b[1], ld: n, stride: kn });
-                    let y = Mat { ptr: b[2], ld: n, stride: mn };
                     self.gemm((N, N), (n, m, k), w, x, y, batch, precision)
                 }
             }
