@@ -103,6 +103,15 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         plot: Option<PathBuf>,
     },
+    /// TeraPipe's token-slicing optimiser on a scenario: the candidate t_max values and the optimum.
+    Slices {
+        scenario: PathBuf,
+        /// Tokens per slicing unit (default: the scenario's token_granularity, else 8).
+        #[arg(long)]
+        granularity: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
     /// List every built-in device, link, node and workload preset.
     Presets {
         #[arg(long)]
@@ -130,6 +139,7 @@ fn main() -> ExitCode {
             trace.as_deref(),
         ),
         Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
+        Command::Slices { scenario, granularity, json } => slices(&scenario, granularity, json),
         Command::Validate { scenario, backend, profile, warmup, repeats, json, plot } => exec::validate_cmd(
             &scenario,
             &backend,
@@ -263,6 +273,39 @@ fn simulate(
         if let Some(c) = outputs.memory_csv {
             println!("memory CSV:   {}", c.display());
         }
+    }
+    Ok(())
+}
+
+fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), String> {
+    let s = load_scenario(path)?;
+    let g = granularity
+        .or(match s.plan.token_slices {
+            Some(sim::plan::TokenSlices::Auto { granularity }) => Some(granularity),
+            _ => None,
+        })
+        .unwrap_or(8);
+    if g == 0 || g > s.plan.seq_len {
+        return Err(format!("--granularity: {g} must be between 1 and seq_len {}", s.plan.seq_len));
+    }
+    let p = sim::choose_token_slices(&s, g);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!("{}: token slicing of {} sequences of {} tokens over {} stages ({}-token units)", s.name, s.training.global_batch / s.plan.dp, s.plan.seq_len, s.plan.pp, g);
+    println!("candidates:   {} t_max values evaluated{}", p.evaluated, if p.stopped_early { " (stopped early: K x t_max passed the best latency)" } else { "" });
+    println!("              t_max_ms    latency_ms");
+    let best = p.latency_s;
+    let step = (p.candidates.len() / 40).max(1);
+    for (i, c) in p.candidates.iter().enumerate() {
+        if i % step == 0 || (c.total_s - best).abs() < 1e-12 {
+            println!("              {:<10.4}  {:.4}{}", c.t_max_s * 1e3, c.total_s * 1e3, if (c.total_s - best).abs() < 1e-12 { "  <- optimum" } else { "" });
+        }
+    }
+    println!("optimum:      {:.4} ms per pipeline pass, t_max {:.4} ms", best * 1e3, p.t_max_s * 1e3);
+    for sb in &p.sub_batches {
+        println!("              {} sequence(s): slices {:?}", sb.sequences, sb.slices);
     }
     Ok(())
 }

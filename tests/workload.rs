@@ -64,6 +64,7 @@ fn shape(b: u32, s: u32, t: u32, sp: bool) -> LayerShape {
         seq_len: s,
         tp: t,
         tp_mode: TpMode::OneD,
+        context: 0,
         sequence_parallel: sp,
         activation_bytes: 2.0,
     }

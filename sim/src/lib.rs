@@ -12,6 +12,7 @@ pub mod hardware;
 pub mod lower;
 pub mod network;
 pub mod plan;
+pub mod policy;
 pub mod report;
 pub mod scenario;
 pub mod schedule;
@@ -57,10 +58,58 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
 /// drains, and updates use double-buffered weights. Its steady-state iteration is measured
 /// as T(2m) - T(m): two runs of 1F1B without a flush, of 2m and m micro-batches.
 pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
+    if s.plan.token_slices.is_some() {
+        return simulate_sliced(s, record);
+    }
     if s.plan.schedule == schedule::ScheduleKind::TwoBW {
         return simulate_2bw(s, record);
     }
     simulate_once(s, record)
+}
+
+/// The optimiser's choice for `auto` token slicing: sub-batches and slices per replica, with
+/// the objective, t_max and every candidate it evaluated.
+pub fn choose_token_slices(s: &scenario::Scenario, granularity: u32) -> policy::token_slicing::SlicingPlan {
+    let node = &s.cluster.node;
+    let model = cost::ComputeModel::new(&node.device, s.training.precision, None).with_op_rates(&s.op_rates);
+    let problem = policy::token_slicing::SliceProblem {
+        seq_len: s.plan.seq_len,
+        batch: s.training.global_batch / s.plan.dp,
+        stages: s.plan.pp,
+        granularity,
+    };
+    let cost = |b: u32, l: u32, c: u32| cost::slice::slice_cost_s(s, &model, b, l, c);
+    policy::token_slicing::optimize(&problem, &cost)
+}
+
+fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Simulation {
+    use plan::{SlicedBatch, TokenSlices};
+    let mut sliced = s.clone();
+    let mut chosen = None;
+    if let Some(TokenSlices::Auto { granularity }) = s.plan.token_slices {
+        let p = choose_token_slices(s, granularity);
+        let subs = p.sub_batches.iter().map(|sb| SlicedBatch { sequences: sb.sequences, slices: sb.slices.clone() }).collect();
+        sliced.plan.token_slices = Some(TokenSlices::Explicit(subs));
+        chosen = Some(p);
+    }
+    sliced.plan.schedule = schedule::ScheduleKind::GPipe;
+    sliced.plan.micro_batches = sliced.plan.units().len() as u32;
+    let mut out = simulate_once(&sliced, record);
+    // The same plan without slicing: whole micro-batches through GPipe.
+    let mut plain = s.clone();
+    plain.plan.token_slices = None;
+    plain.plan.schedule = schedule::ScheduleKind::GPipe;
+    let without = simulate_once(&plain, false).report.iteration_s;
+    let Some(plan::TokenSlices::Explicit(subs)) = &sliced.plan.token_slices else { unreachable!("resolved above") };
+    out.report.plan.schedule = "gpipe (token slices)";
+    out.report.token_slicing = Some(report::TokenSlicing {
+        slices: subs.iter().map(|sb| (sb.sequences, sb.slices.clone())).collect(),
+        iteration_s_without: without,
+        speedup: without / out.report.iteration_s,
+        estimated_latency_s: chosen.as_ref().map(|p| p.latency_s),
+        t_max_s: chosen.as_ref().map(|p| p.t_max_s),
+    });
+    out
 }
 
 fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Simulation {

@@ -9,6 +9,7 @@
 //! Communication time is not here: the engine moves bytes over links (see `network`).
 
 pub mod memory;
+pub mod slice;
 
 use crate::hardware::{DeviceKind, DeviceSpec, Precision};
 use crate::workload::{OpClass, OpSpec};

@@ -15,10 +15,10 @@ pub mod program;
 pub use program::*;
 
 use crate::cost::memory::{bytes_per_parameter, optimizer_traffic_bytes};
-use crate::plan::{Plan, Recompute, Tier};
+use crate::plan::{Plan, Recompute, Tier, Unit};
 use crate::report::timeline::{Label, MemoryBreakdown, Phase, StreamKind};
 use crate::scenario::Scenario;
-use crate::schedule::{self, Pass, ScheduleShape};
+use crate::schedule::{self, Pass, ScheduleShape, Step};
 use crate::workload::{Axis, LayerOp, LayerShape, OpClass, OpSpec, Saved};
 use std::collections::HashMap;
 
@@ -42,6 +42,43 @@ struct Block {
     bwd: Vec<u32>,
     saved: f64,
     saved_full: f64,
+}
+
+/// The blocks of one unit shape, and what crosses a stage boundary for it.
+struct UnitBlocks {
+    layer: Block,
+    embed: Block,
+    head: Block,
+    boundary_bytes: f64,
+}
+
+fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
+    let plan = &s.plan;
+    let w = &s.workload.transformer;
+    let e = plan.precision.activation_bytes();
+    let shape = LayerShape {
+        micro_batch: u.batch,
+        seq_len: u.tokens,
+        tp: plan.tp,
+        tp_mode: plan.tp_mode,
+        context: u.context,
+        sequence_parallel: plan.sequence_parallel,
+        activation_bytes: e,
+    };
+    let boundary_bytes = e * u.batch as f64 * u.tokens as f64 * w.hidden as f64
+        / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
+    let layer = b.block(w.layer_ops(shape), plan.recompute, boundary_bytes);
+    // Under ring sequence parallelism the embedding and head are whole on each device, on
+    // its share of the tokens.
+    let edge_shape = if plan.ring() {
+        LayerShape { seq_len: u.tokens / plan.tp, tp: 1, tp_mode: crate::workload::TpMode::OneD, ..shape }
+    } else {
+        shape
+    };
+    // Embedding and head are not recomputed.
+    let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, 0.0);
+    let head = b.block(w.head_ops(edge_shape), Recompute::None, 0.0);
+    UnitBlocks { layer, embed, head, boundary_bytes }
 }
 
 struct Builder {
@@ -206,33 +243,29 @@ pub fn lower(s: &Scenario) -> Program {
         collective_ids: HashMap::new(),
     };
 
-    let e = plan.precision.activation_bytes();
-    let shape = LayerShape {
-        micro_batch: plan.micro_batch,
-        seq_len: plan.seq_len,
-        tp: plan.tp,
-        tp_mode: plan.tp_mode,
-        sequence_parallel: plan.sequence_parallel,
-        activation_bytes: e,
-    };
-    let boundary_bytes = e * plan.micro_batch as f64 * plan.seq_len as f64 * w.hidden as f64
-        / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
-    let layer = b.block(w.layer_ops(shape), plan.recompute, boundary_bytes);
-    // Under ring sequence parallelism the embedding and head are whole on each device, on
-    // its share of the tokens.
-    let edge_shape = if plan.ring() {
-        LayerShape { seq_len: plan.seq_len / plan.tp, tp: 1, tp_mode: crate::workload::TpMode::OneD, ..shape }
-    } else {
-        shape
-    };
-    // Embedding and head are not recomputed.
-    let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, 0.0);
-    let head = b.block(w.head_ops(edge_shape), Recompute::None, 0.0);
+    // The pipeline's units: micro-batches, or token slices of sub-batches (TeraPipe). Units of
+    // one shape share their blocks.
+    let units = plan.units();
+    let mut shapes: Vec<Unit> = Vec::new();
+    let mut unit_blocks: Vec<UnitBlocks> = Vec::new();
+    let mut block_of = Vec::with_capacity(units.len());
+    for u in &units {
+        let i = match shapes.iter().position(|x| x == u) {
+            Some(i) => i,
+            None => {
+                shapes.push(*u);
+                unit_blocks.push(unit_blocks_for(&mut b, s, *u));
+                shapes.len() - 1
+            }
+        };
+        block_of.push(i);
+    }
     b.layer_labels = vec![Vec::new(); w.layers as usize];
 
     let chunks = plan.chunks();
     let starts = plan.chunk_starts();
-    let m = plan.micro_batches;
+    let m = units.len() as u32;
+    let max_boundary = unit_blocks.iter().map(|u| u.boundary_bytes).fold(0.0, f64::max);
     let sched_shape = ScheduleShape { stages: plan.pp, micro_batches: m, virtual_stages: plan.virtual_stages };
     let t = plan.tp;
     // Producer/consumer tasks of each (chunk, micro-batch, tp rank) and pass, for p2p.
@@ -267,7 +300,15 @@ pub fn lower(s: &Scenario) -> Program {
         for stage in 0..plan.pp {
             let group: Vec<u32> = (0..t).map(|x| plan.device(r, stage, x)).collect();
             let ctx = StepCtx { streams: b.compute_streams(&group), group: &group, dims: plan.tp_mode.dims(t) };
-            let order = schedule::stage_order(plan.schedule, sched_shape, stage).expect("schedule validated at parse");
+            let order = if plan.token_slices.is_some() {
+                // TeraPipe: every slice forward in order, then backward in exact reverse (a
+                // slice's backward feeds gradients into the earlier slices it attended to).
+                let mut o: Vec<Step> = (0..m).map(|u| Step { micro_batch: u, chunk: stage, pass: Pass::Forward }).collect();
+                o.extend((0..m).rev().map(|u| Step { micro_batch: u, chunk: stage, pass: Pass::Backward }));
+                o
+            } else {
+                schedule::stage_order(plan.schedule, sched_shape, stage).expect("schedule validated at parse")
+            };
             // Parameters held per chunk on this stage, and the last backward step per chunk.
             let my_chunks: Vec<u32> = (0..chunks).filter(|c| c % plan.pp == stage).collect();
             let chunk_params = |c: u32| {
@@ -297,7 +338,7 @@ pub fn lower(s: &Scenario) -> Program {
                 .fold(0.0, f64::max);
             let buffers = s.options.framework_bytes(&s.cluster.node.device)
                 + if sync > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
-                + if plan.pp > 1 { 2.0 * boundary_bytes } else { 0.0 }
+                + if plan.pp > 1 { 2.0 * max_boundary } else { 0.0 }
                 + if z3 { 2.0 * largest_unit * wb } else { 0.0 };
             let dev_weights = if host_params { 0.0 } else { params * wb / shard(3) };
             // With the optimizer on the host, gradients go there bucket by bucket.
@@ -352,6 +393,8 @@ pub fn lower(s: &Scenario) -> Program {
                 let layers = starts[c as usize]..starts[c as usize + 1];
                 // ZeRO-2 and 3 reduce every micro-batch's gradients; below, only the last.
                 let sync_grads = sync > 1 && (z >= 2 || last_bwd.get(&c) == Some(&mb));
+                let UnitBlocks { layer, embed, head, boundary_bytes } = &unit_blocks[block_of[mb as usize]];
+                let boundary_bytes = *boundary_bytes;
                 let unit = |b: &mut Builder,
                             gathers: &mut Gathers,
                             blk: &Block,
@@ -373,7 +416,7 @@ pub fn lower(s: &Scenario) -> Program {
                         let mut last = NONE;
                         if c == 0 {
                             let (f, l) =
-                                unit(&mut b, &mut gathers, &embed, -1, Phase::Forward, embed.saved, 0.0, first_params);
+                                unit(&mut b, &mut gathers, embed, -1, Phase::Forward, embed.saved, 0.0, first_params);
                             first = f;
                             last = l;
                         }
@@ -381,7 +424,7 @@ pub fn lower(s: &Scenario) -> Program {
                             let (f, la) = unit(
                                 &mut b,
                                 &mut gathers,
-                                &layer,
+                                layer,
                                 l as i32,
                                 Phase::Forward,
                                 layer.saved,
@@ -402,7 +445,7 @@ pub fn lower(s: &Scenario) -> Program {
                         }
                         if c == chunks - 1 {
                             let (_, la) =
-                                unit(&mut b, &mut gathers, &head, -1, Phase::Forward, head.saved, 0.0, last_params);
+                                unit(&mut b, &mut gathers, head, -1, Phase::Forward, head.saved, 0.0, last_params);
                             last = la;
                         }
                         // Tasks of a step are laid out device-major per op; recover each
@@ -423,7 +466,7 @@ pub fn lower(s: &Scenario) -> Program {
                         let mut last = NONE;
                         if c == chunks - 1 {
                             let (f, l) =
-                                unit(&mut b, &mut gathers, &head, -1, Phase::Backward, 0.0, head.saved, last_params);
+                                unit(&mut b, &mut gathers, head, -1, Phase::Backward, 0.0, head.saved, last_params);
                             first = f;
                             last = l;
                             if sync_grads {
@@ -450,17 +493,17 @@ pub fn lower(s: &Scenario) -> Program {
                             match plan.recompute {
                                 Recompute::Full => {
                                     let (f, _) =
-                                        emit_recompute(&mut b, &ctx, &layer, l as i32, c, mb, false, layer.saved_full);
+                                        emit_recompute(&mut b, &ctx, layer, l as i32, c, mb, false, layer.saved_full);
                                     unit_first = f;
                                     free += layer.saved_full;
                                 }
                                 Recompute::Selective => {
-                                    let (f, _) = emit_recompute(&mut b, &ctx, &layer, l as i32, c, mb, true, 0.0);
+                                    let (f, _) = emit_recompute(&mut b, &ctx, layer, l as i32, c, mb, true, 0.0);
                                     unit_first = f;
                                 }
                                 Recompute::None => {}
                             }
-                            let (f, la) = emit_block(&mut b, &ctx, &layer, l as i32, Phase::Backward, c, mb, 0.0, free);
+                            let (f, la) = emit_block(&mut b, &ctx, layer, l as i32, Phase::Backward, c, mb, 0.0, free);
                             if unit_first == NONE {
                                 unit_first = f;
                             }
@@ -485,7 +528,7 @@ pub fn lower(s: &Scenario) -> Program {
                         }
                         if c == 0 {
                             let (_, la) =
-                                unit(&mut b, &mut gathers, &embed, -1, Phase::Backward, 0.0, embed.saved, first_params);
+                                unit(&mut b, &mut gathers, embed, -1, Phase::Backward, 0.0, embed.saved, first_params);
                             last = la;
                             if sync_grads {
                                 bucket_pending += first_params * gb;

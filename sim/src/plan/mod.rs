@@ -107,6 +107,32 @@ impl Offload {
     pub const NONE: Offload = Offload { optimizer: Tier::Device, params: Tier::Device, activations: Tier::Device };
 }
 
+/// A sub-batch of sequences and the token slices each of its sequences is cut into.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SlicedBatch {
+    pub sequences: u32,
+    pub slices: Vec<u32>,
+}
+
+/// Token slicing as given in the scenario.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenSlices {
+    /// Optimise (TeraPipe's dynamic program) with slices in multiples of `granularity` tokens.
+    Auto { granularity: u32 },
+    /// Every replica's batch as these sub-batches, in order.
+    Explicit(Vec<SlicedBatch>),
+}
+
+/// One unit of pipeline work: `batch` sequences, `tokens` of each, after `context` earlier
+/// tokens of the same sequences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Unit {
+    pub batch: u32,
+    pub tokens: u32,
+    pub context: u32,
+}
+
 /// Order of the parallel dimensions when numbering devices, innermost first. Megatron-LM's
 /// default keeps a tensor-parallel group inside a node, then data-parallel, then pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -137,6 +163,9 @@ pub struct Plan {
     /// Data-parallel gradient bucket (bytes of gradients per all-reduce).
     pub bucket_bytes: f64,
     pub offload: Offload,
+    /// TeraPipe token slicing: how each replica's sequences are cut into sub-batches and
+    /// token slices (resolved; `auto` is decided by `policy::token_slicing` before lowering).
+    pub token_slices: Option<TokenSlices>,
 }
 
 fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {
@@ -180,6 +209,26 @@ impl Plan {
                 .collect()
         } else {
             (0..self.dp).map(|r| self.device(r, stage, x)).collect()
+        }
+    }
+
+    /// The pipeline units of one replica, in order: the micro-batches, or (token slicing)
+    /// each sub-batch's slices. `auto` slicing must be resolved before this is called.
+    pub fn units(&self) -> Vec<Unit> {
+        match &self.token_slices {
+            None => vec![Unit { batch: self.micro_batch, tokens: self.seq_len, context: 0 }; self.micro_batches as usize],
+            Some(TokenSlices::Explicit(subs)) => subs
+                .iter()
+                .flat_map(|sb| {
+                    let mut context = 0;
+                    sb.slices.iter().map(move |&l| {
+                        let u = Unit { batch: sb.sequences, tokens: l, context };
+                        context += l;
+                        u
+                    })
+                })
+                .collect(),
+            Some(TokenSlices::Auto { .. }) => panic!("token_slices \"auto\" must be resolved before lowering"),
         }
     }
 

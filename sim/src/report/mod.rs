@@ -22,6 +22,19 @@ pub struct StageReport {
     pub peak_memory_bytes: f64,
 }
 
+/// TeraPipe's token slicing: the slices chosen and what they bought.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenSlicing {
+    /// [sub-batch size, [tokens of each slice]] per sub-batch.
+    pub slices: Vec<(u32, Vec<u32>)>,
+    /// The same plan pipelining whole micro-batches instead.
+    pub iteration_s_without: f64,
+    pub speedup: f64,
+    /// The optimiser's objective at its optimum (per pipeline, its own cost estimate), if it chose.
+    pub estimated_latency_s: Option<f64>,
+    pub t_max_s: Option<f64>,
+}
+
 /// Activations live at the peak, for one layer and micro-batch.
 #[derive(Clone, Debug, Serialize)]
 pub struct LiveActivation {
@@ -94,6 +107,8 @@ pub struct Report {
     pub stages: Vec<StageReport>,
     pub plan: PlanSummary,
     pub defaults_applied: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_slicing: Option<TokenSlicing>,
 }
 
 pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
@@ -196,5 +211,6 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
             partition: plan.partition.clone(),
         },
         defaults_applied: s.defaults_applied.clone(),
+        token_slicing: None,
     }
 }

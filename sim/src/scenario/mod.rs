@@ -10,7 +10,7 @@ pub mod reader;
 use crate::hardware::{
     ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, LinkSpec, NodeSpec, PeakFlops, Precision, catalog,
 };
-use crate::plan::{Offload, Optimizer, Plan, Recompute, Tier, parse_schedule};
+use crate::plan::{Offload, Optimizer, Plan, Recompute, Tier, TokenSlices, parse_schedule};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
 use crate::workload::{self, TpMode, Workload};
 use reader::{Obj, invalid, show, unsupported};
@@ -526,6 +526,66 @@ fn parse_tp_mode(o: &Obj, tp: u32, dflt: &mut dyn FnMut(&str, &str)) -> Result<T
     Ok(mode)
 }
 
+/// `token_slices`: "auto", a list of slice lengths (each micro-batch's sequences cut the same
+/// way), or a list of [sequences, [slice lengths]] sub-batches covering a replica's batch.
+fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Option<TokenSlices>> {
+    use crate::plan::SlicedBatch;
+    let key = o.key("token_slices");
+    let Some(v) = o.get("token_slices") else {
+        if o.has("token_granularity") {
+            return Err(invalid(&o.key("token_granularity"), "only with \"token_slices\": \"auto\""));
+        }
+        return Ok(None);
+    };
+    if !w.transformer.causal {
+        return Err(invalid(&key, "token slicing needs causal attention (a later token must not be read by an earlier one); this workload is bidirectional"));
+    }
+    let per_replica = t.global_batch / dp;
+    let tokens_ok = |slices: &[u32], path: &str| -> Result<()> {
+        let sum: u64 = slices.iter().map(|&x| x as u64).sum();
+        if slices.is_empty() || slices.contains(&0) || sum != t.seq_len as u64 {
+            return Err(invalid(path, format!("slice lengths must be positive and sum to seq_len {}; they sum to {sum}", t.seq_len)));
+        }
+        Ok(())
+    };
+    let ts = match v {
+        Value::String(s) if s == "auto" => {
+            let g = o.uint("token_granularity")?.unwrap_or(8);
+            if g > t.seq_len {
+                return Err(invalid(&o.key("token_granularity"), format!("{g} is longer than seq_len {}", t.seq_len)));
+            }
+            TokenSlices::Auto { granularity: g }
+        }
+        Value::Array(items) if items.iter().all(Value::is_u64) => {
+            let slices: Vec<u32> = items.iter().filter_map(Value::as_u64).map(|x| x as u32).collect();
+            tokens_ok(&slices, &key)?;
+            let n = per_replica / t.micro_batch;
+            TokenSlices::Explicit(vec![SlicedBatch { sequences: t.micro_batch, slices }; n as usize])
+        }
+        Value::Array(items) => {
+            let mut subs = Vec::new();
+            for (i, it) in items.iter().enumerate() {
+                let path = format!("{key}[{i}]");
+                let pair = it.as_array().filter(|a| a.len() == 2);
+                let (Some(b), Some(sl)) = (pair.and_then(|a| a[0].as_u64()).filter(|b| *b > 0), pair.and_then(|a| a[1].as_array())) else {
+                    return Err(invalid(&path, format!("expected [sequences, [slice lengths]], got {}", show(it))));
+                };
+                let slices: Option<Vec<u32>> = sl.iter().map(|x| x.as_u64().map(|y| y as u32)).collect();
+                let slices = slices.ok_or_else(|| invalid(&path, "slice lengths must be positive integers"))?;
+                tokens_ok(&slices, &path)?;
+                subs.push(SlicedBatch { sequences: b as u32, slices });
+            }
+            let total: u32 = subs.iter().map(|s| s.sequences).sum();
+            if total != per_replica {
+                return Err(invalid(&key, format!("the sub-batches hold {total} sequences; each replica has global_batch / dp = {per_replica}")));
+            }
+            TokenSlices::Explicit(subs)
+        }
+        other => return Err(invalid(&key, format!("{} is not \"auto\", a list of slice lengths, or a list of [sequences, [slice lengths]]", show(other)))),
+    };
+    Ok(Some(ts))
+}
+
 fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> Result<Offload> {
     let key = o.key("offload");
     let offload = match o.get("offload") {
@@ -596,11 +656,12 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         "offload",
         "partition",
         "token_slices",
+        "token_granularity",
         "freeze",
         "bucket_bytes",
     ])?;
     for (k, what) in
-        [("token_slices", "token-level pipelining (TeraPipe)"), ("freeze", "layer freezing (PipeTransformer)")]
+        [("freeze", "layer freezing (PipeTransformer)")]
     {
         if o.has(k) {
             return Err(unsupported(&o.key(k), format!("{what} is planned; remove the key to simulate without it")));
@@ -711,6 +772,16 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         },
     };
     let offload = parse_offload(o, zero_stage, &mut dflt)?;
+    let token_slices = parse_token_slices(o, w, t, dp)?;
+    if token_slices.is_some() {
+        let key = o.key("token_slices");
+        if !matches!(o.get("schedule").and_then(Value::as_str), None | Some("gpipe")) {
+            return Err(invalid(&key, "token slicing runs TeraPipe's GPipe-like schedule; set \"schedule\": \"gpipe\" or leave it out"));
+        }
+        if o.uint("virtual_stages")?.is_some_and(|v| v > 1) || o.get("tp_mode").and_then(Value::as_str).is_some_and(|m| m != "1d") || o.has("sequence_parallel") && o.get("sequence_parallel") != Some(&Value::Bool(false)) {
+            return Err(invalid(&key, "token slicing goes with 1D tensor parallelism, no sequence parallelism and no virtual stages"));
+        }
+    }
     let recompute = o.choice("recompute", &Recompute::NAMES, Recompute::parse)?.unwrap_or_else(|| {
         dflt("recompute", "none");
         Recompute::None
@@ -807,5 +878,6 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         optimizer: t.optimizer,
         bucket_bytes,
         offload,
+        token_slices,
     })
 }

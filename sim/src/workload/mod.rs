@@ -185,6 +185,9 @@ pub struct LayerShape {
     pub seq_len: u32,
     pub tp: u32,
     pub tp_mode: TpMode,
+    /// Earlier tokens of the same sequences this slice's attention reads (token slicing; 0
+    /// otherwise).
+    pub context: u32,
     pub sequence_parallel: bool,
     /// Bytes of an activation element (2 for fp16/bf16).
     pub activation_bytes: f64,

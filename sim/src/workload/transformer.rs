@@ -250,16 +250,19 @@ impl TransformerConfig {
         ));
         // Scores keep Q and K (2 x 2sbh/t in Korthikanti's count, with full-width K).
         let heads = b * a / t;
+        // Under token slicing the slice's queries also attend to `context` earlier tokens,
+        // whose keys and values earlier slices computed and keep.
+        let keys = s + shape.context as f64;
         ops.push(LayerOp::Compute(gemm_op(
             "scores",
             heads,
             s,
-            s,
+            keys,
             d,
             e,
             Saved { sharded_bytes: e * (sbh + s * b * kv) / t, ..Saved::default() },
         )));
-        let scores_bytes = b * a * s * s / t;
+        let scores_bytes = b * a * s * keys / t;
         ops.push(LayerOp::Compute(mem_op(
             "softmax",
             2.0 * scores_bytes * e,
@@ -278,7 +281,7 @@ impl TransformerConfig {
             heads,
             s,
             d,
-            s,
+            keys,
             e,
             Saved { sharded_bytes: e * s * b * kv / t, selective_bytes: e * scores_bytes, ..Saved::default() },
         )));

@@ -1,0 +1,4 @@
+//! Planning policies that choose how work is cut and scheduled before it is simulated:
+//! [`token_slicing`] is TeraPipe's optimiser of token slices and sub-batches for one pipeline.
+
+pub mod token_slicing;
