@@ -2,6 +2,7 @@
 //! calls into the pure `sim` crate for everything else.
 
 mod bench;
+mod csvplot;
 mod exec;
 mod gantt;
 mod memory_plot;
@@ -112,6 +113,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Draw a chart from a CSV (first column on x): grouped bars, or lines with --lines.
+    Plot {
+        csv: PathBuf,
+        /// Columns to draw.
+        #[arg(long, value_delimiter = ',', required = true)]
+        y: Vec<String>,
+        #[arg(long)]
+        lines: bool,
+        #[arg(long, default_value = "")]
+        title: String,
+        #[arg(long, default_value = "")]
+        y_label: String,
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
     /// List every built-in device, link, node and workload preset.
     Presets {
         #[arg(long)]
@@ -140,6 +156,7 @@ fn main() -> ExitCode {
         ),
         Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
         Command::Slices { scenario, granularity, json } => slices(&scenario, granularity, json),
+        Command::Plot { csv, y, lines, title, y_label, out } => csvplot::draw(&csv, &y, lines, &title, &y_label, &out),
         Command::Validate { scenario, backend, profile, warmup, repeats, json, plot } => exec::validate_cmd(
             &scenario,
             &backend,

@@ -95,10 +95,15 @@ fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Simulation {
     sliced.plan.schedule = schedule::ScheduleKind::GPipe;
     sliced.plan.micro_batches = sliced.plan.units().len() as u32;
     let mut out = simulate_once(&sliced, record);
-    // The same plan without slicing: whole micro-batches through GPipe.
+    // The same pipeline without token slicing, as TeraPipe compares: whole sequences, with the
+    // batch still split into sub-batches by the same optimiser (one unit per sequence).
     let mut plain = s.clone();
-    plain.plan.token_slices = None;
+    let whole = choose_token_slices(s, s.plan.seq_len);
+    plain.plan.token_slices = Some(TokenSlices::Explicit(
+        whole.sub_batches.iter().map(|sb| SlicedBatch { sequences: sb.sequences, slices: sb.slices.clone() }).collect(),
+    ));
     plain.plan.schedule = schedule::ScheduleKind::GPipe;
+    plain.plan.micro_batches = plain.plan.units().len() as u32;
     let without = simulate_once(&plain, false).report.iteration_s;
     let Some(plan::TokenSlices::Explicit(subs)) = &sliced.plan.token_slices else { unreachable!("resolved above") };
     out.report.plan.schedule = "gpipe (token slices)";

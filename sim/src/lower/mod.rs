@@ -395,6 +395,33 @@ pub fn lower(s: &Scenario) -> Program {
                 let sync_grads = sync > 1 && (z >= 2 || last_bwd.get(&c) == Some(&mb));
                 let UnitBlocks { layer, embed, head, boundary_bytes } = &unit_blocks[block_of[mb as usize]];
                 let boundary_bytes = *boundary_bytes;
+                // Megatron's scatter-gather: with 1D tensor parallelism every rank holds the
+                // whole boundary activation, so each sends a 1/t share and the receivers
+                // all-gather it over their fast links. Sharded modes send their own shard.
+                let scatter_gather = t > 1 && plan.tp_mode == crate::workload::TpMode::OneD && !plan.sequence_parallel;
+                let send_bytes = if plan.tp_mode == crate::workload::TpMode::OneD && !scatter_gather {
+                    boundary_bytes
+                } else {
+                    boundary_bytes / t as f64
+                };
+                let receive = |b: &mut Builder, phase: Phase| -> u32 {
+                    if !scatter_gather {
+                        return NONE;
+                    }
+                    collective_on_compute(
+                        b,
+                        &ctx,
+                        CollectiveKind::AllGather,
+                        (crate::workload::Axis::Tensor, 0),
+                        "recv_allgather",
+                        boundary_bytes,
+                        -1,
+                        phase,
+                        c,
+                        mb,
+                    );
+                    (b.p.tasks.len() - 1) as u32
+                };
                 let unit = |b: &mut Builder,
                             gathers: &mut Gathers,
                             blk: &Block,
@@ -412,6 +439,7 @@ pub fn lower(s: &Scenario) -> Program {
                 };
                 match st.pass {
                     Pass::Forward => {
+                        let gathered = if c > 0 { receive(&mut b, Phase::Forward) } else { NONE };
                         let mut first = NONE;
                         let mut last = NONE;
                         if c == 0 {
@@ -452,16 +480,17 @@ pub fn lower(s: &Scenario) -> Program {
                         // device's first/last task by offset within the group.
                         for x in 0..t {
                             let k = key(r, c, mb, x);
-                            fwd_first[k] = first + x;
+                            fwd_first[k] = if gathered != NONE { gathered } else { first + x };
                             if c + 1 < chunks {
                                 let src = group[x as usize];
                                 let dst = plan.device(r, (c + 1) % plan.pp, x);
                                 fwd_send[k] =
-                                    send(&mut b, src, dst, boundary_bytes, last + x - (t - 1), c, mb, Phase::Forward);
+                                    send(&mut b, src, dst, send_bytes, last + x - (t - 1), c, mb, Phase::Forward);
                             }
                         }
                     }
                     Pass::Backward => {
+                        let gathered = if c + 1 < chunks { receive(&mut b, Phase::Backward) } else { NONE };
                         let mut first = NONE;
                         let mut last = NONE;
                         if c == chunks - 1 {
@@ -540,12 +569,12 @@ pub fn lower(s: &Scenario) -> Program {
                         }
                         for x in 0..t {
                             let k = key(r, c, mb, x);
-                            bwd_first[k] = first + x;
+                            bwd_first[k] = if gathered != NONE { gathered } else { first + x };
                             if c > 0 {
                                 let src = group[x as usize];
                                 let dst = plan.device(r, (c - 1) % plan.pp, x);
                                 bwd_send[k] =
-                                    send(&mut b, src, dst, boundary_bytes, last + x - (t - 1), c, mb, Phase::Backward);
+                                    send(&mut b, src, dst, send_bytes, last + x - (t - 1), c, mb, Phase::Backward);
                             }
                         }
                     }
