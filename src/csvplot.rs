@@ -23,7 +23,8 @@ struct Table {
 fn read(path: &Path) -> Result<Table, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<String> = lines.next().ok_or("the CSV is empty")?.split(',').map(|s| s.trim().to_string()).collect();
+    let header: Vec<String> =
+        lines.next().ok_or("the CSV is empty")?.split(',').map(|s| s.trim().to_string()).collect();
     let rows = lines.map(|l| l.split(',').map(|s| s.trim().to_string()).collect()).collect();
     Ok(Table { header, rows })
 }
@@ -35,18 +36,36 @@ pub fn draw(csv: &Path, ys: &[String], lines: bool, title: &str, y_label: &str, 
     let t = read(csv)?;
     let cols: Vec<usize> = ys
         .iter()
-        .map(|y| t.header.iter().position(|h| h == y).ok_or_else(|| format!("column \"{y}\" not in {}: {:?}", csv.display(), t.header)))
+        .map(|y| {
+            t.header
+                .iter()
+                .position(|h| h == y)
+                .ok_or_else(|| format!("column \"{y}\" not in {}: {:?}", csv.display(), t.header))
+        })
         .collect::<Result<_, _>>()?;
     let num = |s: &str| s.parse::<f64>().ok();
-    let series: Vec<Vec<Option<f64>>> = cols.iter().map(|&c| t.rows.iter().map(|r| r.get(c).and_then(|v| num(v))).collect()).collect();
+    let series: Vec<Vec<Option<f64>>> =
+        cols.iter().map(|&c| t.rows.iter().map(|r| r.get(c).and_then(|v| num(v))).collect()).collect();
     let labels: Vec<String> = t.rows.iter().map(|r| r.first().cloned().unwrap_or_default()).collect();
     let ymax = series.iter().flatten().flatten().fold(0.0f64, |a, &b| a.max(b)) * 1.15;
     let ext = out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     let size = (1200, 700);
-    let run = |area: DrawingArea<_, _>| chart(area, &labels, &series, ys, lines, title, y_label, &t.header[0], ymax.max(1e-12));
+    let run = |area: DrawingArea<_, _>| {
+        chart(area, &labels, &series, ys, lines, title, y_label, &t.header[0], ymax.max(1e-12))
+    };
     match ext.as_deref() {
         Some("png") => run(BitMapBackend::new(out, size).into_drawing_area()),
-        Some("svg") => chart(SVGBackend::new(out, size).into_drawing_area(), &labels, &series, ys, lines, title, y_label, &t.header[0], ymax.max(1e-12)),
+        Some("svg") => chart(
+            SVGBackend::new(out, size).into_drawing_area(),
+            &labels,
+            &series,
+            ys,
+            lines,
+            title,
+            y_label,
+            &t.header[0],
+            ymax.max(1e-12),
+        ),
         _ => Err(format!("plot: use a .png or .svg file name, not {}", out.display())),
     }
 }
@@ -83,7 +102,11 @@ where
         .x_labels(2 * n + 1)
         .x_label_formatter(&|x| {
             let i = (x - 0.5).round();
-            if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 { labels.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+            if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
         })
         .disable_x_mesh()
         .draw()
@@ -92,7 +115,8 @@ where
     for (si, s) in series.iter().enumerate() {
         let color = COLORS[si % COLORS.len()];
         if lines {
-            let pts: Vec<(f64, f64)> = s.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i as f64 + 0.5, v))).collect();
+            let pts: Vec<(f64, f64)> =
+                s.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i as f64 + 0.5, v))).collect();
             c.draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))
                 .map_err(err)?
                 .label(names[si].clone())
@@ -116,7 +140,12 @@ where
                 .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
         }
     }
-    c.configure_series_labels().background_style(WHITE).border_style(BLACK).position(SeriesLabelPosition::UpperRight).draw().map_err(err)?;
+    c.configure_series_labels()
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(err)?;
     area.present().map_err(err)?;
     Ok(())
 }

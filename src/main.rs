@@ -310,14 +310,30 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
         println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);
         return Ok(());
     }
-    println!("{}: token slicing of {} sequences of {} tokens over {} stages ({}-token units)", s.name, s.training.global_batch / s.plan.dp, s.plan.seq_len, s.plan.pp, g);
-    println!("candidates:   {} t_max values evaluated{}", p.evaluated, if p.stopped_early { " (stopped early: K x t_max passed the best latency)" } else { "" });
+    println!(
+        "{}: token slicing of {} sequences of {} tokens over {} stages ({}-token units)",
+        s.name,
+        s.training.global_batch / s.plan.dp,
+        s.plan.seq_len,
+        s.plan.pp,
+        g
+    );
+    println!(
+        "candidates:   {} t_max values evaluated{}",
+        p.evaluated,
+        if p.stopped_early { " (stopped early: K x t_max passed the best latency)" } else { "" }
+    );
     println!("              t_max_ms    latency_ms");
     let best = p.latency_s;
     let step = (p.candidates.len() / 40).max(1);
     for (i, c) in p.candidates.iter().enumerate() {
         if i % step == 0 || (c.total_s - best).abs() < 1e-12 {
-            println!("              {:<10.4}  {:.4}{}", c.t_max_s * 1e3, c.total_s * 1e3, if (c.total_s - best).abs() < 1e-12 { "  <- optimum" } else { "" });
+            println!(
+                "              {:<10.4}  {:.4}{}",
+                c.t_max_s * 1e3,
+                c.total_s * 1e3,
+                if (c.total_s - best).abs() < 1e-12 { "  <- optimum" } else { "" }
+            );
         }
     }
     println!("optimum:      {:.4} ms per pipeline pass, t_max {:.4} ms", best * 1e3, p.t_max_s * 1e3);

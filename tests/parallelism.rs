@@ -7,7 +7,15 @@ use sim::workload::transformer::TransformerConfig;
 use sim::workload::{Comm, LayerOp, LayerShape, TpMode};
 
 fn shape(b: u32, s: u32, tp: u32, mode: TpMode) -> LayerShape {
-    LayerShape { micro_batch: b, seq_len: s, tp, tp_mode: mode, context: 0, sequence_parallel: false, activation_bytes: 2.0 }
+    LayerShape {
+        micro_batch: b,
+        seq_len: s,
+        tp,
+        tp_mode: mode,
+        context: 0,
+        sequence_parallel: false,
+        activation_bytes: 2.0,
+    }
 }
 
 fn group_size(mode: TpMode, tp: u32, op: &LayerOp) -> u32 {

@@ -9,6 +9,8 @@ mod contract;
 mod executor;
 // Tensor-parallel modes (1D, 2D, 2.5D, 3D): collective volumes, memory, end-to-end runs.
 mod parallelism;
+// Token slicing (TeraPipe): lowering, memory, the report, validation.
+mod slicing;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.

@@ -88,7 +88,8 @@ fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Simulation {
     let mut chosen = None;
     if let Some(TokenSlices::Auto { granularity }) = s.plan.token_slices {
         let p = choose_token_slices(s, granularity);
-        let subs = p.sub_batches.iter().map(|sb| SlicedBatch { sequences: sb.sequences, slices: sb.slices.clone() }).collect();
+        let subs =
+            p.sub_batches.iter().map(|sb| SlicedBatch { sequences: sb.sequences, slices: sb.slices.clone() }).collect();
         sliced.plan.token_slices = Some(TokenSlices::Explicit(subs));
         chosen = Some(p);
     }

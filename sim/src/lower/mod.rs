@@ -303,7 +303,8 @@ pub fn lower(s: &Scenario) -> Program {
             let order = if plan.token_slices.is_some() {
                 // TeraPipe: every slice forward in order, then backward in exact reverse (a
                 // slice's backward feeds gradients into the earlier slices it attended to).
-                let mut o: Vec<Step> = (0..m).map(|u| Step { micro_batch: u, chunk: stage, pass: Pass::Forward }).collect();
+                let mut o: Vec<Step> =
+                    (0..m).map(|u| Step { micro_batch: u, chunk: stage, pass: Pass::Forward }).collect();
                 o.extend((0..m).rev().map(|u| Step { micro_batch: u, chunk: stage, pass: Pass::Backward }));
                 o
             } else {

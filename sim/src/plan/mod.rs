@@ -216,7 +216,9 @@ impl Plan {
     /// each sub-batch's slices. `auto` slicing must be resolved before this is called.
     pub fn units(&self) -> Vec<Unit> {
         match &self.token_slices {
-            None => vec![Unit { batch: self.micro_batch, tokens: self.seq_len, context: 0 }; self.micro_batches as usize],
+            None => {
+                vec![Unit { batch: self.micro_batch, tokens: self.seq_len, context: 0 }; self.micro_batches as usize]
+            }
             Some(TokenSlices::Explicit(subs)) => subs
                 .iter()
                 .flat_map(|sb| {

@@ -538,13 +538,19 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
         return Ok(None);
     };
     if !w.transformer.causal {
-        return Err(invalid(&key, "token slicing needs causal attention (a later token must not be read by an earlier one); this workload is bidirectional"));
+        return Err(invalid(
+            &key,
+            "token slicing needs causal attention (a later token must not be read by an earlier one); this workload is bidirectional",
+        ));
     }
     let per_replica = t.global_batch / dp;
     let tokens_ok = |slices: &[u32], path: &str| -> Result<()> {
         let sum: u64 = slices.iter().map(|&x| x as u64).sum();
         if slices.is_empty() || slices.contains(&0) || sum != t.seq_len as u64 {
-            return Err(invalid(path, format!("slice lengths must be positive and sum to seq_len {}; they sum to {sum}", t.seq_len)));
+            return Err(invalid(
+                path,
+                format!("slice lengths must be positive and sum to seq_len {}; they sum to {sum}", t.seq_len),
+            ));
         }
         Ok(())
     };
@@ -567,7 +573,9 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
             for (i, it) in items.iter().enumerate() {
                 let path = format!("{key}[{i}]");
                 let pair = it.as_array().filter(|a| a.len() == 2);
-                let (Some(b), Some(sl)) = (pair.and_then(|a| a[0].as_u64()).filter(|b| *b > 0), pair.and_then(|a| a[1].as_array())) else {
+                let (Some(b), Some(sl)) =
+                    (pair.and_then(|a| a[0].as_u64()).filter(|b| *b > 0), pair.and_then(|a| a[1].as_array()))
+                else {
                     return Err(invalid(&path, format!("expected [sequences, [slice lengths]], got {}", show(it))));
                 };
                 let slices: Option<Vec<u32>> = sl.iter().map(|x| x.as_u64().map(|y| y as u32)).collect();
@@ -577,11 +585,24 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
             }
             let total: u32 = subs.iter().map(|s| s.sequences).sum();
             if total != per_replica {
-                return Err(invalid(&key, format!("the sub-batches hold {total} sequences; each replica has global_batch / dp = {per_replica}")));
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "the sub-batches hold {total} sequences; each replica has global_batch / dp = {per_replica}"
+                    ),
+                ));
             }
             TokenSlices::Explicit(subs)
         }
-        other => return Err(invalid(&key, format!("{} is not \"auto\", a list of slice lengths, or a list of [sequences, [slice lengths]]", show(other)))),
+        other => {
+            return Err(invalid(
+                &key,
+                format!(
+                    "{} is not \"auto\", a list of slice lengths, or a list of [sequences, [slice lengths]]",
+                    show(other)
+                ),
+            ));
+        }
     };
     Ok(Some(ts))
 }
@@ -660,9 +681,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         "freeze",
         "bucket_bytes",
     ])?;
-    for (k, what) in
-        [("freeze", "layer freezing (PipeTransformer)")]
-    {
+    for (k, what) in [("freeze", "layer freezing (PipeTransformer)")] {
         if o.has(k) {
             return Err(unsupported(&o.key(k), format!("{what} is planned; remove the key to simulate without it")));
         }
@@ -776,10 +795,19 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
     if token_slices.is_some() {
         let key = o.key("token_slices");
         if !matches!(o.get("schedule").and_then(Value::as_str), None | Some("gpipe")) {
-            return Err(invalid(&key, "token slicing runs TeraPipe's GPipe-like schedule; set \"schedule\": \"gpipe\" or leave it out"));
+            return Err(invalid(
+                &key,
+                "token slicing runs TeraPipe's GPipe-like schedule; set \"schedule\": \"gpipe\" or leave it out",
+            ));
         }
-        if o.uint("virtual_stages")?.is_some_and(|v| v > 1) || o.get("tp_mode").and_then(Value::as_str).is_some_and(|m| m != "1d") || o.has("sequence_parallel") && o.get("sequence_parallel") != Some(&Value::Bool(false)) {
-            return Err(invalid(&key, "token slicing goes with 1D tensor parallelism, no sequence parallelism and no virtual stages"));
+        if o.uint("virtual_stages")?.is_some_and(|v| v > 1)
+            || o.get("tp_mode").and_then(Value::as_str).is_some_and(|m| m != "1d")
+            || o.has("sequence_parallel") && o.get("sequence_parallel") != Some(&Value::Bool(false))
+        {
+            return Err(invalid(
+                &key,
+                "token slicing goes with 1D tensor parallelism, no sequence parallelism and no virtual stages",
+            ));
         }
     }
     let recompute = o.choice("recompute", &Recompute::NAMES, Recompute::parse)?.unwrap_or_else(|| {

@@ -1,0 +1,71 @@
+//! Token slicing (TeraPipe): the plan it lowers to and the report.
+
+use crate::util::{scenario, simulate};
+use serde_json::json;
+
+fn w() -> serde_json::Value {
+    json!({"transformer": {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 1024}})
+}
+
+/// One slice of the whole sequence is the plain pipeline of whole micro-batches.
+#[test]
+fn one_slice_per_sequence_is_the_plain_pipeline() {
+    let training = json!({"global_batch": 8, "micro_batch": 1, "seq_len": 1024, "precision": "fp16"});
+    let plain = simulate(&scenario(w(), 1, training.clone(), json!({"dp": 1, "tp": 2, "pp": 4, "schedule": "gpipe"})));
+    let sliced = simulate(&scenario(
+        w(),
+        1,
+        training,
+        json!({"dp": 1, "tp": 2, "pp": 4, "schedule": "gpipe", "token_slices": [1024]}),
+    ));
+    let rel = (sliced.iteration_s - plain.iteration_s).abs() / plain.iteration_s;
+    assert!(rel < 0.01, "{} vs {}", sliced.iteration_s, plain.iteration_s);
+    let ts = sliced.token_slicing.expect("token slicing reported");
+    assert_eq!(ts.slices.len(), 8);
+    assert!(ts.slices.iter().all(|(b, s)| *b == 1 && s == &vec![1024]));
+}
+
+/// `auto` picks slices covering every sequence, long slices first on a causal model, and
+/// beats whole sequences on a deep pipeline with few sequences.
+#[test]
+fn auto_slicing_covers_the_batch_and_speeds_up_a_deep_pipeline() {
+    let training = json!({"global_batch": 2, "micro_batch": 1, "seq_len": 2048, "precision": "fp16"});
+    let r = simulate(&scenario(w(), 1, training, json!({"dp": 1, "tp": 1, "pp": 8, "token_slices": "auto"})));
+    let ts = r.token_slicing.expect("token slicing reported");
+    assert_eq!(ts.slices.iter().map(|(b, _)| b).sum::<u32>(), 2);
+    for (_, s) in &ts.slices {
+        assert_eq!(s.iter().sum::<u32>(), 2048);
+    }
+    assert!(ts.speedup > 1.0, "speedup {}", ts.speedup);
+    assert!((ts.iteration_s_without / r.iteration_s - ts.speedup).abs() < 1e-9);
+}
+
+/// Later slices read the keys and values earlier ones keep: a sequence cut in slices keeps
+/// at least the activations of its whole (the K/V of every slice stay until backward).
+#[test]
+fn sliced_sequences_keep_their_keys_and_values() {
+    let training = json!({"global_batch": 1, "micro_batch": 1, "seq_len": 1024, "precision": "fp16"});
+    let one = simulate(&scenario(w(), 1, training.clone(), json!({"dp": 1, "tp": 1, "pp": 8, "token_slices": [1024]})));
+    let four =
+        simulate(&scenario(w(), 1, training, json!({"dp": 1, "tp": 1, "pp": 8, "token_slices": [256, 256, 256, 256]})));
+    // Per-token activations are the same; only the attention scores shrink (each slice's
+    // queries against its context instead of all queries against all keys).
+    let (a1, a4) = (one.memory_breakdown.activations, four.memory_breakdown.activations);
+    assert!(a4 < a1 && a4 > 0.5 * a1, "four slices {a4} vs one {a1}");
+}
+
+#[test]
+fn token_slices_are_validated() {
+    let training = json!({"global_batch": 2, "micro_batch": 1, "seq_len": 1024});
+    for (plan, key) in [
+        (json!({"pp": 8, "token_slices": [1000]}), "plan.token_slices"),
+        (json!({"pp": 8, "token_slices": [[1, [1024]]]}), "plan.token_slices"),
+        (json!({"pp": 8, "token_slices": [[1, [512, 256]], [1, [1024]]]}), "plan.token_slices[0]"),
+        (json!({"pp": 8, "token_slices": "auto", "schedule": "1f1b"}), "plan.token_slices"),
+        (json!({"pp": 8, "token_granularity": 8}), "plan.token_granularity"),
+    ] {
+        let text = scenario(w(), 1, training.clone(), plan.clone());
+        let err = sim::scenario::parse(&text, &|_| Err("no files".into())).expect_err("rejected");
+        assert_eq!(err.path, key, "{plan}: {err}");
+    }
+}
