@@ -10,6 +10,7 @@ pub mod calibrate;
 pub mod cpu;
 pub mod cuda;
 pub mod replay;
+mod shapes;
 
 use sim::lower::OpInstance;
 use std::fmt;

@@ -78,37 +78,28 @@ impl Shared {
         self.done[t as usize].load(Ordering::Acquire) == round
     }
 
-    fn wait_preds(&self, t: u32, round: u32) -> Result<()> {
-        let mut guard = self.lock.lock().map_err(|_| ExecError("replay lock poisoned".into()))?;
+    /// Block until `ready` holds (checked under the lock), or another thread failed.
+    fn wait_until(&self, mut ready: impl FnMut(&mut HashMap<u32, (u32, u32)>) -> bool) -> Result<()> {
+        let poisoned = || ExecError("replay lock poisoned".into());
+        let mut guard = self.lock.lock().map_err(|_| poisoned())?;
         loop {
-            if self.preds[t as usize].iter().all(|&p| self.is_done(p, round)) {
+            if ready(&mut guard) {
                 return Ok(());
             }
             if let Some(e) = self.failed.lock().ok().and_then(|f| f.clone()) {
                 return Err(ExecError(e));
             }
-            guard = self
-                .cv
-                .wait_timeout(guard, Duration::from_millis(50))
-                .map_err(|_| ExecError("replay lock poisoned".into()))?
-                .0;
+            guard = self.cv.wait_timeout(guard, Duration::from_millis(50)).map_err(|_| poisoned())?.0;
         }
+    }
+
+    fn wait_preds(&self, t: u32, round: u32) -> Result<()> {
+        self.wait_until(|_| self.preds[t as usize].iter().all(|&p| self.is_done(p, round)))
     }
 
     /// Wait until task `t` itself is done.
     fn wait_preds_done(&self, t: u32, round: u32) -> Result<()> {
-        let mut guard = self.lock.lock().map_err(|_| ExecError("replay lock poisoned".into()))?;
-        while !self.is_done(t, round) {
-            if let Some(e) = self.failed.lock().ok().and_then(|f| f.clone()) {
-                return Err(ExecError(e));
-            }
-            guard = self
-                .cv
-                .wait_timeout(guard, Duration::from_millis(50))
-                .map_err(|_| ExecError("replay lock poisoned".into()))?
-                .0;
-        }
-        Ok(())
+        self.wait_until(|_| self.is_done(t, round))
     }
 
     fn finish(&self, t: u32, round: u32) {
@@ -121,27 +112,20 @@ impl Shared {
     /// start barrier, 1 the end of the work, 2 the end times taken.
     fn rendezvous(&self, t: u32, round: u32, members: u32, phase: u32) -> Result<()> {
         let key = t * 3 + phase;
-        let mut guard = self.lock.lock().map_err(|_| ExecError("replay lock poisoned".into()))?;
-        let entry = guard.entry(key).or_insert((round, 0));
-        if entry.0 != round {
-            *entry = (round, 0);
-        }
-        entry.1 += 1;
-        self.cv.notify_all();
-        loop {
-            let e = guard.get(&key).copied().unwrap_or((round, 0));
-            if e.0 != round || e.1 >= members {
-                return Ok(());
+        let mut arrived = false;
+        self.wait_until(|arrivals| {
+            if !arrived {
+                arrived = true;
+                let entry = arrivals.entry(key).or_insert((round, 0));
+                if entry.0 != round {
+                    *entry = (round, 0);
+                }
+                entry.1 += 1;
+                self.cv.notify_all();
             }
-            if let Some(e) = self.failed.lock().ok().and_then(|f| f.clone()) {
-                return Err(ExecError(e));
-            }
-            guard = self
-                .cv
-                .wait_timeout(guard, Duration::from_millis(50))
-                .map_err(|_| ExecError("replay lock poisoned".into()))?
-                .0;
-        }
+            let e = arrivals.get(&key).copied().unwrap_or((round, 0));
+            e.0 != round || e.1 >= members
+        })
     }
 
     fn fail(&self, e: &ExecError) {

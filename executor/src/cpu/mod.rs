@@ -12,6 +12,7 @@
 
 pub mod kernels;
 
+use crate::shapes::{GemmFit, count, fit_gemm};
 use crate::{Backend, Device, ExecError, OpContext, Result};
 use sim::lower::OpInstance;
 use sim::workload::OpClass;
@@ -304,47 +305,6 @@ enum Elementwise {
     Gelu,
     Dropout,
     DropoutResidual,
-}
-
-/// A GEMM shrunk to fit the buffer cap, and the factor its time is scaled by.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct GemmFit {
-    batch: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    /// FLOPs of the requested GEMM over those of the one run.
-    scale: f64,
-}
-
-/// Shrinks a GEMM until each operand fits in `cap` elements: first halves the larger side
-/// of any single matrix too big, then runs fewer of the batch. Time is linear in each
-/// dimension and in the batch, so the run's time times `scale` estimates the whole.
-fn fit_gemm(batch: usize, m: usize, n: usize, k: usize, cap: usize) -> GemmFit {
-    let (mut m2, mut n2, mut k2) = (m, n, k);
-    loop {
-        if m2.saturating_mul(k2) > cap {
-            if m2 >= k2 { m2 = m2.div_ceil(2) } else { k2 = k2.div_ceil(2) }
-        } else if k2.saturating_mul(n2) > cap {
-            if k2 >= n2 { k2 = k2.div_ceil(2) } else { n2 = n2.div_ceil(2) }
-        } else if m2.saturating_mul(n2) > cap {
-            if m2 >= n2 { m2 = m2.div_ceil(2) } else { n2 = n2.div_ceil(2) }
-        } else {
-            break;
-        }
-    }
-    let per_product = (m2 * k2).max(k2 * n2).max(m2 * n2);
-    let b2 = batch.min((cap / per_product).max(1));
-    let flops = |b: usize, m: usize, n: usize, k: usize| b as f64 * m as f64 * n as f64 * k as f64;
-    GemmFit { batch: b2, m: m2, n: n2, k: k2, scale: flops(batch, m, n, k) / flops(b2, m2, n2, k2) }
-}
-
-/// A non-negative whole count from a Program's f64 shape.
-fn count(op: &str, what: &str, x: f64) -> Result<usize> {
-    if !(x.is_finite() && x >= 0.0) {
-        return Err(ExecError(format!("op {op}: {what} = {x} is not a non-negative number")));
-    }
-    Ok(x.round() as usize)
 }
 
 /// Grows `v` to at least `len` elements, filling new ones with values in [-1, 1) (outside any
