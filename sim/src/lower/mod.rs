@@ -266,6 +266,20 @@ pub fn lower(s: &Scenario) -> Program {
     let starts = plan.chunk_starts();
     let m = units.len() as u32;
     let max_boundary = unit_blocks.iter().map(|u| u.boundary_bytes).fold(0.0, f64::max);
+    let frozen = plan.frozen.layers > 0;
+    // A zero-cost marker op that stands for "the cached prefix output is here".
+    let cache_op = b.op(
+        &OpSpec {
+            name: "frozen_cache_ready",
+            class: OpClass::Memory,
+            forward_flops: 0.0,
+            forward_bytes: 0.0,
+            backward_flops: 0.0,
+            backward_bytes: 0.0,
+            saved: Saved::default(),
+        },
+        false,
+    );
     let sched_shape = ScheduleShape { stages: plan.pp, micro_batches: m, virtual_stages: plan.virtual_stages };
     let t = plan.tp;
     // Producer/consumer tasks of each (chunk, micro-batch, tp rank) and pass, for p2p.
@@ -314,7 +328,7 @@ pub fn lower(s: &Scenario) -> Program {
             let my_chunks: Vec<u32> = (0..chunks).filter(|c| c % plan.pp == stage).collect();
             let chunk_params = |c: u32| {
                 let mut p = (starts[c as usize + 1] - starts[c as usize]) as f64 * layer_params;
-                if c == 0 {
+                if c == 0 && !frozen {
                     p += first_params;
                 }
                 if c == chunks - 1 {
@@ -341,7 +355,10 @@ pub fn lower(s: &Scenario) -> Program {
                 + if sync > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
                 + if plan.pp > 1 { 2.0 * max_boundary } else { 0.0 }
                 + if z3 { 2.0 * largest_unit * wb } else { 0.0 };
-            let dev_weights = if host_params { 0.0 } else { params * wb / shard(3) };
+            // A frozen prefix keeps only its weights, on the first stage.
+            let frozen_weights =
+                if frozen && my_chunks.contains(&0) { (first_params + plan.frozen.layers as f64 * layer_params) * wb } else { 0.0 };
+            let dev_weights = frozen_weights + if host_params { 0.0 } else { params * wb / shard(3) };
             // With the optimizer on the host, gradients go there bucket by bucket.
             let dev_grads = if host_opt && z >= 2 { 0.0 } else { params * gb / shard(2) };
             let dev_opt = if host_opt { 0.0 } else { params * ob / shard(1) };
@@ -443,11 +460,27 @@ pub fn lower(s: &Scenario) -> Program {
                         let gathered = if c > 0 { receive(&mut b, Phase::Forward) } else { NONE };
                         let mut first = NONE;
                         let mut last = NONE;
-                        if c == 0 {
-                            let (f, l) =
-                                unit(&mut b, &mut gathers, embed, -1, Phase::Forward, embed.saved, 0.0, first_params);
+                        if c == 0 && plan.frozen.cached {
+                            // AutoCache: the frozen prefix's output comes back over PCIe.
+                            let label = b.label(Label { op: "frozen_cache_read", layer: -1, phase: Phase::Forward, chunk: 0 });
+                            let reads: Vec<u32> =
+                                group.iter().map(|&d| b.host_copy(d, true, boundary_bytes, false, label)).collect();
+                            let marker = emit_group_compute(&mut b, &ctx, cache_op, label, mb);
+                            for (x, &rd) in reads.iter().enumerate() {
+                                b.p.deps.push((rd, marker + x as u32));
+                            }
+                            first = marker;
+                            last = marker + t - 1;
+                        } else if c == 0 {
+                            let alloc = if frozen { 0.0 } else { embed.saved };
+                            let (f, l) = unit(&mut b, &mut gathers, embed, -1, Phase::Forward, alloc, 0.0, first_params);
                             first = f;
                             last = l;
+                            // The frozen layers: forward only, nothing kept for backward.
+                            for fl in 0..plan.frozen.layers {
+                                let (_, la) = emit_block(&mut b, &ctx, layer, fl as i32, Phase::Forward, c, mb, 0.0, 0.0);
+                                last = la;
+                            }
                         }
                         for l in layers.clone() {
                             let (f, la) = unit(
@@ -556,7 +589,7 @@ pub fn lower(s: &Scenario) -> Program {
                                 }
                             }
                         }
-                        if c == 0 {
+                        if c == 0 && !frozen {
                             let (_, la) =
                                 unit(&mut b, &mut gathers, embed, -1, Phase::Backward, 0.0, embed.saved, first_params);
                             last = la;

@@ -107,6 +107,14 @@ impl Offload {
     pub const NONE: Offload = Offload { optimizer: Tier::Device, params: Tier::Device, activations: Tier::Device };
 }
 
+/// A frozen prefix of the network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Frozen {
+    pub layers: u32,
+    /// AutoCache: the prefix's output is read back from host memory instead of recomputed.
+    pub cached: bool,
+}
+
 /// A sub-batch of sequences and the token slices each of its sequences is cut into.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SlicedBatch {
@@ -166,6 +174,9 @@ pub struct Plan {
     /// TeraPipe token slicing: how each replica's sequences are cut into sub-batches and
     /// token slices (resolved; `auto` is decided by `policy::token_slicing` before lowering).
     pub token_slices: Option<TokenSlices>,
+    /// PipeTransformer: the first layers (and the embedding) frozen; they run forward only on
+    /// the first stage, outside the pipeline's partition, and take no gradients.
+    pub frozen: Frozen,
 }
 
 fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {
@@ -241,8 +252,8 @@ impl Plan {
     /// First layer of each chunk, with the total at the end.
     pub fn chunk_starts(&self) -> Vec<u32> {
         let mut v = Vec::with_capacity(self.partition.len() + 1);
-        let mut acc = 0;
-        v.push(0);
+        let mut acc = self.frozen.layers;
+        v.push(acc);
         for l in &self.partition {
             acc += l;
             v.push(acc);

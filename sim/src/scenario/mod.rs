@@ -907,5 +907,6 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         bucket_bytes,
         offload,
         token_slices,
+        frozen: crate::plan::Frozen::default(),
     })
 }
