@@ -128,6 +128,25 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+    /// Simulate a whole training run with freezing and elastic pipelines (PipeTransformer).
+    TrainRun {
+        scenario: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Write CSVs and plots (throughput, K and R per epoch, the speedup breakdown) here.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<PathBuf>,
+    },
+    /// Write a synthetic per-layer gradient-norm trace (epoch x layer) for plan.freeze's
+    /// gradient policy: plausible, not measured (see policy::freeze::synthetic_trace).
+    SyntheticTrace {
+        #[arg(long)]
+        layers: u32,
+        #[arg(long)]
+        epochs: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// List every built-in device, link, node and workload preset.
     Presets {
         #[arg(long)]
@@ -156,6 +175,13 @@ fn main() -> ExitCode {
         ),
         Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
         Command::Slices { scenario, granularity, json } => slices(&scenario, granularity, json),
+        Command::TrainRun { scenario, json, plot } => train_run(&scenario, json, plot.as_deref()),
+        Command::SyntheticTrace { layers, epochs, seed } => {
+            let t = sim::policy::freeze::synthetic_trace(layers, epochs, seed);
+            let v = serde_json::json!({"synthetic": true, "layers": layers, "grad_l1": t});
+            println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
+            Ok(())
+        }
         Command::Plot { csv, y, lines, title, y_label, out } => csvplot::draw(&csv, &y, lines, &title, &y_label, &out),
         Command::Validate { scenario, backend, profile, warmup, repeats, json, plot } => exec::validate_cmd(
             &scenario,
@@ -290,6 +316,91 @@ fn simulate(
         if let Some(c) = outputs.memory_csv {
             println!("memory CSV:   {}", c.display());
         }
+    }
+    Ok(())
+}
+
+fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String> {
+    let s = load_scenario(path)?;
+    if s.run.is_none() {
+        return Err(format!("{}: train-run needs \"run\": {{\"dataset_samples\": N, \"epochs\": E}}", path.display()));
+    }
+    eprintln!("simulating {} epochs, the baseline and the breakdown...", s.run.as_ref().map_or(0, |r| r.epochs));
+    let r = sim::run::training_run(&s);
+    if let Some(dir) = plot {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let mut epochs = String::from("epoch,frozen_layers,pipeline_length,replicas,samples_per_s,epoch_s\n");
+        for e in &r.epochs {
+            epochs += &format!(
+                "{},{},{},{},{:.3},{:.3}\n",
+                e.epoch, e.frozen_layers, e.pipeline_length, e.replicas, e.samples_per_s, e.epoch_s
+            );
+        }
+        let mut bars = String::from("variant,speedup\nbaseline,1.0\n");
+        for v in &r.breakdown {
+            bars += &format!("{},{:.4}\n", v.name, v.speedup);
+        }
+        let write = |name: &str, text: &str| {
+            std::fs::write(dir.join(name), text).map_err(|e| format!("cannot write {name}: {e}"))
+        };
+        write("epochs.csv", &epochs)?;
+        write("breakdown.csv", &bars)?;
+        let d = |f: &str| dir.join(f);
+        csvplot::draw(
+            &d("epochs.csv"),
+            &["samples_per_s".into()],
+            true,
+            &format!("{}: throughput per epoch", s.name),
+            "samples/s",
+            &d("throughput.png"),
+        )?;
+        csvplot::draw(
+            &d("epochs.csv"),
+            &["pipeline_length".into(), "replicas".into(), "frozen_layers".into()],
+            true,
+            "pipeline length K, replicas R and frozen layers per epoch",
+            "count",
+            &d("k_r.png"),
+        )?;
+        csvplot::draw(
+            &d("breakdown.csv"),
+            &["speedup".into()],
+            false,
+            "speedup over GPipe + DDP, part by part",
+            "speedup",
+            &d("breakdown.png"),
+        )?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!("{}", s.name);
+    println!("epoch  frozen  K   R   M   cached  iteration_s  samples/s  epoch_s");
+    for e in &r.epochs {
+        println!(
+            "{:>5}  {:>6}  {:<2}  {:<2}  {:<2}  {:<6}  {:<11.4}  {:<9.1}  {:.1}{}",
+            e.epoch,
+            e.frozen_layers,
+            e.pipeline_length,
+            e.replicas,
+            e.micro_batches,
+            if e.cached { "yes" } else { "no" },
+            e.iteration_s,
+            e.samples_per_s,
+            e.epoch_s,
+            if e.transition_s > 0.0 { format!(" (incl. {:.1} s transition)", e.transition_s) } else { String::new() }
+        );
+    }
+    println!(
+        "total:        {:.1} s ({:.2} h); baseline GPipe + DDP {:.1} s; speedup {:.2}x",
+        r.total_s,
+        r.total_s / 3600.0,
+        r.baseline_total_s,
+        r.speedup
+    );
+    for v in &r.breakdown {
+        println!("              {:<16} {:.2}x", v.name, v.speedup);
     }
     Ok(())
 }

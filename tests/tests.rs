@@ -7,6 +7,8 @@ mod util;
 mod contract;
 // The executor: CPU replay, calibration and validation through the CLI, the CUDA error path.
 mod executor;
+// Training runs with freezing and elastic pipelines (PipeTransformer).
+mod freezing;
 // Tensor-parallel modes (1D, 2D, 2.5D, 3D): collective volumes, memory, end-to-end runs.
 mod parallelism;
 // Token slicing (TeraPipe): lowering, memory, the report, validation.

@@ -14,6 +14,7 @@ pub mod network;
 pub mod plan;
 pub mod policy;
 pub mod report;
+pub mod run;
 pub mod scenario;
 pub mod schedule;
 pub mod workload;

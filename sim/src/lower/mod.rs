@@ -356,8 +356,11 @@ pub fn lower(s: &Scenario) -> Program {
                 + if plan.pp > 1 { 2.0 * max_boundary } else { 0.0 }
                 + if z3 { 2.0 * largest_unit * wb } else { 0.0 };
             // A frozen prefix keeps only its weights, on the first stage.
-            let frozen_weights =
-                if frozen && my_chunks.contains(&0) { (first_params + plan.frozen.layers as f64 * layer_params) * wb } else { 0.0 };
+            let frozen_weights = if frozen && my_chunks.contains(&0) {
+                (first_params + plan.frozen.layers as f64 * layer_params) * wb
+            } else {
+                0.0
+            };
             let dev_weights = frozen_weights + if host_params { 0.0 } else { params * wb / shard(3) };
             // With the optimizer on the host, gradients go there bucket by bucket.
             let dev_grads = if host_opt && z >= 2 { 0.0 } else { params * gb / shard(2) };
@@ -460,9 +463,11 @@ pub fn lower(s: &Scenario) -> Program {
                         let gathered = if c > 0 { receive(&mut b, Phase::Forward) } else { NONE };
                         let mut first = NONE;
                         let mut last = NONE;
-                        if c == 0 && plan.frozen.cached {
-                            // AutoCache: the frozen prefix's output comes back over PCIe.
-                            let label = b.label(Label { op: "frozen_cache_read", layer: -1, phase: Phase::Forward, chunk: 0 });
+                        if c == 0 && plan.frozen.cached_layers > 0 {
+                            // AutoCache: the cached prefix's output comes back over PCIe; the
+                            // layers frozen since it was written run forward on top.
+                            let label =
+                                b.label(Label { op: "frozen_cache_read", layer: -1, phase: Phase::Forward, chunk: 0 });
                             let reads: Vec<u32> =
                                 group.iter().map(|&d| b.host_copy(d, true, boundary_bytes, false, label)).collect();
                             let marker = emit_group_compute(&mut b, &ctx, cache_op, label, mb);
@@ -471,14 +476,21 @@ pub fn lower(s: &Scenario) -> Program {
                             }
                             first = marker;
                             last = marker + t - 1;
+                            for fl in plan.frozen.cached_layers..plan.frozen.layers {
+                                let (_, la) =
+                                    emit_block(&mut b, &ctx, layer, fl as i32, Phase::Forward, c, mb, 0.0, 0.0);
+                                last = la;
+                            }
                         } else if c == 0 {
                             let alloc = if frozen { 0.0 } else { embed.saved };
-                            let (f, l) = unit(&mut b, &mut gathers, embed, -1, Phase::Forward, alloc, 0.0, first_params);
+                            let (f, l) =
+                                unit(&mut b, &mut gathers, embed, -1, Phase::Forward, alloc, 0.0, first_params);
                             first = f;
                             last = l;
                             // The frozen layers: forward only, nothing kept for backward.
                             for fl in 0..plan.frozen.layers {
-                                let (_, la) = emit_block(&mut b, &ctx, layer, fl as i32, Phase::Forward, c, mb, 0.0, 0.0);
+                                let (_, la) =
+                                    emit_block(&mut b, &ctx, layer, fl as i32, Phase::Forward, c, mb, 0.0, 0.0);
                                 last = la;
                             }
                         }

@@ -111,8 +111,9 @@ impl Offload {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Frozen {
     pub layers: u32,
-    /// AutoCache: the prefix's output is read back from host memory instead of recomputed.
-    pub cached: bool,
+    /// AutoCache: the output of the first `cached_layers` frozen layers is read back from
+    /// host memory (written when they froze); only the layers frozen since run forward.
+    pub cached_layers: u32,
 }
 
 /// A sub-batch of sequences and the token slices each of its sequences is cut into.

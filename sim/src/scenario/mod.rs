@@ -70,6 +70,37 @@ pub struct Scenario {
     pub defaults_applied: Vec<String>,
     /// Measured streaming rates per kind of memory-bound op, from a calibration profile.
     pub op_rates: Vec<(String, f64)>,
+    /// A whole training run (`trainsim train-run`): dataset and epochs.
+    pub run: Option<RunSpec>,
+    /// A freezing policy over the run (PipeTransformer).
+    pub freeze: Option<FreezeSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSpec {
+    pub dataset_samples: u64,
+    pub epochs: u32,
+}
+
+/// Which layers are frozen in each epoch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FreezePolicy {
+    /// AutoFreeze's closed form with this alpha.
+    Autofreeze { alpha: f64 },
+    /// The gradient-norm rule over a per-layer gradient trace (epoch x layer).
+    Gradient { trace: Vec<Vec<f64>> },
+    /// Frozen layers given per epoch.
+    Schedule { frozen_layers: Vec<u32> },
+}
+
+/// `plan.freeze`: the policy, and which of PipeTransformer's system parts are on.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FreezeSpec {
+    pub policy: FreezePolicy,
+    pub auto_pipe: bool,
+    pub auto_dp: bool,
+    pub auto_cache: bool,
 }
 
 /// Rates measured on real hardware (a calibration profile), in the simulator's terms.
@@ -120,17 +151,40 @@ pub fn parse(text: &str, load: &dyn Fn(&str) -> std::result::Result<String, Stri
 pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Scenario> {
     let root = Obj::new(v, "")?;
     root.only(&["name", "description", "workload", "cluster", "training", "plan", "simulation", "run"])?;
-    if root.has("run") {
-        return Err(unsupported("run", "whole training-run simulation (epochs, freezing) is planned"));
-    }
+    let run = match root.obj("run")? {
+        None => None,
+        Some(r) => {
+            r.only(&["dataset_samples", "epochs"])?;
+            let samples = match r.get("dataset_samples") {
+                Some(v) => v.as_u64().filter(|n| *n > 0).ok_or_else(|| {
+                    invalid(&r.key("dataset_samples"), format!("expected a positive integer, got {}", show(v)))
+                })?,
+                None => return Err(invalid(&r.key("dataset_samples"), "required key is missing")),
+            };
+            Some(RunSpec { dataset_samples: samples, epochs: r.req("epochs", Obj::uint)? })
+        }
+    };
     let mut defaults = Vec::new();
     let name = root.string("name")?.unwrap_or("unnamed scenario").to_string();
     let workload = parse_workload(&root.req("workload", Obj::obj)?, load)?;
     let cluster = parse_cluster(&root.req("cluster", Obj::obj)?)?;
     let training = parse_training(&root.req("training", Obj::obj)?, &workload, &mut defaults)?;
-    let plan = parse_plan(&root.req("plan", Obj::obj)?, &workload, &cluster, &training, &mut defaults)?;
+    let plan_obj = root.req("plan", Obj::obj)?;
+    let plan = parse_plan(&plan_obj, &workload, &cluster, &training, &mut defaults)?;
+    let freeze = parse_freeze(&plan_obj, &workload, run.as_ref(), load)?;
     let options = parse_options(root.obj("simulation")?)?;
-    Ok(Scenario { name, workload, cluster, training, plan, options, defaults_applied: defaults, op_rates: Vec::new() })
+    Ok(Scenario {
+        name,
+        workload,
+        cluster,
+        training,
+        plan,
+        options,
+        defaults_applied: defaults,
+        op_rates: Vec::new(),
+        run,
+        freeze,
+    })
 }
 
 fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
@@ -492,6 +546,76 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
     Ok(Training { global_batch, micro_batch, seq_len, precision, optimizer })
 }
 
+/// `plan.freeze`: {"policy": "autofreeze", "alpha": a} | {"policy": "gradient", "trace": FILE}
+/// | {"policy": "schedule", "frozen_layers": [...]}, with "auto_pipe", "auto_dp", "auto_cache"
+/// (default true).
+fn parse_freeze(
+    o: &Obj,
+    w: &Workload,
+    run: Option<&RunSpec>,
+    load: &dyn Fn(&str) -> std::result::Result<String, String>,
+) -> Result<Option<FreezeSpec>> {
+    let Some(f) = o.obj("freeze")? else { return Ok(None) };
+    f.only(&["policy", "alpha", "trace", "frozen_layers", "auto_pipe", "auto_dp", "auto_cache"])?;
+    let layers = w.transformer.layers;
+    let policy = match f.req("policy", Obj::string)? {
+        "autofreeze" => {
+            let alpha = f.req("alpha", Obj::positive)?;
+            if alpha >= 1.0 {
+                return Err(invalid(&f.key("alpha"), format!("{alpha} is not in (0, 1)")));
+            }
+            FreezePolicy::Autofreeze { alpha }
+        }
+        "gradient" => {
+            let path = f.req("trace", Obj::string)?;
+            let text = load(path).map_err(|e| invalid(&f.key("trace"), format!("cannot read \"{path}\": {e}")))?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| invalid(&f.key("trace"), format!("\"{path}\" is not JSON: {e}")))?;
+            let rows = v.get("grad_l1").unwrap_or(&v);
+            let trace: Option<Vec<Vec<f64>>> = rows.as_array().and_then(|a| {
+                a.iter().map(|r| r.as_array().and_then(|c| c.iter().map(Value::as_f64).collect())).collect()
+            });
+            let trace = trace.filter(|t| !t.is_empty() && t.iter().all(|r| r.len() == layers as usize)).ok_or_else(|| {
+                invalid(&f.key("trace"), format!("\"{path}\" must hold an array of epochs, each an array of {layers} per-layer gradient norms (or {{\"grad_l1\": ...}})"))
+            })?;
+            FreezePolicy::Gradient { trace }
+        }
+        "schedule" => {
+            let v =
+                f.get("frozen_layers").ok_or_else(|| invalid(&f.key("frozen_layers"), "required with \"schedule\""))?;
+            let l: Option<Vec<u32>> =
+                v.as_array().and_then(|a| a.iter().map(|x| x.as_u64().map(|n| n as u32)).collect());
+            let l = l.filter(|l| l.windows(2).all(|w| w[0] <= w[1]) && l.iter().all(|&n| n <= layers)).ok_or_else(
+                || {
+                    invalid(
+                        &f.key("frozen_layers"),
+                        format!(
+                            "expected non-decreasing counts of frozen layers, each at most {layers}, got {}",
+                            show(v)
+                        ),
+                    )
+                },
+            )?;
+            FreezePolicy::Schedule { frozen_layers: l }
+        }
+        other => {
+            return Err(invalid(&f.key("policy"), format!("\"{other}\" is not one of: autofreeze, gradient, schedule")));
+        }
+    };
+    if run.is_none() {
+        return Err(invalid(
+            &f.key("policy"),
+            "freezing acts over a training run: add \"run\": {\"dataset_samples\": N, \"epochs\": E}",
+        ));
+    }
+    Ok(Some(FreezeSpec {
+        policy,
+        auto_pipe: f.boolean("auto_pipe")?.unwrap_or(true),
+        auto_dp: f.boolean("auto_dp")?.unwrap_or(true),
+        auto_cache: f.boolean("auto_cache")?.unwrap_or(true),
+    }))
+}
+
 /// `tp_mode` and, for 2.5D, `tp_depth`: the grid must use exactly `tp` devices.
 fn parse_tp_mode(o: &Obj, tp: u32, dflt: &mut dyn FnMut(&str, &str)) -> Result<TpMode> {
     let root = |n: u32, k: u32| (1..=n).find(|q| q.pow(k) >= n).filter(|q| q.pow(k) == n);
@@ -681,11 +805,6 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         "freeze",
         "bucket_bytes",
     ])?;
-    for (k, what) in [("freeze", "layer freezing (PipeTransformer)")] {
-        if o.has(k) {
-            return Err(unsupported(&o.key(k), format!("{what} is planned; remove the key to simulate without it")));
-        }
-    }
     let mut dflt = |k: &str, v: &str| defaults.push(format!("plan.{k} = {v}"));
     let dp = o.uint("dp")?.unwrap_or_else(|| {
         dflt("dp", "1");

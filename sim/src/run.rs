@@ -1,0 +1,215 @@
+//! A whole training run with PipeTransformer's freezing and elastic pipelines (SEEDS.md 1).
+//!
+//! For each epoch: the frozen layers (AutoFreeze, the gradient rule, or a given schedule);
+//! AutoPipe's pipeline compression and AutoDP's replicas (`policy::freeze`); AutoCache (the
+//! frozen prefix's output read back over PCIe when that is cheaper than recomputing it); the
+//! transition cost when the pipeline length changes; and the simulated iteration of that
+//! epoch's plan. The baseline is the same cluster running GPipe + DDP with nothing frozen.
+//!
+//! Modelling choices: the simulator partitions whole layers, so an epoch's pipeline takes the
+//! active layers evenly over K stages (AutoPipe's greedy over half-layer units decides K, not
+//! the cut); with every layer frozen the last one stays in the pipeline (the head still
+//! trains); a transition broadcasts the active model state (weights and optimizer) to the new
+//! replicas over a NIC, and rebuilding process groups is not charged (no measurement of it is
+//! known).
+
+use crate::policy::freeze::{self, SubLayer};
+use crate::scenario::{FreezePolicy, Scenario};
+use serde::Serialize;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochReport {
+    pub epoch: u32,
+    pub frozen_layers: u32,
+    pub pipeline_length: u32,
+    pub replicas: u32,
+    pub micro_batches: u32,
+    pub cached: bool,
+    pub iteration_s: f64,
+    pub samples_per_s: f64,
+    pub transition_s: f64,
+    pub epoch_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Variant {
+    pub name: String,
+    pub total_s: f64,
+    pub speedup: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    pub epochs: Vec<EpochReport>,
+    pub total_s: f64,
+    pub baseline_total_s: f64,
+    pub speedup: f64,
+    /// Freezing alone, then adding AutoPipe, AutoDP and AutoCache in turn.
+    pub breakdown: Vec<Variant>,
+}
+
+/// The sub-layer units of the scenario's transformer, in millions of parameters.
+fn sublayers(s: &Scenario) -> Vec<SubLayer> {
+    let w = &s.workload.transformer;
+    let h = w.hidden as f64;
+    let f = w.ffn_hidden as f64;
+    let norm = 2.0 * h;
+    let kv = w.kv_width();
+    let bias = if w.bias { 1.0 } else { 0.0 };
+    let mha = h * (h + 2.0 * kv) + h * h + bias * (h + 2.0 * kv + h) + norm;
+    let mlp_mats = match w.mlp {
+        crate::workload::transformer::Mlp::Gelu => 2.0,
+        crate::workload::transformer::Mlp::SwiGlu => 3.0,
+    };
+    let mlp = mlp_mats * h * f + bias * (f + h) + norm;
+    let classes = w.head_classes();
+    let head = match w.input {
+        crate::workload::transformer::Input::Patches { .. } => h * classes + classes,
+        crate::workload::transformer::Input::Tokens { .. } if w.tied_embeddings => 0.0,
+        crate::workload::transformer::Input::Tokens { .. } => h * classes,
+    };
+    let embedding = w.embedding_parameters() - head - norm;
+    let m = 1e-6;
+    freeze::transformer_sublayers(w.layers, embedding * m, mha * m, mlp * m, norm * m, head * m)
+}
+
+/// Frozen layers during each epoch.
+fn frozen_schedule(s: &Scenario, epochs: u32) -> Vec<u32> {
+    let layers = s.workload.transformer.layers;
+    let spec = s.freeze.as_ref().expect("freeze policy");
+    let mut v = match &spec.policy {
+        FreezePolicy::Autofreeze { alpha } => freeze::autofreeze_schedule(layers, *alpha, epochs),
+        FreezePolicy::Gradient { trace } => freeze::gradient_rule(trace),
+        FreezePolicy::Schedule { frozen_layers } => frozen_layers.clone(),
+    };
+    let last = v.last().copied().unwrap_or(0);
+    v.resize(epochs as usize, last);
+    v
+}
+
+/// Which PipeTransformer parts are on.
+#[derive(Clone, Copy, Debug)]
+struct Parts {
+    freeze: bool,
+    pipe: bool,
+    dp: bool,
+    cache: bool,
+}
+
+/// Simulate the run with `parts` on.
+fn run_with(s: &Scenario, parts: Parts) -> Vec<EpochReport> {
+    let run = s.run.as_ref().expect("run");
+    let layers = s.workload.transformer.layers;
+    let frozen: Vec<u32> = if parts.freeze { frozen_schedule(s, run.epochs) } else { vec![0; run.epochs as usize] };
+    let node = &s.cluster.node;
+    let (k0, r0) = (s.plan.pp, s.plan.dp);
+    let subs = sublayers(s);
+    let plans = if parts.pipe {
+        freeze::elastic_schedule(&frozen, k0, s.cluster.nodes, node.devices, &subs)
+    } else {
+        Vec::new()
+    };
+    let b_pipe = s.training.global_batch / r0;
+    let mut out = Vec::new();
+    let mut prev_k = k0;
+    let mut prev_f = 0;
+    for (e, &f) in frozen.iter().enumerate() {
+        // With every layer frozen the head still trains: keep the last layer in the pipeline.
+        let f = f.min(layers - 1);
+        // Whole layers per stage: never more stages than active layers (the rest idle).
+        let k = if parts.pipe { plans[e].pipeline_length } else { k0 }.min(layers - f);
+        let r = if parts.dp { r0 * (k0 / k) } else { r0 };
+        let m = freeze::micro_batches_for(k).min(b_pipe);
+        let m = (1..=m).rev().find(|m| b_pipe % m == 0).unwrap_or(1);
+        let mut es = s.clone();
+        es.freeze = None;
+        es.run = None;
+        es.plan.pp = k;
+        es.plan.dp = r;
+        es.plan.tp = 1;
+        es.plan.schedule = crate::schedule::ScheduleKind::GPipe;
+        es.plan.virtual_stages = 1;
+        es.plan.micro_batches = m;
+        es.plan.micro_batch = b_pipe / m;
+        es.training.micro_batch = b_pipe / m;
+        es.training.global_batch = r * b_pipe;
+        es.plan.partition = crate::plan::Plan::uniform_partition(layers - f, k);
+        // The devices in use: all with AutoDP, else the pipelines that exist.
+        let used_per_node = (r * k).div_ceil(s.cluster.nodes);
+        es.cluster.node.devices = used_per_node;
+        let iteration = |cached_layers: u32| {
+            let mut x = es.clone();
+            x.plan.frozen = crate::plan::Frozen { layers: f, cached_layers };
+            crate::simulate(&x, false).report.iteration_s
+        };
+        let recomputed = iteration(0);
+        // AutoCache: the output of the layers frozen before this epoch was written last epoch.
+        let (iteration_s, cached) = if parts.cache && prev_f > 0 && f > 0 {
+            let c = iteration(prev_f.min(f));
+            if c < recomputed { (c, true) } else { (recomputed, false) }
+        } else {
+            (recomputed, false)
+        };
+        let iterations = run.dataset_samples.div_ceil(r as u64 * b_pipe as u64) as f64;
+        let transition_s = if k != prev_k { transition_s(s, &subs, f) } else { 0.0 };
+        out.push(EpochReport {
+            epoch: e as u32,
+            frozen_layers: f,
+            pipeline_length: k,
+            replicas: r,
+            micro_batches: m,
+            cached,
+            iteration_s,
+            samples_per_s: (r * b_pipe) as f64 / iteration_s,
+            transition_s,
+            epoch_s: iterations * iteration_s + transition_s,
+        });
+        prev_k = k;
+        prev_f = f;
+    }
+    out
+}
+
+/// Broadcasting the trained part of the model (its weights and optimizer state) to the new
+/// replicas over one NIC.
+fn transition_s(s: &Scenario, subs: &[SubLayer], frozen: u32) -> f64 {
+    let active_m: f64 = freeze::active_sublayers(subs, frozen).iter().map(|u| u.params_m).sum();
+    let (w, _, o) = crate::cost::memory::bytes_per_parameter(s.training.precision, s.training.optimizer);
+    let bytes = active_m * 1e6 * (w + o);
+    let nic = &s.cluster.node.nic;
+    bytes / nic.effective_bytes_per_s() + nic.latency_s
+}
+
+/// Simulate the scenario's training run with freezing, and the baseline and breakdown.
+pub fn training_run(s: &Scenario) -> RunReport {
+    let total = |v: &[EpochReport]| v.iter().map(|e| e.epoch_s).sum::<f64>();
+    let all = Parts { freeze: true, pipe: true, dp: true, cache: true };
+    let spec = s.freeze.as_ref();
+    let chosen = Parts {
+        freeze: spec.is_some(),
+        pipe: spec.is_some_and(|f| f.auto_pipe),
+        dp: spec.is_some_and(|f| f.auto_pipe && f.auto_dp),
+        cache: spec.is_some_and(|f| f.auto_cache),
+    };
+    let epochs = run_with(s, chosen);
+    let baseline = total(&run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false }));
+    let steps = [
+        ("freezing alone", Parts { pipe: false, dp: false, cache: false, ..all }),
+        ("+ AutoPipe", Parts { dp: false, cache: false, ..all }),
+        ("+ AutoDP", Parts { cache: false, ..all }),
+        ("+ AutoCache", all),
+    ];
+    let breakdown = if spec.is_some() {
+        steps
+            .iter()
+            .map(|(name, p)| {
+                let t = total(&run_with(s, *p));
+                Variant { name: name.to_string(), total_s: t, speedup: baseline / t }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let t = total(&epochs);
+    RunReport { epochs, total_s: t, baseline_total_s: baseline, speedup: baseline / t, breakdown }
+}
