@@ -120,7 +120,7 @@ fn run_with(s: &Scenario, parts: Parts) -> Vec<EpochReport> {
         let k = if parts.pipe { plans[e].pipeline_length } else { k0 }.min(layers - f);
         let r = if parts.dp { r0 * (k0 / k) } else { r0 };
         let m = freeze::micro_batches_for(k).min(b_pipe);
-        let m = (1..=m).rev().find(|m| b_pipe % m == 0).unwrap_or(1);
+        let m = (1..=m).rev().find(|m| b_pipe.is_multiple_of(*m)).unwrap_or(1);
         let mut es = s.clone();
         es.freeze = None;
         es.run = None;
