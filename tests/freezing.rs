@@ -73,3 +73,15 @@ fn train_run_prints_json_and_rejects_a_scenario_without_a_run() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("run"));
 }
+
+/// AutoCache holds what host DRAM can; with little DRAM the cache is read from disk, which
+/// is never faster.
+#[test]
+fn autocache_respects_host_memory() {
+    let big = sim::run::training_run(&vit_run(""));
+    let mut small = vit_run("");
+    small.cluster.node.host.dram_bytes = 1e9;
+    let small = sim::run::training_run(&small);
+    assert!(small.total_s >= big.total_s * (1.0 - 1e-12), "{} vs {}", small.total_s, big.total_s);
+    assert!(small.total_s > big.total_s || small.epochs.iter().all(|e| !e.cached));
+}

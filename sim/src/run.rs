@@ -2,7 +2,9 @@
 //!
 //! For each epoch: the frozen layers (AutoFreeze, the gradient rule, or a given schedule);
 //! AutoPipe's pipeline compression and AutoDP's replicas (`policy::freeze`); AutoCache (the
-//! frozen prefix's output read back over PCIe when that is cheaper than recomputing it); the
+//! frozen prefix's output read back over PCIe when that is cheaper than recomputing it, from
+//! host DRAM as far as the node's DRAM holds the dataset's cached activations, the rest from
+//! its disks); the
 //! transition cost when the pipeline length changes; and the simulated iteration of that
 //! epoch's plan. The baseline is the same cluster running GPipe + DDP with nothing frozen.
 //!
@@ -137,9 +139,15 @@ fn run_with(s: &Scenario, parts: Parts) -> Vec<EpochReport> {
         // The devices in use: all with AutoDP, else the pipelines that exist.
         let used_per_node = (r * k).div_ceil(s.cluster.nodes);
         es.cluster.node.devices = used_per_node;
+        // AutoCache keeps one activation per sample in host DRAM (shared by the node's
+        // processes), the rest on disk.
+        let sample_bytes =
+            s.training.precision.activation_bytes() * s.plan.seq_len as f64 * s.workload.transformer.hidden as f64;
+        let cache_bytes = run.dataset_samples as f64 * sample_bytes / s.cluster.nodes as f64;
+        let cache_on_disk = (1.0 - node.host.dram_bytes / cache_bytes).max(0.0);
         let iteration = |cached_layers: u32| {
             let mut x = es.clone();
-            x.plan.frozen = crate::plan::Frozen { layers: f, cached_layers };
+            x.plan.frozen = crate::plan::Frozen { layers: f, cached_layers, cache_on_disk };
             crate::simulate(&x, false).report.iteration_s
         };
         let recomputed = iteration(0);

@@ -468,8 +468,19 @@ pub fn lower(s: &Scenario) -> Program {
                             // layers frozen since it was written run forward on top.
                             let label =
                                 b.label(Label { op: "frozen_cache_read", layer: -1, phase: Phase::Forward, chunk: 0 });
-                            let reads: Vec<u32> =
-                                group.iter().map(|&d| b.host_copy(d, true, boundary_bytes, false, label)).collect();
+                            // What does not fit in host DRAM comes from the node's disks.
+                            let disk = plan.frozen.cache_on_disk.clamp(0.0, 1.0);
+                            let mut reads: Vec<u32> = Vec::new();
+                            for &d in &group {
+                                let mut last_read = NONE;
+                                for (share, nvme) in [(1.0 - disk, false), (disk, true)] {
+                                    if share > 0.0 {
+                                        let r = b.host_copy(d, true, share * boundary_bytes, nvme, label);
+                                        last_read = r;
+                                    }
+                                }
+                                reads.push(last_read);
+                            }
                             let marker = emit_group_compute(&mut b, &ctx, cache_op, label, mb);
                             for (x, &rd) in reads.iter().enumerate() {
                                 b.p.deps.push((rd, marker + x as u32));

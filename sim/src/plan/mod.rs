@@ -108,12 +108,14 @@ impl Offload {
 }
 
 /// A frozen prefix of the network.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Frozen {
     pub layers: u32,
     /// AutoCache: the output of the first `cached_layers` frozen layers is read back from
     /// host memory (written when they froze); only the layers frozen since run forward.
     pub cached_layers: u32,
+    /// Share of the cache that did not fit in host DRAM and is read from the node's disks.
+    pub cache_on_disk: f64,
 }
 
 /// A sub-batch of sequences and the token slices each of its sequences is cut into.

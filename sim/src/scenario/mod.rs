@@ -599,7 +599,10 @@ fn parse_freeze(
             FreezePolicy::Schedule { frozen_layers: l }
         }
         other => {
-            return Err(invalid(&f.key("policy"), format!("\"{other}\" is not one of: autofreeze, gradient, schedule")));
+            return Err(invalid(
+                &f.key("policy"),
+                format!("\"{other}\" is not one of: autofreeze, gradient, schedule"),
+            ));
         }
     };
     if run.is_none() {
