@@ -14,6 +14,7 @@ fn shape(b: u32, s: u32, tp: u32, mode: TpMode) -> LayerShape {
         tp_mode: mode,
         context: 0,
         sequence_parallel: false,
+        flash_attention: false,
         activation_bytes: 2.0,
     }
 }

@@ -65,6 +65,7 @@ fn shape(b: u32, s: u32, t: u32, sp: bool) -> LayerShape {
         tp: t,
         tp_mode: TpMode::OneD,
         context: 0,
+        flash_attention: false,
         sequence_parallel: sp,
         activation_bytes: 2.0,
     }

@@ -164,6 +164,8 @@ pub struct Plan {
     pub zero_stage: u8,
     pub sequence_parallel: bool,
     pub tp_mode: crate::workload::TpMode,
+    /// Fused attention kernels (`training.attention`: "flash") rather than materialised scores.
+    pub flash_attention: bool,
     /// Layers of each pipeline chunk (pp x virtual_stages entries, in model order).
     pub partition: Vec<u32>,
     pub micro_batches: u32,

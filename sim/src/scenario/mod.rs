@@ -50,6 +50,8 @@ impl SimOptions {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Training {
+    /// Fused (FlashAttention) or materialised attention.
+    pub flash_attention: bool,
     pub global_batch: u32,
     pub micro_batch: u32,
     pub seq_len: u32,
@@ -141,6 +143,9 @@ impl Scenario {
         }
     }
 }
+
+/// Attention kernels when the scenario does not say: see README ("What is modelled").
+pub const DEFAULT_FLASH: bool = false;
 
 /// Parse and validate a scenario from its JSON text. `load` reads a file named in it.
 pub fn parse(text: &str, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Scenario> {
@@ -515,7 +520,7 @@ fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
 }
 
 fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<Training> {
-    o.only(&["global_batch", "micro_batch", "seq_len", "precision", "optimizer"])?;
+    o.only(&["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "attention"])?;
     let global_batch = o.req("global_batch", Obj::uint)?;
     let micro_batch = o.uint("micro_batch")?.unwrap_or_else(|| {
         defaults.push("training.micro_batch = 1".into());
@@ -543,7 +548,18 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
             format!("{micro_batch} is larger than global_batch {global_batch}"),
         ));
     }
-    Ok(Training { global_batch, micro_batch, seq_len, precision, optimizer })
+    let flash_attention = match o.choice("attention", &["flash", "naive"], |s| match s {
+        "flash" => Some(true),
+        "naive" => Some(false),
+        _ => None,
+    })? {
+        Some(f) => f,
+        None => {
+            defaults.push(format!("training.attention = {}", if DEFAULT_FLASH { "flash" } else { "naive" }));
+            DEFAULT_FLASH
+        }
+    };
+    Ok(Training { flash_attention, global_batch, micro_batch, seq_len, precision, optimizer })
 }
 
 /// `plan.freeze`: {"policy": "autofreeze", "alpha": a} | {"policy": "gradient", "trace": FILE}
@@ -1020,6 +1036,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         zero_stage,
         sequence_parallel,
         tp_mode,
+        flash_attention: t.flash_attention,
         partition,
         micro_batches,
         micro_batch: t.micro_batch,

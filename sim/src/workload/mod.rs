@@ -189,6 +189,8 @@ pub struct LayerShape {
     /// otherwise).
     pub context: u32,
     pub sequence_parallel: bool,
+    /// Fused attention (FlashAttention) instead of materialised scores.
+    pub flash_attention: bool,
     /// Bytes of an activation element (2 for fp16/bf16).
     pub activation_bytes: f64,
 }

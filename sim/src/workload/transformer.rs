@@ -253,38 +253,56 @@ impl TransformerConfig {
         // Under token slicing the slice's queries also attend to `context` earlier tokens,
         // whose keys and values earlier slices computed and keep.
         let keys = s + shape.context as f64;
-        ops.push(LayerOp::Compute(gemm_op(
-            "scores",
-            heads,
-            s,
-            keys,
-            d,
-            e,
-            Saved { sharded_bytes: e * (sbh + s * b * kv) / t, ..Saved::default() },
-        )));
-        let scores_bytes = b * a * s * keys / t;
-        ops.push(LayerOp::Compute(mem_op(
-            "softmax",
-            2.0 * scores_bytes * e,
-            Saved { selective_bytes: e * scores_bytes, ..Saved::default() },
-        )));
-        if self.dropout {
+        if shape.flash_attention {
+            // One fused kernel (FlashAttention-2): scores never reach memory; it keeps Q, K,
+            // V (and the output, kept by out_proj) and recomputes the scores in backward,
+            // whose matrix products are 2.5x the forward's. A causal mask skips the blocks
+            // above the diagonal: a query reads its context and half the slice on average.
+            let read = if self.causal { shape.context as f64 + s / 2.0 } else { keys };
+            let flops = 4.0 * heads * s * read * d;
+            ops.push(LayerOp::Compute(OpSpec {
+                name: "flash_attn",
+                class: OpClass::Gemm { batch: heads, m: s, n: read, k: d },
+                forward_flops: flops,
+                forward_bytes: e * (2.0 * sbh + 2.0 * s * b * kv) / t,
+                backward_flops: 2.5 * flops,
+                backward_bytes: 2.0 * e * (2.0 * sbh + 2.0 * s * b * kv) / t,
+                saved: Saved { sharded_bytes: e * (sbh + 2.0 * s * b * kv) / t, ..Saved::default() },
+            }));
+        } else {
+            ops.push(LayerOp::Compute(gemm_op(
+                "scores",
+                heads,
+                s,
+                keys,
+                d,
+                e,
+                Saved { sharded_bytes: e * (sbh + s * b * kv) / t, ..Saved::default() },
+            )));
+            let scores_bytes = b * a * s * keys / t;
             ops.push(LayerOp::Compute(mem_op(
-                "attn_dropout",
-                (2.0 * e + 1.0) * scores_bytes,
-                Saved { selective_bytes: scores_bytes, ..Saved::default() },
+                "softmax",
+                2.0 * scores_bytes * e,
+                Saved { selective_bytes: e * scores_bytes, ..Saved::default() },
+            )));
+            if self.dropout {
+                ops.push(LayerOp::Compute(mem_op(
+                    "attn_dropout",
+                    (2.0 * e + 1.0) * scores_bytes,
+                    Saved { selective_bytes: scores_bytes, ..Saved::default() },
+                )));
+            }
+            // attn_v keeps V and the (dropped-out) probabilities; selective drops the latter.
+            ops.push(LayerOp::Compute(gemm_op(
+                "attn_v",
+                heads,
+                s,
+                d,
+                keys,
+                e,
+                Saved { sharded_bytes: e * s * b * kv / t, selective_bytes: e * scores_bytes, ..Saved::default() },
             )));
         }
-        // attn_v keeps V and the (dropped-out) probabilities; selective drops the latter.
-        ops.push(LayerOp::Compute(gemm_op(
-            "attn_v",
-            heads,
-            s,
-            d,
-            keys,
-            e,
-            Saved { sharded_bytes: e * s * b * kv / t, selective_bytes: e * scores_bytes, ..Saved::default() },
-        )));
         ops.push(gemm("out_proj", tokens, h, h / t, Saved { sharded_bytes: e * sbh / t, ..Saved::default() }));
         if tp {
             ops.push(g_op("attn_out"));
