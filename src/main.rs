@@ -147,6 +147,16 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Pipeline partitions: each schedule and micro-batch size with its balanced partition,
+    /// simulated, and the best (BaPipe's exploration).
+    Partition {
+        scenario: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Write the best plan as a scenario file.
+        #[arg(long, value_name = "FILE")]
+        write: Option<PathBuf>,
+    },
     /// List every built-in device, link, node and workload preset.
     Presets {
         #[arg(long)]
@@ -176,6 +186,7 @@ fn main() -> ExitCode {
         Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
         Command::Slices { scenario, granularity, json } => slices(&scenario, granularity, json),
         Command::TrainRun { scenario, json, plot } => train_run(&scenario, json, plot.as_deref()),
+        Command::Partition { scenario, json, write } => partition_cmd(&scenario, json, write.as_deref()),
         Command::SyntheticTrace { layers, epochs, seed } => {
             let t = sim::policy::freeze::synthetic_trace(layers, epochs, seed);
             let v = serde_json::json!({"synthetic": true, "layers": layers, "grad_l1": t});
@@ -316,6 +327,74 @@ fn simulate(
         if let Some(c) = outputs.memory_csv {
             println!("memory CSV:   {}", c.display());
         }
+    }
+    Ok(())
+}
+
+fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), String> {
+    let s = load_scenario(path)?;
+    eprintln!("exploring schedules and micro-batch sizes with balanced partitions...");
+    let e = sim::partition::explore(&s);
+    if let (Some(out), Some(best)) = (write, e.best.as_ref()) {
+        let text = std::fs::read_to_string(path).map_err(|err| err.to_string())?;
+        let mut v: serde_json::Value = serde_json::from_str(&text).map_err(|err| err.to_string())?;
+        let counts: Vec<u32> = best.stages.iter().map(|st| st.last_layer - st.first_layer + 1).collect();
+        v["plan"]["schedule"] = best.schedule.into();
+        v["plan"]["partition"] = serde_json::json!(counts);
+        v["training"]["micro_batch"] = best.micro_batch.into();
+        if let Some(o) = v["plan"].as_object_mut() {
+            o.remove("virtual_stages");
+        }
+        std::fs::write(out, serde_json::to_string_pretty(&v).map_err(|err| err.to_string())?)
+            .map_err(|err| format!("cannot write {}: {err}", out.display()))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&e).map_err(|err| err.to_string())?);
+        return Ok(());
+    }
+    println!("{}", s.name);
+    println!(
+        "schedule     micro_batch  micro_batches  fits  s/sample     stages (first-last layer: time ms, memory GiB)"
+    );
+    for c in &e.candidates {
+        let stages: Vec<String> = c
+            .stages
+            .iter()
+            .map(|st| {
+                format!(
+                    "{}-{}: {:.2}, {:.1}",
+                    st.first_layer,
+                    st.last_layer,
+                    st.time_s * 1e3,
+                    st.memory_bytes / 1024f64.powi(3)
+                )
+            })
+            .collect();
+        println!(
+            "{:<12} {:<12} {:<14} {:<5} {:<12.6} {}",
+            c.schedule,
+            c.micro_batch,
+            c.micro_batches,
+            if c.fits { "yes" } else { "no" },
+            c.time_per_sample_s,
+            stages.join("; ")
+        );
+    }
+    match &e.best {
+        Some(b) => println!(
+            "best:        {} with micro-batches of {} ({:.6} s per sample)",
+            b.schedule, b.micro_batch, b.time_per_sample_s
+        ),
+        None => println!("best:        no plan fits"),
+    }
+    if let Some(x) = e.speedup_vs_data_parallel {
+        println!("             {x:.2}x data parallelism over all devices");
+    }
+    if let Some(x) = e.speedup_vs_uniform_gpipe {
+        println!("             {x:.2}x GPipe with uniform stages");
+    }
+    if let Some(w) = write {
+        println!("written:      {}", w.display());
     }
     Ok(())
 }

@@ -13,6 +13,8 @@ mod freezing;
 mod parallelism;
 // Token slicing (TeraPipe): lowering, memory, the report, validation.
 mod slicing;
+// Pipeline partitioning: balanced and parameter policies, the partition command.
+mod partition;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.

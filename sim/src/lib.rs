@@ -11,6 +11,7 @@ pub mod engine;
 pub mod hardware;
 pub mod lower;
 pub mod network;
+pub mod partition;
 pub mod plan;
 pub mod policy;
 pub mod report;
@@ -59,6 +60,16 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
 /// drains, and updates use double-buffered weights. Its steady-state iteration is measured
 /// as T(2m) - T(m): two runs of 1F1B without a flush, of 2m and m micro-batches.
 pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
+    if s.plan.partition_policy.is_some() {
+        // Resolve the partition policy first; with no fitting partition the uniform one stays
+        // and the report says it does not fit.
+        let mut r = s.clone();
+        if let Ok(parts) = partition::resolve(s) {
+            r.plan.partition = parts;
+        }
+        r.plan.partition_policy = None;
+        return simulate(&r, record);
+    }
     if s.plan.token_slices.is_some() {
         return simulate_sliced(s, record);
     }

@@ -107,6 +107,17 @@ impl Offload {
     pub const NONE: Offload = Offload { optimizer: Tier::Device, params: Tier::Device, activations: Tier::Device };
 }
 
+/// How layers are cut into pipeline stages when the scenario names a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionPolicy {
+    /// Exact min-max of stage time including the boundary transfer, under each stage's
+    /// memory (BaPipe's balanced partition; `policy::partition`).
+    Balanced,
+    /// PipeTransformer's parameter-size greedy, over whole layers.
+    Parameters,
+}
+
 /// A frozen prefix of the network.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Frozen {
@@ -182,6 +193,9 @@ pub struct Plan {
     /// PipeTransformer: the first layers (and the embedding) frozen; they run forward only on
     /// the first stage, outside the pipeline's partition, and take no gradients.
     pub frozen: Frozen,
+    /// A partition policy the simulator resolves before lowering (`partition` then holds
+    /// its result).
+    pub partition_policy: Option<PartitionPolicy>,
 }
 
 fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {

@@ -2,4 +2,5 @@
 //! [`token_slicing`] is TeraPipe's optimiser of token slices and sub-batches for one pipeline.
 
 pub mod freeze;
+pub mod partition;
 pub mod token_slicing;

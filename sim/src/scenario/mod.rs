@@ -10,7 +10,7 @@ pub mod reader;
 use crate::hardware::{
     ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, LinkSpec, NodeSpec, PeakFlops, Precision, catalog,
 };
-use crate::plan::{Offload, Optimizer, Plan, Recompute, Tier, TokenSlices, parse_schedule};
+use crate::plan::{Offload, Optimizer, PartitionPolicy, Plan, Recompute, Tier, TokenSlices, parse_schedule};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
 use crate::workload::{self, TpMode, Workload};
 use reader::{Obj, invalid, show, unsupported};
@@ -975,18 +975,29 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             ),
         ));
     }
+    let mut partition_policy = None;
     let partition = match o.get("partition") {
         None => {
             dflt("partition", "uniform");
             Plan::uniform_partition(tf.layers, chunks)
         }
         Some(Value::String(s)) if s == "uniform" => Plan::uniform_partition(tf.layers, chunks),
-        Some(Value::String(s)) if ["balanced", "parameters", "explore"].contains(&s.as_str()) => {
+        Some(Value::String(s)) if s == "balanced" || s == "parameters" => {
+            if virtual_stages > 1 {
+                return Err(invalid(
+                    &o.key("partition"),
+                    format!("\"{s}\" cuts one chunk per stage; use it without virtual stages"),
+                ));
+            }
+            partition_policy =
+                Some(if s == "balanced" { PartitionPolicy::Balanced } else { PartitionPolicy::Parameters });
+            // A placeholder the policy replaces before lowering.
+            Plan::uniform_partition(tf.layers, chunks)
+        }
+        Some(Value::String(s)) if s == "explore" => {
             return Err(unsupported(
                 &o.key("partition"),
-                format!(
-                    "\"{s}\" partitioning is planned; \"uniform\" or an explicit list of layers per stage work today"
-                ),
+                "\"explore\" as a scenario key is planned; run `trainsim partition SCENARIO` to explore schedules, micro-batches and balanced partitions",
             ));
         }
         Some(Value::Array(a)) => {
@@ -1047,5 +1058,6 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         offload,
         token_slices,
         frozen: crate::plan::Frozen::default(),
+        partition_policy,
     })
 }

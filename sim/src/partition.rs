@@ -1,0 +1,256 @@
+//! Pipeline partitioning for a scenario: per-layer profiles from the workload and the cost
+//! model, per-stage devices from the cluster, the partition policies (`policy::partition`,
+//! `policy::freeze`'s greedy), and BaPipe's exploration over schedules and micro-batch sizes.
+
+use crate::cost::ComputeModel;
+use crate::cost::memory::bytes_per_parameter;
+use crate::hardware::Topology;
+use crate::plan::{PartitionPolicy, Recompute};
+use crate::policy::partition::{self, LayerProfile, PartitionPlan, StageDevice, StashRule};
+use crate::scenario::Scenario;
+use crate::schedule::ScheduleKind;
+use crate::workload::{LayerOp, LayerShape};
+use serde::Serialize;
+
+fn shape(s: &Scenario) -> LayerShape {
+    let p = &s.plan;
+    LayerShape {
+        micro_batch: p.micro_batch,
+        seq_len: p.seq_len,
+        tp: p.tp,
+        tp_mode: p.tp_mode,
+        context: 0,
+        sequence_parallel: p.sequence_parallel,
+        flash_attention: p.flash_attention,
+        activation_bytes: p.precision.activation_bytes(),
+    }
+}
+
+fn ops_s(model: &ComputeModel, ops: &[LayerOp], recompute: bool) -> f64 {
+    ops.iter()
+        .filter_map(LayerOp::compute)
+        .map(|op| {
+            let f = model.op_s(op, false);
+            f + model.op_s(op, true) + if recompute { f } else { 0.0 }
+        })
+        .sum()
+}
+
+/// One profile per layer (the embedding folded into the first, the head into the last).
+pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
+    let w = &s.workload.transformer;
+    let plan = &s.plan;
+    let sh = shape(s);
+    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates);
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let per_param = wb + gb + ob;
+    let t = plan.tp_mode.weight_shards(plan.tp) as f64;
+    let layer_ops = w.layer_ops(sh);
+    let layer_s = ops_s(&model, &layer_ops, plan.recompute == Recompute::Full);
+    let act = w.layer_activation_bytes(sh, plan.recompute);
+    let output = sh.activation_bytes * sh.micro_batch as f64 * sh.seq_len as f64 * w.hidden as f64;
+    let embed_s = ops_s(&model, &w.embedding_ops(sh), false);
+    let head_s = ops_s(&model, &w.head_ops(sh), false);
+    let head_params = if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 };
+    let embed_params = w.embedding_parameters() - head_params;
+    let n = w.layers as usize;
+    (0..n)
+        .map(|i| {
+            let mut p = LayerProfile {
+                compute_s: layer_s,
+                weight_bytes: w.layer_parameters() / t * per_param,
+                activation_bytes: act,
+                output_bytes: output,
+            };
+            if i == 0 {
+                p.compute_s += embed_s;
+                p.weight_bytes += embed_params / plan.tp as f64 * per_param;
+            }
+            if i + 1 == n {
+                p.compute_s += head_s;
+                // A tied head keeps its own copy of the embedding on the last stage.
+                let head = if w.tied_embeddings && n > 1 { w.head_classes() * w.hidden as f64 } else { head_params };
+                p.weight_bytes += head / plan.tp as f64 * per_param;
+            }
+            p
+        })
+        .collect()
+}
+
+/// The stages' devices: the node's device (all equal speed), HBM less the framework
+/// allowance, and the link from each stage to the next on the real topology.
+pub fn stage_devices(s: &Scenario) -> Vec<StageDevice> {
+    let plan = &s.plan;
+    let topo = Topology::new(&s.cluster);
+    let dev = &s.cluster.node.device;
+    let memory = dev.hbm_bytes - s.options.framework_bytes(dev);
+    (0..plan.pp)
+        .map(|k| {
+            let (bw, lat) = if k + 1 < plan.pp {
+                let r = topo.route(plan.device(0, k, 0), plan.device(0, k + 1, 0));
+                let bw = r.links().iter().map(|&l| topo.capacities()[l as usize]).fold(f64::INFINITY, f64::min);
+                (bw, r.latency_s)
+            } else {
+                (f64::INFINITY, 0.0)
+            };
+            StageDevice { speed: 1.0, memory_bytes: memory, link_bytes_per_s: bw, link_latency_s: lat }
+        })
+        .collect()
+}
+
+pub fn stash_rule(kind: ScheduleKind) -> StashRule {
+    match kind {
+        ScheduleKind::GPipe => StashRule::GPipe,
+        ScheduleKind::TwoBW => StashRule::TwoBW,
+        _ => StashRule::OneFOneB,
+    }
+}
+
+/// Layers per stage under the scenario's partition policy; `Err` when no partition fits.
+pub fn resolve(s: &Scenario) -> Result<Vec<u32>, String> {
+    let plan = &s.plan;
+    match plan.partition_policy {
+        None => Ok(plan.partition.clone()),
+        Some(PartitionPolicy::Balanced) => {
+            let p = partition::balanced(
+                &layer_profiles(s),
+                &stage_devices(s),
+                plan.micro_batches,
+                stash_rule(plan.schedule),
+            )
+            .ok_or_else(|| {
+                format!(
+                    "no partition of {} layers into {} stages fits the devices' memory",
+                    s.workload.layers(),
+                    plan.pp
+                )
+            })?;
+            Ok(counts(&p))
+        }
+        Some(PartitionPolicy::Parameters) => {
+            let sizes: Vec<f64> = layer_profiles(s).iter().map(|l| l.weight_bytes).collect();
+            let g = crate::policy::freeze::greedy_partition(plan.pp, &sizes, 0.0);
+            if g.units.contains(&0) || g.units.len() != plan.pp as usize {
+                return Err(format!("the parameter greedy left a stage empty: {:?}", g.units));
+            }
+            Ok(g.units)
+        }
+    }
+}
+
+pub fn counts(p: &PartitionPlan) -> Vec<u32> {
+    p.stages.iter().map(|st| st.last_layer - st.first_layer + 1).collect()
+}
+
+/// One explored plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    pub schedule: &'static str,
+    pub micro_batch: u32,
+    pub micro_batches: u32,
+    pub stages: Vec<crate::policy::partition::StagePlan>,
+    pub fits: bool,
+    pub iteration_s: f64,
+    pub time_per_sample_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Exploration {
+    pub best: Option<Candidate>,
+    pub candidates: Vec<Candidate>,
+    /// Data parallelism over all the devices (no pipeline), if it fits; and the plan's own
+    /// schedule with the uniform partition.
+    pub data_parallel_time_per_sample_s: Option<f64>,
+    pub uniform_gpipe_time_per_sample_s: Option<f64>,
+    pub speedup_vs_data_parallel: Option<f64>,
+    pub speedup_vs_uniform_gpipe: Option<f64>,
+}
+
+fn per_sample(s: &Scenario) -> (f64, bool) {
+    let r = crate::simulate(s, false).report;
+    (r.iteration_s / s.training.global_batch as f64, r.fits)
+}
+
+/// BaPipe's exploration: every schedule in {GPipe, 1F1B, 2BW}, every micro-batch size that
+/// divides a replica's batch, the balanced partition for it, simulated; the best time per
+/// sample among the plans that fit.
+pub fn explore(s: &Scenario) -> Exploration {
+    let per_replica = s.training.global_batch / s.plan.dp;
+    let mut candidates = Vec::new();
+    for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::TwoBW] {
+        for mb in (1..=per_replica).filter(|b| per_replica % b == 0) {
+            let mut c = s.clone();
+            c.plan.schedule = kind;
+            c.plan.virtual_stages = 1;
+            c.plan.micro_batch = mb;
+            c.training.micro_batch = mb;
+            c.plan.micro_batches = per_replica / mb;
+            c.plan.partition_policy = Some(PartitionPolicy::Balanced);
+            let Ok(parts) = resolve(&c) else { continue };
+            c.plan.partition = parts;
+            c.plan.partition_policy = None;
+            let plan = partition::evaluate(
+                &layer_profiles(&c),
+                &stage_devices(&c),
+                c.plan.micro_batches,
+                stash_rule(kind),
+                &c.plan.partition,
+            )
+            .0;
+            let (t, fits) = per_sample(&c);
+            candidates.push(Candidate {
+                schedule: crate::plan::schedule_name(kind),
+                micro_batch: mb,
+                micro_batches: c.plan.micro_batches,
+                stages: plan.stages,
+                fits,
+                iteration_s: t * s.training.global_batch as f64,
+                time_per_sample_s: t,
+            });
+        }
+    }
+    let best = candidates
+        .iter()
+        .filter(|c| c.fits)
+        .min_by(|a, b| a.time_per_sample_s.total_cmp(&b.time_per_sample_s))
+        .cloned();
+    // Baselines: data parallelism over every device; the scenario's micro-batching under
+    // GPipe with uniform stages.
+    let dp = {
+        let mut c = s.clone();
+        let n = s.plan.devices();
+        c.plan.dp = n;
+        c.plan.pp = 1;
+        c.plan.tp = 1;
+        c.plan.schedule = ScheduleKind::OneFOneB;
+        c.plan.partition = vec![s.workload.layers()];
+        c.plan.partition_policy = None;
+        let ok = s.training.global_batch % n == 0;
+        if ok {
+            c.plan.micro_batch = s.training.global_batch / n;
+            c.training.micro_batch = c.plan.micro_batch;
+            c.plan.micro_batches = 1;
+            let (t, fits) = per_sample(&c);
+            fits.then_some(t)
+        } else {
+            None
+        }
+    };
+    let uniform = {
+        let mut c = s.clone();
+        c.plan.schedule = ScheduleKind::GPipe;
+        c.plan.virtual_stages = 1;
+        c.plan.partition = crate::plan::Plan::uniform_partition(s.workload.layers(), s.plan.pp);
+        c.plan.partition_policy = None;
+        Some(per_sample(&c).0)
+    };
+    let speedup = |base: Option<f64>| base.zip(best.as_ref()).map(|(b, c)| b / c.time_per_sample_s);
+    Exploration {
+        speedup_vs_data_parallel: speedup(dp),
+        speedup_vs_uniform_gpipe: speedup(uniform),
+        data_parallel_time_per_sample_s: dp,
+        uniform_gpipe_time_per_sample_s: uniform,
+        best,
+        candidates,
+    }
+}

@@ -1,0 +1,61 @@
+//! Pipeline partitioning policies and BaPipe's exploration through the scenario and the CLI.
+
+use crate::util::{TempDir, run_cli, scenario, simulate};
+use serde_json::json;
+
+fn training(mb: u32) -> serde_json::Value {
+    json!({"global_batch": 32, "micro_batch": mb, "seq_len": 1024, "precision": "fp16", "optimizer": "adam"})
+}
+
+fn gpt(layers: u32) -> serde_json::Value {
+    json!({"transformer": {"layers": layers, "hidden": 1024, "heads": 16, "vocab": 50257}})
+}
+
+/// With a heavy head on the last stage, the balanced partition moves layers off it and runs
+/// no slower than the uniform one; its stages cover every layer.
+#[test]
+fn balanced_partition_beats_uniform_with_a_heavy_head() {
+    let uniform = simulate(&scenario(gpt(16), 1, training(1), json!({"dp": 1, "pp": 8, "partition": "uniform"})));
+    let balanced = simulate(&scenario(gpt(16), 1, training(1), json!({"dp": 1, "pp": 8, "partition": "balanced"})));
+    assert_eq!(balanced.plan.partition.iter().sum::<u32>(), 16);
+    assert!(balanced.plan.partition.last() < uniform.plan.partition.last(), "{:?}", balanced.plan.partition);
+    assert!(balanced.iteration_s <= uniform.iteration_s * 1.001, "{} vs {}", balanced.iteration_s, uniform.iteration_s);
+}
+
+#[test]
+fn parameters_partition_covers_every_layer() {
+    let r = simulate(&scenario(gpt(16), 1, training(1), json!({"dp": 1, "pp": 8, "partition": "parameters"})));
+    assert_eq!(r.plan.partition.len(), 8);
+    assert_eq!(r.plan.partition.iter().sum::<u32>(), 16);
+    assert!(r.plan.partition.iter().all(|&n| n >= 1));
+}
+
+#[test]
+fn partition_command_explores_and_writes_the_best_plan() {
+    let dir = TempDir::new("partition");
+    let s = dir.write("s.json", &scenario(gpt(8), 1, training(2), json!({"dp": 1, "pp": 8})));
+    let out_path = dir.path().join("best.json");
+    let out =
+        run_cli(&["partition", s.to_str().expect("utf-8"), "--json", "--write", out_path.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let best = &v["best"];
+    for k in ["schedule", "micro_batches", "stages", "time_per_sample_s"] {
+        assert!(!best[k].is_null(), "best.{k} missing");
+    }
+    let stages = best["stages"].as_array().expect("stages");
+    assert_eq!(stages.len(), 8);
+    for k in ["first_layer", "last_layer", "time_s", "memory_bytes"] {
+        assert!(!stages[0][k].is_null(), "stages[].{k} missing");
+    }
+    // The best is the fastest fitting candidate.
+    let t = best["time_per_sample_s"].as_f64().expect("t");
+    for c in v["candidates"].as_array().expect("candidates") {
+        if c["fits"] == true {
+            assert!(c["time_per_sample_s"].as_f64().expect("t") >= t);
+        }
+    }
+    // The written plan runs as a scenario.
+    let again = run_cli(&["simulate", out_path.to_str().expect("utf-8"), "--json"]);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+}
