@@ -178,7 +178,7 @@ pub fn explore(s: &Scenario) -> Exploration {
     let per_replica = s.training.global_batch / s.plan.dp;
     let mut candidates = Vec::new();
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::TwoBW] {
-        for mb in (1..=per_replica).filter(|b| per_replica % b == 0) {
+        for mb in (1..=per_replica).filter(|b| per_replica.is_multiple_of(*b)) {
             let mut c = s.clone();
             c.plan.schedule = kind;
             c.plan.virtual_stages = 1;
@@ -225,7 +225,7 @@ pub fn explore(s: &Scenario) -> Exploration {
         c.plan.schedule = ScheduleKind::OneFOneB;
         c.plan.partition = vec![s.workload.layers()];
         c.plan.partition_policy = None;
-        let ok = s.training.global_batch % n == 0;
+        let ok = s.training.global_batch.is_multiple_of(n);
         if ok {
             c.plan.micro_batch = s.training.global_batch / n;
             c.training.micro_batch = c.plan.micro_batch;
