@@ -44,6 +44,26 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates);
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
     let per_param = wb + gb + ob;
+    if let Some(net) = &s.workload.net {
+        let e = sh.activation_bytes;
+        return net
+            .layers
+            .iter()
+            .map(|l| {
+                let ops = l.layer_ops(plan.micro_batch, e);
+                LayerProfile {
+                    compute_s: ops_s(&model, &ops, plan.recompute == Recompute::Full),
+                    weight_bytes: l.parameters() * per_param,
+                    activation_bytes: ops
+                        .iter()
+                        .filter_map(LayerOp::compute)
+                        .map(|o| o.saved.bytes(plan.recompute))
+                        .sum(),
+                    output_bytes: e * plan.micro_batch as f64 * l.output_elems,
+                }
+            })
+            .collect();
+    }
     let t = plan.tp_mode.weight_shards(plan.tp) as f64;
     let layer_ops = w.layer_ops(sh);
     let layer_s = ops_s(&model, &layer_ops, plan.recompute == Recompute::Full);

@@ -46,16 +46,51 @@ struct Block {
 
 /// The blocks of one unit shape, and what crosses a stage boundary for it.
 struct UnitBlocks {
-    layer: Block,
+    /// Distinct layer blocks (one for a transformer, one per layer for a net).
+    layers: Vec<Block>,
+    /// Block of each layer.
+    kind_of: Vec<usize>,
     embed: Block,
     head: Block,
-    boundary_bytes: f64,
+    /// Whether the embedding and head exist as blocks (a net folds them into its layers).
+    edges: bool,
+    /// Bytes each layer's output puts on a stage boundary.
+    boundary: Vec<f64>,
+}
+
+impl UnitBlocks {
+    fn layer(&self, l: u32) -> &Block {
+        &self.layers[self.kind_of[l as usize]]
+    }
 }
 
 fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
     let plan = &s.plan;
     let w = &s.workload.transformer;
     let e = plan.precision.activation_bytes();
+    if let Some(net) = &s.workload.net {
+        let boundary: Vec<f64> = net.layers.iter().map(|l| e * u.batch as f64 * l.output_elems).collect();
+        let layers = net
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                // Full recomputation keeps the layer's input.
+                let input = if i == 0 { 0.0 } else { boundary[i - 1] };
+                b.block(l.layer_ops(u.batch, e), plan.recompute, input)
+            })
+            .collect();
+        let empty = b.block(Vec::new(), Recompute::None, 0.0);
+        let empty2 = b.block(Vec::new(), Recompute::None, 0.0);
+        return UnitBlocks {
+            layers,
+            kind_of: (0..net.layers.len()).collect(),
+            embed: empty,
+            head: empty2,
+            edges: false,
+            boundary,
+        };
+    }
     let shape = LayerShape {
         micro_batch: u.batch,
         seq_len: u.tokens,
@@ -79,7 +114,14 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
     // Embedding and head are not recomputed.
     let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, 0.0);
     let head = b.block(w.head_ops(edge_shape), Recompute::None, 0.0);
-    UnitBlocks { layer, embed, head, boundary_bytes }
+    UnitBlocks {
+        layers: vec![layer],
+        kind_of: vec![0; w.layers as usize],
+        embed,
+        head,
+        edges: true,
+        boundary: vec![boundary_bytes; w.layers as usize],
+    }
 }
 
 struct Builder {
@@ -266,7 +308,7 @@ pub fn lower(s: &Scenario) -> Program {
     let chunks = plan.chunks();
     let starts = plan.chunk_starts();
     let m = units.len() as u32;
-    let max_boundary = unit_blocks.iter().map(|u| u.boundary_bytes).fold(0.0, f64::max);
+    let max_boundary = unit_blocks.iter().flat_map(|u| u.boundary.iter().copied()).fold(0.0, f64::max);
     let frozen = plan.frozen.layers > 0;
     // A zero-cost marker op that stands for "the cached prefix output is here".
     let cache_op = b.op(
@@ -294,13 +336,21 @@ pub fn lower(s: &Scenario) -> Program {
 
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
     let tf = if plan.ring() { 1.0 } else { t as f64 };
-    let layer_params = w.layer_parameters() / plan.tp_mode.weight_shards(t) as f64;
+    // Parameters of each layer on one device.
+    let lp: Vec<f64> = match &s.workload.net {
+        Some(net) => net.layers.iter().map(|l| l.parameters()).collect(),
+        None => vec![w.layer_parameters() / plan.tp_mode.weight_shards(t) as f64; w.layers as usize],
+    };
+    let edges = s.workload.net.is_none();
     let vocab_params = w.head_classes() * w.hidden as f64 / tf;
-    let first_params =
-        (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
+    let first_params = if edges {
+        (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf
+    } else {
+        0.0
+    };
     // The output layer: its own matrix, or (tied) a copy of the embedding on the last stage;
     // with one chunk, the tied head is the embedding itself.
-    let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { vocab_params };
+    let last_params = if !edges || (w.tied_embeddings && chunks == 1) { 0.0 } else { vocab_params };
     let sync = plan.sync_degree();
     let dp = sync as f64;
     let z = if sync > 1 { plan.zero_stage } else { 0 };
@@ -328,7 +378,7 @@ pub fn lower(s: &Scenario) -> Program {
             // Parameters held per chunk on this stage, and the last backward step per chunk.
             let my_chunks: Vec<u32> = (0..chunks).filter(|c| c % plan.pp == stage).collect();
             let chunk_params = |c: u32| {
-                let mut p = (starts[c as usize + 1] - starts[c as usize]) as f64 * layer_params;
+                let mut p: f64 = (starts[c as usize]..starts[c as usize + 1]).map(|l| lp[l as usize]).sum();
                 if c == 0 && !frozen {
                     p += first_params;
                 }
@@ -342,7 +392,8 @@ pub fn lower(s: &Scenario) -> Program {
             let largest_unit = my_chunks
                 .iter()
                 .map(|&c| {
-                    let mut u = layer_params;
+                    let mut u =
+                        (starts[c as usize]..starts[c as usize + 1]).map(|l| lp[l as usize]).fold(0.0, f64::max);
                     if c == 0 {
                         u = u.max(first_params);
                     }
@@ -358,7 +409,7 @@ pub fn lower(s: &Scenario) -> Program {
                 + if z3 { 2.0 * largest_unit * wb } else { 0.0 };
             // A frozen prefix keeps only its weights, on the first stage.
             let frozen_weights = if frozen && my_chunks.contains(&0) {
-                (first_params + plan.frozen.layers as f64 * layer_params) * wb
+                (first_params + lp[..plan.frozen.layers as usize].iter().sum::<f64>()) * wb
             } else {
                 0.0
             };
@@ -415,18 +466,23 @@ pub fn lower(s: &Scenario) -> Program {
                 let layers = starts[c as usize]..starts[c as usize + 1];
                 // ZeRO-2 and 3 reduce every micro-batch's gradients; below, only the last.
                 let sync_grads = sync > 1 && (z >= 2 || last_bwd.get(&c) == Some(&mb));
-                let UnitBlocks { layer, embed, head, boundary_bytes } = &unit_blocks[block_of[mb as usize]];
-                let boundary_bytes = *boundary_bytes;
+                let ub = &unit_blocks[block_of[mb as usize]];
+                let (embed, head) = (&ub.embed, &ub.head);
+                // Bytes entering and leaving this chunk per micro-batch.
+                let bnd_in = if starts[c as usize] > 0 { ub.boundary[starts[c as usize] as usize - 1] } else { 0.0 };
+                let bnd_out = ub.boundary[starts[c as usize + 1] as usize - 1];
                 // Megatron's scatter-gather: with 1D tensor parallelism every rank holds the
                 // whole boundary activation, so each sends a 1/t share and the receivers
                 // all-gather it over their fast links. Sharded modes send their own shard.
                 let scatter_gather = t > 1 && plan.tp_mode == crate::workload::TpMode::OneD && !plan.sequence_parallel;
-                let send_bytes = if plan.tp_mode == crate::workload::TpMode::OneD && !scatter_gather {
-                    boundary_bytes
-                } else {
-                    boundary_bytes / t as f64
+                let send_share = |bytes: f64| {
+                    if plan.tp_mode == crate::workload::TpMode::OneD && !scatter_gather {
+                        bytes
+                    } else {
+                        bytes / t as f64
+                    }
                 };
-                let receive = |b: &mut Builder, phase: Phase| -> u32 {
+                let receive = |b: &mut Builder, phase: Phase, boundary_bytes: f64| -> u32 {
                     if !scatter_gather {
                         return NONE;
                     }
@@ -461,7 +517,7 @@ pub fn lower(s: &Scenario) -> Program {
                 };
                 match st.pass {
                     Pass::Forward => {
-                        let gathered = if c > 0 { receive(&mut b, Phase::Forward) } else { NONE };
+                        let gathered = if c > 0 { receive(&mut b, Phase::Forward, bnd_in) } else { NONE };
                         let mut first = NONE;
                         let mut last = NONE;
                         if c == 0 && plan.frozen.cached_layers > 0 {
@@ -476,7 +532,13 @@ pub fn lower(s: &Scenario) -> Program {
                                 let mut last_read = NONE;
                                 for (share, nvme) in [(1.0 - disk, false), (disk, true)] {
                                     if share > 0.0 {
-                                        let r = b.host_copy(d, true, share * boundary_bytes, nvme, label);
+                                        let r = b.host_copy(
+                                            d,
+                                            true,
+                                            share * ub.boundary[plan.frozen.cached_layers as usize - 1],
+                                            nvme,
+                                            label,
+                                        );
                                         last_read = r;
                                     }
                                 }
@@ -490,10 +552,10 @@ pub fn lower(s: &Scenario) -> Program {
                             last = marker + t - 1;
                             for fl in plan.frozen.cached_layers..plan.frozen.layers {
                                 let (_, la) =
-                                    emit_block(&mut b, &ctx, layer, fl as i32, Phase::Forward, c, mb, 0.0, 0.0);
+                                    emit_block(&mut b, &ctx, ub.layer(fl), fl as i32, Phase::Forward, c, mb, 0.0, 0.0);
                                 last = la;
                             }
-                        } else if c == 0 {
+                        } else if c == 0 && ub.edges {
                             let alloc = if frozen { 0.0 } else { embed.saved };
                             let (f, l) =
                                 unit(&mut b, &mut gathers, embed, -1, Phase::Forward, alloc, 0.0, first_params);
@@ -502,11 +564,12 @@ pub fn lower(s: &Scenario) -> Program {
                             // The frozen layers: forward only, nothing kept for backward.
                             for fl in 0..plan.frozen.layers {
                                 let (_, la) =
-                                    emit_block(&mut b, &ctx, layer, fl as i32, Phase::Forward, c, mb, 0.0, 0.0);
+                                    emit_block(&mut b, &ctx, ub.layer(fl), fl as i32, Phase::Forward, c, mb, 0.0, 0.0);
                                 last = la;
                             }
                         }
                         for l in layers.clone() {
+                            let layer = ub.layer(l);
                             let (f, la) = unit(
                                 &mut b,
                                 &mut gathers,
@@ -515,7 +578,7 @@ pub fn lower(s: &Scenario) -> Program {
                                 Phase::Forward,
                                 layer.saved,
                                 0.0,
-                                layer_params,
+                                lp[l as usize],
                             );
                             if act_off {
                                 let outs = act_copies(&mut b, &ctx, false, layer.saved, l as i32, c, mb);
@@ -529,7 +592,7 @@ pub fn lower(s: &Scenario) -> Program {
                             }
                             last = la;
                         }
-                        if c == chunks - 1 {
+                        if c == chunks - 1 && ub.edges {
                             let (_, la) =
                                 unit(&mut b, &mut gathers, head, -1, Phase::Forward, head.saved, 0.0, last_params);
                             last = la;
@@ -542,16 +605,24 @@ pub fn lower(s: &Scenario) -> Program {
                             if c + 1 < chunks {
                                 let src = group[x as usize];
                                 let dst = plan.device(r, (c + 1) % plan.pp, x);
-                                fwd_send[k] =
-                                    send(&mut b, src, dst, send_bytes, last + x - (t - 1), c, mb, Phase::Forward);
+                                fwd_send[k] = send(
+                                    &mut b,
+                                    src,
+                                    dst,
+                                    send_share(bnd_out),
+                                    last + x - (t - 1),
+                                    c,
+                                    mb,
+                                    Phase::Forward,
+                                );
                             }
                         }
                     }
                     Pass::Backward => {
-                        let gathered = if c + 1 < chunks { receive(&mut b, Phase::Backward) } else { NONE };
+                        let gathered = if c + 1 < chunks { receive(&mut b, Phase::Backward, bnd_out) } else { NONE };
                         let mut first = NONE;
                         let mut last = NONE;
-                        if c == chunks - 1 {
+                        if c == chunks - 1 && ub.edges {
                             let (f, l) =
                                 unit(&mut b, &mut gathers, head, -1, Phase::Backward, 0.0, head.saved, last_params);
                             first = f;
@@ -561,10 +632,14 @@ pub fn lower(s: &Scenario) -> Program {
                             }
                         }
                         for l in layers.clone().rev() {
+                            let layer = ub.layer(l);
                             let mut free = layer.saved;
                             // The gather for a layer's backward also serves its recomputation.
-                            let g =
-                                if z3 { gathers.before(&mut b, plan, r, stage, layer_params * wb) } else { Vec::new() };
+                            let g = if z3 {
+                                gathers.before(&mut b, plan, r, stage, lp[l as usize] * wb)
+                            } else {
+                                Vec::new()
+                            };
                             let mut fetched = Vec::new();
                             if act_off {
                                 fetched = act_copies(&mut b, &ctx, true, layer.saved, l as i32, c, mb);
@@ -595,7 +670,7 @@ pub fn lower(s: &Scenario) -> Program {
                                 unit_first = f;
                             }
                             if z3 {
-                                gathers.after(&mut b, &ctx, &g, unit_first, la, layer_params * wb);
+                                gathers.after(&mut b, &ctx, &g, unit_first, la, lp[l as usize] * wb);
                             }
                             for (x, &fch) in fetched.iter().enumerate() {
                                 b.p.deps.push((fch, unit_first + x as u32));
@@ -606,14 +681,14 @@ pub fn lower(s: &Scenario) -> Program {
                             }
                             last = la;
                             if sync_grads {
-                                bucket_pending += layer_params * gb;
+                                bucket_pending += lp[l as usize] * gb;
                                 if bucket_pending >= bucket_bytes {
                                     last_sync = grad_sync(&mut b, plan, r, stage, bucket_pending, la, host_opt);
                                     bucket_pending = 0.0;
                                 }
                             }
                         }
-                        if c == 0 && !frozen {
+                        if c == 0 && !frozen && ub.edges {
                             let (_, la) =
                                 unit(&mut b, &mut gathers, embed, -1, Phase::Backward, 0.0, embed.saved, first_params);
                             last = la;
@@ -631,8 +706,16 @@ pub fn lower(s: &Scenario) -> Program {
                             if c > 0 {
                                 let src = group[x as usize];
                                 let dst = plan.device(r, (c - 1) % plan.pp, x);
-                                bwd_send[k] =
-                                    send(&mut b, src, dst, send_bytes, last + x - (t - 1), c, mb, Phase::Backward);
+                                bwd_send[k] = send(
+                                    &mut b,
+                                    src,
+                                    dst,
+                                    send_share(bnd_in),
+                                    last + x - (t - 1),
+                                    c,
+                                    mb,
+                                    Phase::Backward,
+                                );
                             }
                         }
                     }

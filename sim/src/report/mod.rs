@@ -73,6 +73,10 @@ pub struct Report {
     /// Achieved model FLOP/s per device.
     pub model_flops_per_s_per_device: f64,
     pub mfu: f64,
+    /// FLOPs the network's forward and backward run per iteration (for CNNs far more than
+    /// 6 x parameters x samples), and the utilisation they give.
+    pub network_flops_per_iteration: f64,
+    pub network_flops_utilization: f64,
     pub bubble_fraction: f64,
     pub fits: bool,
     pub peak_memory_bytes: f64,
@@ -113,10 +117,10 @@ pub struct Report {
 
 pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let plan = &s.plan;
-    let w = &s.workload.transformer;
     let iteration_s = r.iteration_ns as f64 * 1e-9;
     let devices = plan.devices();
-    let model_flops = s.training.global_batch as f64 * w.model_flops_per_sample(plan.seq_len);
+    let model_flops = s.training.global_batch as f64 * s.workload.model_flops_per_sample(plan.seq_len);
+    let network_flops = s.training.global_batch as f64 * s.workload.network_flops_per_sample(plan.seq_len);
     let peak = s.cluster.node.device.peak_flops.at(plan.precision);
     let samples_per_s = s.training.global_batch as f64 / iteration_s;
     let nd = p.devices.len();
@@ -172,6 +176,8 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         model_flops_per_iteration: model_flops,
         model_flops_per_s_per_device: model_flops / iteration_s / devices as f64,
         mfu: model_flops / iteration_s / (devices as f64 * peak),
+        network_flops_per_iteration: network_flops,
+        network_flops_utilization: network_flops / iteration_s / (devices as f64 * peak),
         bubble_fraction,
         fits: fits_hbm && fits_host && fits_nvme,
         fits_hbm,

@@ -216,9 +216,6 @@ fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result<String, St
         return Err(invalid(&o.path, "give exactly one of: preset, transformer, hf_config"));
     }
     if let Some(p) = o.string("preset")? {
-        if workload::catalog::PLANNED.contains(&p) {
-            return Err(unsupported(&o.key("preset"), format!("\"{p}\": CNN and RNN workloads are planned")));
-        }
         return workload::catalog::workload(p).ok_or_else(|| {
             invalid(
                 &o.key("preset"),
@@ -291,7 +288,7 @@ fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result<String, St
     cfg.dropout = t.boolean("dropout")?.unwrap_or(cfg.dropout);
     cfg.tied_embeddings = t.boolean("tied_embeddings")?.unwrap_or(cfg.tied_embeddings);
     let name = o.string("name")?.unwrap_or("custom transformer");
-    Ok(Workload { name: format!("{name} ({layers} layers, h={hidden})"), transformer: cfg })
+    Ok(Workload::transformer(&format!("{name} ({layers} layers, h={hidden})"), cfg))
 }
 
 fn parse_link(v: &Value, path: &str) -> Result<LinkSpec> {
@@ -572,6 +569,12 @@ fn parse_freeze(
     load: &dyn Fn(&str) -> std::result::Result<String, String>,
 ) -> Result<Option<FreezeSpec>> {
     let Some(f) = o.obj("freeze")? else { return Ok(None) };
+    if w.net.is_some() {
+        return Err(invalid(
+            &f.path,
+            format!("freezing is modelled for transformers; \"{}\" is a network of distinct layers", w.name),
+        ));
+    }
     f.only(&["policy", "alpha", "trace", "frozen_layers", "auto_pipe", "auto_dp", "auto_cache"])?;
     let layers = w.transformer.layers;
     let policy = match f.req("policy", Obj::string)? {
@@ -882,6 +885,15 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         return Err(invalid(&sp_key, "Megatron sequence parallelism goes with tp_mode \"1d\""));
     }
     let tf = &w.transformer;
+    if w.net.is_some() && (tp > 1 || sequence_parallel || tp_mode != TpMode::OneD) {
+        return Err(invalid(
+            &o.key("tp"),
+            format!(
+                "{tp}: tensor and sequence parallelism are modelled for transformers; \"{}\" is a network of distinct layers (use dp and pp)",
+                w.name
+            ),
+        ));
+    }
     if !tf.heads.is_multiple_of(tp) && tp_mode != TpMode::Ring {
         return Err(invalid(&o.key("tp"), format!("{tp} does not divide the workload's {} attention heads", tf.heads)));
     }

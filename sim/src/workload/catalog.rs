@@ -74,13 +74,26 @@ pub fn presets() -> Vec<Preset> {
     ]
 }
 
-/// Names reserved for workloads that later work adds (CNNs and RNNs).
-pub const PLANNED: [&str; 4] = ["vgg16", "resnet50", "gnmt-8", "gnmt-16"];
+/// Networks of distinct layers, with their published sizes.
+pub fn nets() -> Vec<(&'static str, f64, super::net::Net)> {
+    use super::net;
+    vec![
+        ("vgg16", 138.36e6, net::vgg16(1000)),
+        ("resnet50", 25.56e6, net::resnet50(1000)),
+        ("gnmt-8", 160e6, net::gnmt(8, 50)),
+        ("gnmt-16", 210e6, net::gnmt(16, 50)),
+    ]
+}
 
 pub fn workload(name: &str) -> Option<Workload> {
-    presets().into_iter().find(|p| p.name == name).map(|p| Workload { name: p.name.to_string(), transformer: p.config })
+    if let Some((n, _, net)) = nets().into_iter().find(|(n, _, _)| *n == name) {
+        return Some(Workload::net(n, net));
+    }
+    presets().into_iter().find(|p| p.name == name).map(|p| Workload::transformer(p.name, p.config))
 }
 
 pub fn names() -> Vec<&'static str> {
-    presets().iter().map(|p| p.name).collect()
+    let mut v: Vec<&'static str> = presets().iter().map(|p| p.name).collect();
+    v.extend(nets().iter().map(|(n, _, _)| *n));
+    v
 }

@@ -43,9 +43,9 @@ pub fn parse(name: &str, text: &str) -> Result<Workload, String> {
         ["attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout_prob", "attention_dropout", "hidden_dropout"]
             .iter()
             .any(|k| v.get(*k).and_then(Value::as_f64).is_some_and(|p| p > 0.0));
-    Ok(Workload {
-        name: name.to_string(),
-        transformer: TransformerConfig {
+    Ok(Workload::transformer(
+        name,
+        TransformerConfig {
             layers,
             hidden,
             heads,
@@ -61,5 +61,5 @@ pub fn parse(name: &str, text: &str) -> Result<Workload, String> {
             input: Input::Tokens { positions, token_types: 0 },
             pooler: false,
         },
-    })
+    ))
 }

@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod grid;
 pub mod hf;
+pub mod net;
 pub mod ring;
 pub mod transformer;
 
@@ -17,16 +18,53 @@ pub use transformer::TransformerConfig;
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Workload {
     pub name: String,
+    /// The transformer; for a `net` workload a stand-in whose `layers` is the net's.
     pub transformer: TransformerConfig,
+    /// A network of distinct layers (CNNs, RNNs) instead of identical transformer layers.
+    pub net: Option<net::Net>,
 }
 
 impl Workload {
+    pub fn transformer(name: &str, transformer: TransformerConfig) -> Workload {
+        Workload { name: name.to_string(), transformer, net: None }
+    }
+
+    /// A network of distinct layers; the transformer stand-in only carries the layer count.
+    pub fn net(name: &str, net: net::Net) -> Workload {
+        let mut t = TransformerConfig::gpt(net.layers.len() as u32, 0, 1, 0, 0);
+        t.causal = false;
+        Workload { name: name.to_string(), transformer: t, net: Some(net) }
+    }
+
     pub fn layers(&self) -> u32 {
         self.transformer.layers
     }
 
     pub fn parameters(&self) -> f64 {
-        self.transformer.parameters()
+        match &self.net {
+            Some(n) => n.parameters(),
+            None => self.transformer.parameters(),
+        }
+    }
+
+    /// Model FLOPs of one sample as the report's contract defines them (the MFU numerator):
+    /// 6 x parameters x tokens plus attention's 12 x layers x h x s per token. For a CNN this
+    /// undercounts (convolutions reuse each weight at every pixel): see
+    /// [`Workload::network_flops_per_sample`].
+    pub fn model_flops_per_sample(&self, seq_len: u32) -> f64 {
+        match &self.net {
+            Some(_) => 6.0 * self.parameters() * seq_len as f64,
+            None => self.transformer.model_flops_per_sample(seq_len),
+        }
+    }
+
+    /// FLOPs one sample's forward and backward actually run (three times the forward's
+    /// matrix products), without recomputation; for a net, the convolutions at every pixel.
+    pub fn network_flops_per_sample(&self, seq_len: u32) -> f64 {
+        match &self.net {
+            Some(n) => 3.0 * n.layers.iter().map(net::NetLayer::forward_flops_per_sample).sum::<f64>(),
+            None => self.transformer.model_flops_per_sample(seq_len),
+        }
     }
 
     /// Sequence length the workload imposes (ViT: patches + class token), if any.
