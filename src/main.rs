@@ -629,7 +629,9 @@ fn presets(json: bool) {
             "nodes": nodes,
             "workloads": workloads.iter().map(|p| serde_json::json!({
                 "name": p.name, "parameters": p.config.parameters(), "published_parameters": p.published_parameters, "config": p.config,
-            })).collect::<Vec<_>>(),
+            })).chain(sim::workload::catalog::nets().into_iter().map(|(name, published, net)| serde_json::json!({
+                "name": name, "parameters": net.parameters(), "published_parameters": published, "layers": net.layers.len(),
+            }))).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
         return;
@@ -672,5 +674,8 @@ fn presets(json: bool) {
     println!("workloads (parameters):");
     for p in &workloads {
         println!("  {:<14} {:>9.3} B", p.name, p.config.parameters() / 1e9);
+    }
+    for (name, _, net) in sim::workload::catalog::nets() {
+        println!("  {:<14} {:>9.3} B  ({} layers of their own)", name, net.parameters() / 1e9, net.layers.len());
     }
 }

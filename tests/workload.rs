@@ -249,3 +249,19 @@ fn hf_config_missing_file_names_the_key() {
     assert!(err.contains("no-such-config.json"), "the error does not name the file: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The CNN presets count the published parameters (VGG-16 138.36M, ResNet-50 25.56M) within
+/// 1%; every layer passes something on.
+#[test]
+fn network_presets_match_published_parameter_counts() {
+    let mut checked = 0;
+    for (name, published, net) in sim::workload::catalog::nets() {
+        let n = net.parameters();
+        if let Some(p) = published {
+            assert!(close(n, p, 0.01), "{name}: {n:.4e} vs published {p:.4e}");
+            checked += 1;
+        }
+        assert!(net.layers.iter().all(|l| l.output_elems > 0.0), "{name}: a layer passes nothing on");
+    }
+    assert_eq!(checked, 2);
+}
