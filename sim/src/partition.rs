@@ -199,6 +199,10 @@ pub fn explore(s: &Scenario) -> Exploration {
     let mut candidates = Vec::new();
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::TwoBW] {
         for mb in (1..=per_replica).filter(|b| per_replica.is_multiple_of(*b)) {
+            // PipeDream-2BW accumulates over at least as many micro-batches as stages.
+            if kind == ScheduleKind::TwoBW && per_replica / mb < s.plan.pp {
+                continue;
+            }
             let mut c = s.clone();
             c.plan.schedule = kind;
             c.plan.virtual_stages = 1;

@@ -1038,6 +1038,14 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             ));
         }
     };
+    if schedule == ScheduleKind::TwoBW && micro_batches < pp {
+        return Err(invalid(
+            &o.key("schedule"),
+            format!(
+                "\"2bw\" accumulates gradients over at least as many micro-batches as stages: {micro_batches} < pp = {pp}"
+            ),
+        ));
+    }
     let shape = ScheduleShape { stages: pp, micro_batches, virtual_stages };
     if let Err(e) = schedule::table(schedule, shape) {
         return Err(invalid(
