@@ -561,6 +561,13 @@ fn print_summary(r: &sim::report::Report) {
         r.mfu * 100.0,
         r.model_flops_per_s_per_device / 1e12
     );
+    if (r.network_flops_per_iteration - r.model_flops_per_iteration).abs() > 0.1 * r.model_flops_per_iteration {
+        println!(
+            "              (the network runs {:.2} PFLOP per iteration: {:.1}% of peak; MFU counts 6 x parameters per sample)",
+            r.network_flops_per_iteration / 1e15,
+            r.network_flops_utilization * 100.0
+        );
+    }
     println!("bubble:       {:.1}% of the iteration", r.bubble_fraction * 100.0);
     let m = &r.memory_breakdown;
     println!(

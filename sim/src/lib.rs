@@ -33,7 +33,12 @@ pub struct Simulation {
 /// Durations of a program's ops on the scenario's device, in nanoseconds.
 pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: Option<cost::Calibration>) -> Vec<u64> {
     let node = &s.cluster.node;
-    let model = cost::ComputeModel::new(&node.device, s.training.precision, calibration).with_op_rates(&s.op_rates);
+    // An FPGA stage whose weights fit its on-chip SRAM reads them from there.
+    let on_chip =
+        node.device.fpga.is_some_and(|f| p.static_memory.iter().map(|m| m.weights).fold(0.0, f64::max) <= f.sram_bytes);
+    let model = cost::ComputeModel::new(&node.device, s.training.precision, calibration)
+        .with_op_rates(&s.op_rates)
+        .with_weights_on_chip(on_chip);
     // Host work (an offloaded optimizer step) shares the node's CPU memory bandwidth and
     // NVMe drives among the node's devices, which all step at once.
     let share = node.devices.max(1) as f64;

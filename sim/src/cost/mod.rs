@@ -47,6 +47,11 @@ pub struct ComputeModel {
     quantize: bool,
     /// Measured bytes per second per memory-kernel family (overrides the roofline).
     op_rates: Vec<(&'static str, f64)>,
+    /// Efficiency factor per op name (the device's `op_efficiency`).
+    op_factors: Vec<(String, f64)>,
+    /// GEMM weights sit in on-chip memory (an FPGA whose stage fits its SRAM): they are not
+    /// read from device memory.
+    weights_on_chip: bool,
 }
 
 const TILE: f64 = 128.0;
@@ -66,7 +71,15 @@ impl ComputeModel {
             units: device.compute_units.max(1) as f64,
             quantize: device.kind == DeviceKind::Gpu,
             op_rates: Vec::new(),
+            op_factors: device.op_efficiency.clone(),
+            weights_on_chip: false,
         }
+    }
+
+    /// Keep GEMM weights on chip (not read from device memory).
+    pub fn with_weights_on_chip(mut self, on_chip: bool) -> ComputeModel {
+        self.weights_on_chip = on_chip;
+        self
     }
 
     /// Use measured streaming rates per memory-kernel family (name, bytes/s).
@@ -96,10 +109,18 @@ impl ComputeModel {
 
     /// Seconds for one op, forward or backward.
     pub fn op_s(&self, op: &OpSpec, backward: bool) -> f64 {
-        let (flops, bytes) =
+        let (flops, mut bytes) =
             if backward { (op.backward_flops, op.backward_bytes) } else { (op.forward_flops, op.forward_bytes) };
+        let factor = self.op_factors.iter().find(|(n, _)| n == op.name).map_or(1.0, |(_, f)| *f);
         let compute = match op.class {
-            OpClass::Gemm { batch, m, n, k } => flops / (self.peak_flops * self.gemm_efficiency(batch, m, n, k)),
+            OpClass::Gemm { batch, m, n, k } => {
+                if self.weights_on_chip {
+                    // The weight matrix (k x n) is read from SRAM, not device memory.
+                    let passes = if backward { 2.0 } else { 1.0 };
+                    bytes = (bytes - passes * batch * k * n * bytes_per_elem(op, batch, m, n, k, backward)).max(0.0);
+                }
+                flops / (self.peak_flops * self.gemm_efficiency(batch, m, n, k) * factor)
+            }
             OpClass::Memory => {
                 let family = memory_kernel(op.name);
                 if let Some(&(_, rate)) = self.op_rates.iter().find(|(f, _)| *f == family) {
@@ -115,5 +136,58 @@ impl ComputeModel {
 
     pub fn launch_s(&self) -> f64 {
         self.launch_s
+    }
+}
+
+/// Bytes per element of a GEMM op, recovered from its byte count (batch x e x (mk + kn + mn)
+/// per pass).
+fn bytes_per_elem(op: &OpSpec, batch: f64, m: f64, n: f64, k: f64, backward: bool) -> f64 {
+    let (bytes, passes) = if backward { (op.backward_bytes, 2.0) } else { (op.forward_bytes, 1.0) };
+    let elems = passes * batch * (m * k + k * n + m * n);
+    if elems > 0.0 { bytes / elems } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::catalog;
+    use crate::workload::Saved;
+
+    fn gemm(name: &'static str, m: f64, n: f64, k: f64) -> OpSpec {
+        let flops = 2.0 * m * n * k;
+        let bytes = 2.0 * (m * k + k * n + m * n);
+        OpSpec {
+            name,
+            class: OpClass::Gemm { batch: 1.0, m, n, k },
+            forward_flops: flops,
+            forward_bytes: bytes,
+            backward_flops: 2.0 * flops,
+            backward_bytes: 2.0 * bytes,
+            saved: Saved::default(),
+        }
+    }
+
+    #[test]
+    fn op_kind_efficiency_scales_compute_bound_gemms() {
+        let mut dev = catalog::device("alveo-u280").expect("preset");
+        dev.op_efficiency = vec![("slow".into(), 0.5)];
+        dev.kernel_launch_s = 0.0;
+        let m = ComputeModel::new(&dev, Precision::Fp16, None);
+        let (a, b) = (
+            m.op_s(&gemm("conv", 4096.0, 4096.0, 4096.0), false),
+            m.op_s(&gemm("slow", 4096.0, 4096.0, 4096.0), false),
+        );
+        assert!((b / a - 2.0).abs() < 1e-9, "{b} vs {a}");
+    }
+
+    #[test]
+    fn weights_on_chip_free_a_weight_bound_gemm_from_device_memory() {
+        let mut dev = catalog::device("alveo-u280").expect("preset");
+        dev.kernel_launch_s = 0.0;
+        // A fully connected layer at batch 1: all weight traffic, memory bound.
+        let fc = gemm("fc", 1.0, 4096.0, 4096.0);
+        let off = ComputeModel::new(&dev, Precision::Fp16, None).op_s(&fc, false);
+        let on = ComputeModel::new(&dev, Precision::Fp16, None).with_weights_on_chip(true).op_s(&fc, false);
+        assert!(on < 0.5 * off, "on chip {on} vs off {off}");
     }
 }

@@ -43,6 +43,7 @@ fn gpu(
         // Launch plus inter-kernel gap of an eager framework (default).
         kernel_launch_s: 3e-6,
         fpga: None,
+        op_efficiency: Vec::new(),
         source: source.into(),
     }
 }
@@ -64,6 +65,9 @@ fn fpga(name: &str, dsp: f64, sram_bytes: f64, mem_bytes: f64, mem_bw: f64, sour
         mem_efficiency: 0.8,
         kernel_launch_s: 1e-6,
         fpga: Some(fabric),
+        // Defaults: convolutions keep the systolic array busy; fully connected layers and
+        // recurrent steps at training batch sizes stream weights and fill it partly.
+        op_efficiency: vec![("fc".into(), 0.5), ("lstm_step".into(), 0.3), ("lstm_input".into(), 0.7)],
         source: source.into(),
     }
 }
@@ -140,6 +144,7 @@ pub fn cpu_core() -> DeviceSpec {
         mem_efficiency: 0.7,
         kernel_launch_s: 1e-6,
         fpga: None,
+        op_efficiency: Vec::new(),
         source: "default server core".into(),
     }
 }
@@ -158,6 +163,7 @@ pub fn host_cpu() -> DeviceSpec {
         mem_efficiency: 0.7,
         kernel_launch_s: 1e-6,
         fpga: None,
+        op_efficiency: Vec::new(),
         source: "default two-socket server".into(),
     }
 }

@@ -128,6 +128,10 @@ pub struct DeviceSpec {
     /// Fixed cost of starting one kernel.
     pub kernel_launch_s: f64,
     pub fpga: Option<FpgaFabric>,
+    /// Efficiency factors per op name (`conv`, `fc`, `lstm_step`, `qkv`, ...) applied on top of
+    /// the GEMM efficiency: how well the device's datapath suits each kind of op (an FPGA's
+    /// systolic array maps convolutions better than batch-limited fully connected layers).
+    pub op_efficiency: Vec<(String, f64)>,
     /// Where the numbers come from.
     pub source: String,
 }

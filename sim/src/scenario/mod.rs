@@ -348,6 +348,7 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
         "clock_hz",
         "ops_per_dsp_per_cycle",
         "sram_bytes",
+        "op_efficiency",
     ])?;
     let mut d = match o.string("preset")? {
         Some(p) => parse_device(&Value::String(p.into()), &o.key("preset"))?,
@@ -362,6 +363,7 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
             mem_efficiency: 0.85,
             kernel_launch_s: 3e-6,
             fpga: None,
+            op_efficiency: Vec::new(),
             source: "scenario file".into(),
         },
     };
@@ -428,6 +430,13 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
     }
     if let Some(n) = o.string("name")? {
         d.name = n.into();
+    }
+    if let Some(eff) = o.obj("op_efficiency")? {
+        let mut v = Vec::new();
+        for name in eff.map.keys() {
+            v.push((name.clone(), eff.fraction(name)?.unwrap_or(1.0)));
+        }
+        d.op_efficiency = v;
     }
     Ok(d)
 }
