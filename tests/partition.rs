@@ -59,3 +59,23 @@ fn partition_command_explores_and_writes_the_best_plan() {
     let again = run_cli(&["simulate", out_path.to_str().expect("utf-8"), "--json"]);
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
 }
+
+/// `"partition": "explore"` simulates the plan `trainsim partition` finds best.
+#[test]
+fn explore_key_runs_the_best_explored_plan() {
+    let text = scenario(gpt(8), 1, training(2), json!({"dp": 1, "pp": 8, "partition": "explore"}));
+    let r = simulate(&text);
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    v["plan"]["partition"] = json!("balanced");
+    let s = sim::scenario::parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    let e = sim::partition::explore(&s);
+    let best = e.best.expect("a plan fits");
+    assert_eq!(r.plan.schedule, best.schedule);
+    assert_eq!(r.plan.micro_batch, best.micro_batch);
+    assert!(
+        (r.iteration_s - best.iteration_s).abs() <= 1e-9 * best.iteration_s,
+        "{} vs {}",
+        r.iteration_s,
+        best.iteration_s
+    );
+}

@@ -65,6 +65,19 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
 /// drains, and updates use double-buffered weights. Its steady-state iteration is measured
 /// as T(2m) - T(m): two runs of 1F1B without a flush, of 2m and m micro-batches.
 pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
+    if s.plan.partition_policy == Some(plan::PartitionPolicy::Explore) {
+        // BaPipe: take the fastest fitting (schedule, micro-batch, balanced partition).
+        let e = partition::explore(s);
+        let mut r = s.clone();
+        r.plan.partition_policy = Some(plan::PartitionPolicy::Balanced);
+        if let Some(best) = e.best {
+            r.plan.schedule = plan::parse_schedule(best.schedule).expect("explored schedule");
+            r.plan.micro_batch = best.micro_batch;
+            r.training.micro_batch = best.micro_batch;
+            r.plan.micro_batches = best.micro_batches;
+        }
+        return simulate(&r, record);
+    }
     if s.plan.partition_policy.is_some() {
         // Resolve the partition policy first; with no fitting partition the uniform one stays
         // and the report says it does not fit.

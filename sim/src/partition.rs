@@ -147,6 +147,11 @@ pub fn resolve(s: &Scenario) -> Result<Vec<u32>, String> {
             })?;
             Ok(counts(&p))
         }
+        Some(PartitionPolicy::Explore) => {
+            let mut b = s.clone();
+            b.plan.partition_policy = Some(PartitionPolicy::Balanced);
+            resolve(&b)
+        }
         Some(PartitionPolicy::Parameters) => {
             let sizes: Vec<f64> = layer_profiles(s).iter().map(|l| l.weight_bytes).collect();
             let g = crate::policy::freeze::greedy_partition(plan.pp, &sizes, 0.0);

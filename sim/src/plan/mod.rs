@@ -116,6 +116,8 @@ pub enum PartitionPolicy {
     Balanced,
     /// PipeTransformer's parameter-size greedy, over whole layers.
     Parameters,
+    /// BaPipe: the best schedule, micro-batch size and balanced partition (by simulation).
+    Explore,
 }
 
 /// A frozen prefix of the network.

@@ -1016,10 +1016,14 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             Plan::uniform_partition(tf.layers, chunks)
         }
         Some(Value::String(s)) if s == "explore" => {
-            return Err(unsupported(
-                &o.key("partition"),
-                "\"explore\" as a scenario key is planned; run `trainsim partition SCENARIO` to explore schedules, micro-batches and balanced partitions",
-            ));
+            if virtual_stages > 1 {
+                return Err(invalid(
+                    &o.key("partition"),
+                    "\"explore\" chooses the schedule itself; leave out virtual stages",
+                ));
+            }
+            partition_policy = Some(PartitionPolicy::Explore);
+            Plan::uniform_partition(tf.layers, chunks)
         }
         Some(Value::Array(a)) => {
             let layers: Option<Vec<u32>> = a.iter().map(|x| x.as_u64().filter(|n| *n >= 1).map(|n| n as u32)).collect();
