@@ -79,3 +79,27 @@ fn explore_key_runs_the_best_explored_plan() {
         best.iteration_s
     );
 }
+
+/// A heterogeneous cluster: the balanced partition gives the faster boards more of the work,
+/// and a stage may not mix device kinds.
+#[test]
+fn heterogeneous_clusters_are_partitioned_by_device_speed() {
+    let text = |overrides: serde_json::Value, pp: u32| {
+        json!({
+            "workload": {"transformer": {"layers": 16, "hidden": 1024, "heads": 16, "vocab": 1024}},
+            "cluster": {"nodes": 1, "node": {"preset": "dgx-1-v100"}, "device_overrides": overrides},
+            "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 1024, "precision": "fp16"},
+            "plan": {"dp": 8 / pp, "pp": pp, "partition": "balanced"}
+        })
+        .to_string()
+    };
+    // Stages 4-7 on A100s (2.5x the V100's fp16 tensor rate).
+    let r = simulate(&text(json!([{"devices": [4, 7], "device": "a100-sxm-80gb"}]), 8));
+    let p = &r.plan.partition;
+    let (slow, fast): (u32, u32) = (p[..4].iter().sum(), p[4..].iter().sum());
+    assert!(fast > slow, "A100 stages got {fast} layers, V100 stages {slow}: {p:?}");
+    let err =
+        sim::scenario::parse(&text(json!([{"devices": [3, 7], "device": "a100-sxm-80gb"}]), 4), &|_| Err("x".into()))
+            .expect_err("stage 1 mixes V100 and A100");
+    assert_eq!(err.path, "cluster.device_overrides");
+}

@@ -129,6 +129,7 @@ fn gemm_op(batch: f64, m: f64, n: f64, k: f64) -> OpInstance {
         backward: false,
         on_host: false,
         nvme_bytes: 0.0,
+        class: 0,
     }
 }
 
@@ -146,6 +147,7 @@ fn stream_op(bytes: f64) -> OpInstance {
         backward: false,
         on_host: false,
         nvme_bytes: 0.0,
+        class: 0,
     }
 }
 

@@ -33,12 +33,19 @@ pub struct Simulation {
 /// Durations of a program's ops on the scenario's device, in nanoseconds.
 pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: Option<cost::Calibration>) -> Vec<u64> {
     let node = &s.cluster.node;
-    // An FPGA stage whose weights fit its on-chip SRAM reads them from there.
-    let on_chip =
-        node.device.fpga.is_some_and(|f| p.static_memory.iter().map(|m| m.weights).fold(0.0, f64::max) <= f.sram_bytes);
-    let model = cost::ComputeModel::new(&node.device, s.training.precision, calibration)
-        .with_op_rates(&s.op_rates)
-        .with_weights_on_chip(on_chip);
+    // One compute model per device class; an FPGA stage whose weights fit its on-chip SRAM
+    // reads them from there.
+    let heaviest = p.static_memory.iter().map(|m| m.weights).fold(0.0, f64::max);
+    let models: Vec<cost::ComputeModel> = (0..=s.cluster.overrides.len() as u16)
+        .map(|cl| {
+            let dev = s.cluster.class(cl);
+            let on_chip = dev.fpga.is_some_and(|f| heaviest <= f.sram_bytes);
+            let cal = if cl == 0 { calibration } else { None };
+            cost::ComputeModel::new(dev, s.training.precision, cal)
+                .with_op_rates(&s.op_rates)
+                .with_weights_on_chip(on_chip)
+        })
+        .collect();
     // Host work (an offloaded optimizer step) shares the node's CPU memory bandwidth and
     // NVMe drives among the node's devices, which all step at once.
     let share = node.devices.max(1) as f64;
@@ -52,7 +59,7 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
             let seconds = if o.on_host {
                 host.op_s(&o.spec, o.backward).max(o.nvme_bytes / nvme_bytes_per_s)
             } else {
-                model.op_s(&o.spec, o.backward)
+                models[o.class as usize].op_s(&o.spec, o.backward)
             };
             (seconds * 1e9).round() as u64
         })

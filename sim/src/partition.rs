@@ -102,10 +102,13 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
 pub fn stage_devices(s: &Scenario) -> Vec<StageDevice> {
     let plan = &s.plan;
     let topo = Topology::new(&s.cluster);
-    let dev = &s.cluster.node.device;
-    let memory = dev.hbm_bytes - s.options.framework_bytes(dev);
+    let reference = s.cluster.node.device.peak_flops.at(plan.precision) * s.cluster.node.device.gemm_efficiency;
     (0..plan.pp)
         .map(|k| {
+            // Each stage's own device: its speed relative to the node's, its memory.
+            let dev = s.cluster.device_of(plan.device(0, k, 0));
+            let speed = dev.peak_flops.at(plan.precision) * dev.gemm_efficiency / reference;
+            let memory = dev.hbm_bytes - s.options.framework_bytes(dev);
             let (bw, lat) = if k + 1 < plan.pp {
                 let r = topo.route(plan.device(0, k, 0), plan.device(0, k + 1, 0));
                 let bw = r.links().iter().map(|&l| topo.capacities()[l as usize]).fold(f64::INFINITY, f64::min);
@@ -113,7 +116,7 @@ pub fn stage_devices(s: &Scenario) -> Vec<StageDevice> {
             } else {
                 (f64::INFINITY, 0.0)
             };
-            StageDevice { speed: 1.0, memory_bytes: memory, link_bytes_per_s: bw, link_latency_s: lat }
+            StageDevice { speed, memory_bytes: memory, link_bytes_per_s: bw, link_latency_s: lat }
         })
         .collect()
 }

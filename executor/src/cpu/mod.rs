@@ -348,6 +348,7 @@ mod tests {
             backward,
             on_host: false,
             nvme_bytes: 0.0,
+            class: 0,
         }
     }
 
@@ -365,6 +366,7 @@ mod tests {
             backward,
             on_host: name == "cpu_optimizer",
             nvme_bytes: 0.0,
+            class: 0,
         }
     }
 

@@ -78,7 +78,7 @@ mod tests {
             backward_bytes: 1.5 * bytes,
             saved: Saved::default(),
         };
-        OpInstance { spec, backward, on_host: name == "cpu_optimizer", nvme_bytes: 0.0 }
+        OpInstance { spec, backward, on_host: name == "cpu_optimizer", nvme_bytes: 0.0, class: 0 }
     }
 
     /// Runs every kind of op and copy on device 0 where there is one (skipped elsewhere): each

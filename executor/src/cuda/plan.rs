@@ -243,6 +243,7 @@ mod tests {
             backward,
             on_host: name == "cpu_optimizer",
             nvme_bytes: 0.0,
+            class: 0,
         }
     }
 

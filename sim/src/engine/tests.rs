@@ -19,7 +19,7 @@ fn cluster(devices_per_node: u32, nodes: u32, intra: LinkSpec, nic: LinkSpec) ->
     node.intra_node = Some(intra);
     node.nic = nic;
     node.nics = devices_per_node;
-    ClusterSpec { node, nodes }
+    ClusterSpec::new(node, nodes)
 }
 
 fn empty_program(devices: u32) -> Program {
@@ -122,8 +122,8 @@ fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResu
     let pp = shape.stages;
     let mut p = empty_program(pp);
     let v = shape.virtual_stages as u64;
-    p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0 });
-    p.ops.push(OpInstance { spec: op(), backward: true, on_host: false, nvme_bytes: 0.0 });
+    p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0, class: 0 });
+    p.ops.push(OpInstance { spec: op(), backward: true, on_host: false, nvme_bytes: 0.0, class: 0 });
     let op_ns = [f / v, b / v];
     let chunks = pp * shape.virtual_stages;
     let m = shape.micro_batches;

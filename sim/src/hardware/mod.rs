@@ -182,11 +182,39 @@ pub struct NodeSpec {
 pub struct ClusterSpec {
     pub node: NodeSpec,
     pub nodes: u32,
+    /// Devices that differ from the node's (a heterogeneous cluster): ranges of device ids.
+    pub overrides: Vec<DeviceOverride>,
+}
+
+/// Devices `first..first + count` are `device` instead of the node's.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeviceOverride {
+    pub first: u32,
+    pub count: u32,
+    pub device: DeviceSpec,
 }
 
 impl ClusterSpec {
+    pub fn new(node: NodeSpec, nodes: u32) -> ClusterSpec {
+        ClusterSpec { node, nodes, overrides: Vec::new() }
+    }
+
     pub fn device_count(&self) -> u32 {
         self.node.devices * self.nodes
+    }
+
+    /// Device class of a device: 0 for the node's device, i + 1 for override i.
+    pub fn class_of(&self, device: u32) -> u16 {
+        self.overrides.iter().position(|o| device >= o.first && device < o.first + o.count).map_or(0, |i| i as u16 + 1)
+    }
+
+    /// The spec of a device class.
+    pub fn class(&self, class: u16) -> &DeviceSpec {
+        if class == 0 { &self.node.device } else { &self.overrides[class as usize - 1].device }
+    }
+
+    pub fn device_of(&self, device: u32) -> &DeviceSpec {
+        self.class(self.class_of(device))
     }
 }
 

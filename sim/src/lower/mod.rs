@@ -131,6 +131,8 @@ struct Builder {
     /// Per-layer label ids: [layer][op][phase], built on first use.
     layer_labels: Vec<Vec<[u32; 3]>>,
     dev_index: Vec<u32>,
+    /// Device class of the ops being created.
+    class: u16,
     /// Data-parallel collective tasks per (stage, tp rank, stream), in creation order.
     dp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
     /// How many data-parallel collectives each (replica, stage, tp rank, stream) has lowered.
@@ -150,7 +152,13 @@ impl Builder {
     }
 
     fn op(&mut self, spec: &OpSpec, backward: bool) -> u32 {
-        self.p.ops.push(OpInstance { spec: spec.clone(), backward, on_host: false, nvme_bytes: 0.0 });
+        self.p.ops.push(OpInstance {
+            spec: spec.clone(),
+            backward,
+            on_host: false,
+            nvme_bytes: 0.0,
+            class: self.class,
+        });
         (self.p.ops.len() - 1) as u32
     }
 
@@ -282,6 +290,7 @@ pub fn lower(s: &Scenario) -> Program {
         layer_labels: Vec::new(),
         dev_index,
         dp_tasks: HashMap::new(),
+        class: 0,
         dp_seq: HashMap::new(),
         collective_ids: HashMap::new(),
     };
@@ -290,14 +299,24 @@ pub fn lower(s: &Scenario) -> Program {
     // one shape share their blocks.
     let units = plan.units();
     let mut shapes: Vec<Unit> = Vec::new();
-    let mut unit_blocks: Vec<UnitBlocks> = Vec::new();
+    // Blocks per unit shape and device class (a heterogeneous cluster times each class's ops
+    // on its own device).
+    let classes = s.cluster.overrides.len() as u16 + 1;
+    let mut unit_blocks: Vec<Vec<UnitBlocks>> = Vec::new();
     let mut block_of = Vec::with_capacity(units.len());
     for u in &units {
         let i = match shapes.iter().position(|x| x == u) {
             Some(i) => i,
             None => {
                 shapes.push(*u);
-                unit_blocks.push(unit_blocks_for(&mut b, s, *u));
+                let per_class = (0..classes)
+                    .map(|cl| {
+                        b.class = cl;
+                        unit_blocks_for(&mut b, s, *u)
+                    })
+                    .collect();
+                b.class = 0;
+                unit_blocks.push(per_class);
                 shapes.len() - 1
             }
         };
@@ -308,7 +327,7 @@ pub fn lower(s: &Scenario) -> Program {
     let chunks = plan.chunks();
     let starts = plan.chunk_starts();
     let m = units.len() as u32;
-    let max_boundary = unit_blocks.iter().flat_map(|u| u.boundary.iter().copied()).fold(0.0, f64::max);
+    let max_boundary = unit_blocks.iter().flatten().flat_map(|u| u.boundary.iter().copied()).fold(0.0, f64::max);
     let frozen = plan.frozen.layers > 0;
     // A zero-cost marker op that stands for "the cached prefix output is here".
     let cache_op = b.op(
@@ -364,6 +383,8 @@ pub fn lower(s: &Scenario) -> Program {
     for &r in &replicas {
         for stage in 0..plan.pp {
             let group: Vec<u32> = (0..t).map(|x| plan.device(r, stage, x)).collect();
+            let stage_class = s.cluster.class_of(group[0]);
+            b.class = stage_class;
             let ctx = StepCtx { streams: b.compute_streams(&group), group: &group, dims: plan.tp_mode.dims(t) };
             let order = if plan.token_slices.is_some() {
                 // TeraPipe: every slice forward in order, then backward in exact reverse (a
@@ -403,7 +424,7 @@ pub fn lower(s: &Scenario) -> Program {
                     u
                 })
                 .fold(0.0, f64::max);
-            let buffers = s.options.framework_bytes(&s.cluster.node.device)
+            let buffers = s.options.framework_bytes(s.cluster.class(stage_class))
                 + if sync > 1 { 2.0 * plan.bucket_bytes.min(params * gb) } else { 0.0 }
                 + if plan.pp > 1 { 2.0 * max_boundary } else { 0.0 }
                 + if z3 { 2.0 * largest_unit * wb } else { 0.0 };
@@ -466,7 +487,7 @@ pub fn lower(s: &Scenario) -> Program {
                 let layers = starts[c as usize]..starts[c as usize + 1];
                 // ZeRO-2 and 3 reduce every micro-batch's gradients; below, only the last.
                 let sync_grads = sync > 1 && (z >= 2 || last_bwd.get(&c) == Some(&mb));
-                let ub = &unit_blocks[block_of[mb as usize]];
+                let ub = &unit_blocks[block_of[mb as usize]][stage_class as usize];
                 let (embed, head) = (&ub.embed, &ub.head);
                 // Bytes entering and leaving this chunk per micro-batch.
                 let bnd_in = if starts[c as usize] > 0 { ub.boundary[starts[c as usize] as usize - 1] } else { 0.0 };
@@ -1168,6 +1189,7 @@ fn optimizer_step(
         backward: false,
         on_host: host,
         nvme_bytes: if off.optimizer == Tier::Nvme { 2.0 * ob * local } else { 0.0 },
+        class: b.class,
     });
     let op = (b.p.ops.len() - 1) as u32;
     let label = b.label(Label {

@@ -50,6 +50,8 @@ pub struct OpInstance {
     pub on_host: bool,
     /// Bytes the op also streams from and to NVMe (ZeRO-Infinity), overlapped with its work.
     pub nvme_bytes: f64,
+    /// Device class it runs on (`ClusterSpec::class`).
+    pub class: u16,
 }
 
 /// Collectives are the workload's communication kinds.

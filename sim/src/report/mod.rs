@@ -121,7 +121,8 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let devices = plan.devices();
     let model_flops = s.training.global_batch as f64 * s.workload.model_flops_per_sample(plan.seq_len);
     let network_flops = s.training.global_batch as f64 * s.workload.network_flops_per_sample(plan.seq_len);
-    let peak = s.cluster.node.device.peak_flops.at(plan.precision);
+    // Peak of the whole cluster (devices may differ).
+    let cluster_peak: f64 = (0..devices).map(|d| s.cluster.device_of(d).peak_flops.at(plan.precision)).sum();
     let samples_per_s = s.training.global_batch as f64 / iteration_s;
     let nd = p.devices.len();
     // Bubble: idle time of each compute stream until the last device ends its pipeline part
@@ -138,7 +139,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         .collect();
     let worst = (0..nd).max_by(|&a, &b| totals[a].total().total_cmp(&totals[b].total()).then(b.cmp(&a))).unwrap_or(0);
     let capacity = s.cluster.node.device.hbm_bytes;
-    let fits_hbm = totals.iter().all(|m| m.total() <= capacity);
+    let fits_hbm = (0..nd).all(|d| totals[d].total() <= s.cluster.device_of(p.devices[d]).hbm_bytes);
     // Host and NVMe are per node: the node's devices' shares add up.
     let per_node = s.cluster.node.devices as f64;
     let host_worst = p.host_memory.iter().copied().max_by(|a, b| a.total().total_cmp(&b.total())).unwrap_or_default();
@@ -175,9 +176,9 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         tokens_per_s: samples_per_s * plan.seq_len as f64,
         model_flops_per_iteration: model_flops,
         model_flops_per_s_per_device: model_flops / iteration_s / devices as f64,
-        mfu: model_flops / iteration_s / (devices as f64 * peak),
+        mfu: model_flops / iteration_s / cluster_peak,
         network_flops_per_iteration: network_flops,
-        network_flops_utilization: network_flops / iteration_s / (devices as f64 * peak),
+        network_flops_utilization: network_flops / iteration_s / cluster_peak,
         bubble_fraction,
         fits: fits_hbm && fits_host && fits_nvme,
         fits_hbm,

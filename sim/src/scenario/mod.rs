@@ -508,7 +508,7 @@ fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
 }
 
 fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
-    o.only(&["node", "nodes", "inter_node"])?;
+    o.only(&["node", "nodes", "inter_node", "device_overrides"])?;
     let node_v = o
         .get("node")
         .ok_or_else(|| invalid(&o.key("node"), "required key is missing (a node preset or a node description)"))?;
@@ -522,7 +522,40 @@ fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
             node.nics = k as u32;
         }
     }
-    Ok(ClusterSpec { node, nodes })
+    let mut cluster = ClusterSpec::new(node, nodes);
+    if let Some(v) = o.get("device_overrides") {
+        let key = o.key("device_overrides");
+        let items = v.as_array().ok_or_else(|| {
+            invalid(
+                &key,
+                format!("expected a list of {{\"devices\": [first, last], \"device\": ...}}, got {}", show(v)),
+            )
+        })?;
+        for (i, it) in items.iter().enumerate() {
+            let io = Obj::new(it, &format!("{key}[{i}]"))?;
+            io.only(&["devices", "device"])?;
+            let range = io
+                .get("devices")
+                .and_then(Value::as_array)
+                .filter(|a| a.len() == 2)
+                .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)));
+            let (first, last) =
+                range.filter(|(a, b)| a <= b && *b < cluster.device_count() as u64).ok_or_else(|| {
+                    invalid(
+                        &io.key("devices"),
+                        format!("expected [first, last] device ids within 0..{}", cluster.device_count()),
+                    )
+                })?;
+            let dv = io.get("device").ok_or_else(|| invalid(&io.key("device"), "required key is missing"))?;
+            let device = parse_device(dv, &io.key("device"))?;
+            cluster.overrides.push(crate::hardware::DeviceOverride {
+                first: first as u32,
+                count: (last - first + 1) as u32,
+                device,
+            });
+        }
+    }
+    Ok(cluster)
 }
 
 fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<Training> {
@@ -1051,6 +1084,20 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             ));
         }
     };
+    // A heterogeneous cluster: every device of a pipeline stage must be of one kind.
+    for stage in 0..pp {
+        let first = c.class_of(stage * dp * tp);
+        if (0..dp * tp).any(|i| c.class_of(stage * dp * tp + i) != first) {
+            return Err(invalid(
+                "cluster.device_overrides",
+                format!(
+                    "pipeline stage {stage} (devices {}..{}) mixes device kinds; give each stage one kind",
+                    stage * dp * tp,
+                    (stage + 1) * dp * tp - 1
+                ),
+            ));
+        }
+    }
     if schedule == ScheduleKind::TwoBW && micro_batches < pp {
         return Err(invalid(
             &o.key("schedule"),
