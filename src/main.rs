@@ -157,6 +157,22 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         write: Option<PathBuf>,
     },
+    /// The largest model of the scenario's family that fits, per memory policy (binary search
+    /// on the simulated peak), with its throughput.
+    Capacity {
+        scenario: PathBuf,
+        /// Which knob grows the model: hidden, layers or params (both).
+        #[arg(long, default_value = "params")]
+        vary: String,
+        /// Also sweep data parallelism over these GPU counts (one node) for plots.
+        #[arg(long, value_delimiter = ',')]
+        gpus: Vec<u32>,
+        #[arg(long)]
+        json: bool,
+        /// Write CSVs and plots (max model vs GPUs) here.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<PathBuf>,
+    },
     /// List every built-in device, link, node and workload preset.
     Presets {
         #[arg(long)]
@@ -186,6 +202,9 @@ fn main() -> ExitCode {
         Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
         Command::Slices { scenario, granularity, json } => slices(&scenario, granularity, json),
         Command::TrainRun { scenario, json, plot } => train_run(&scenario, json, plot.as_deref()),
+        Command::Capacity { scenario, vary, gpus, json, plot } => {
+            capacity_cmd(&scenario, &vary, &gpus, json, plot.as_deref())
+        }
         Command::Partition { scenario, json, write } => partition_cmd(&scenario, json, write.as_deref()),
         Command::SyntheticTrace { layers, epochs, seed } => {
             let t = sim::policy::freeze::synthetic_trace(layers, epochs, seed);
@@ -395,6 +414,83 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
     }
     if let Some(w) = write {
         println!("written:      {}", w.display());
+    }
+    Ok(())
+}
+
+fn capacity_cmd(path: &Path, vary: &str, gpus: &[u32], json: bool, plot: Option<&Path>) -> Result<(), String> {
+    use sim::capacity::{Policy, Vary, capacity};
+    let s = load_scenario(path)?;
+    let v = Vary::parse(vary).ok_or_else(|| format!("--vary: \"{vary}\" is not one of: hidden, layers, params"))?;
+    if s.workload.net.is_some() {
+        return Err("capacity studies vary a transformer; this workload is a network of distinct layers".into());
+    }
+    eprintln!("searching the largest model per policy...");
+    let r = capacity(&s, v, &Policy::ALL);
+    let mut sweep = Vec::new();
+    for &n in gpus {
+        let mut g = s.clone();
+        g.cluster.nodes = 1;
+        g.cluster.node.devices = n;
+        g.plan.dp = n;
+        g.plan.tp = 1;
+        g.plan.pp = 1;
+        g.plan.partition = vec![g.workload.layers()];
+        let per = g.training.global_batch.div_ceil(n).max(1);
+        g.training.global_batch = per * n;
+        g.plan.micro_batch = per.min(g.plan.micro_batch).max(1);
+        g.plan.micro_batch = (1..=g.plan.micro_batch).rev().find(|b| per.is_multiple_of(*b)).unwrap_or(1);
+        g.training.micro_batch = g.plan.micro_batch;
+        g.plan.micro_batches = per / g.plan.micro_batch;
+        eprintln!("  {n} GPU(s)...");
+        sweep.push((n, capacity(&g, v, &Policy::ALL)));
+    }
+    if let Some(dir) = plot {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
+        let mut params = format!("gpus,{}\n", names.join(","));
+        let mut speed = format!("gpus,{}\n", names.join(","));
+        for (n, c) in &sweep {
+            let row = |f: &dyn Fn(&sim::capacity::PolicyCapacity) -> f64| {
+                c.policies.iter().map(|p| format!("{:.4}", f(p))).collect::<Vec<_>>().join(",")
+            };
+            params += &format!("{n},{}\n", row(&|p| p.max_params / 1e9));
+            speed += &format!("{n},{}\n", row(&|p| p.samples_per_s));
+        }
+        std::fs::write(dir.join("max_params.csv"), &params).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("throughput.csv"), &speed).map_err(|e| e.to_string())?;
+        let y: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        csvplot::draw(
+            &dir.join("max_params.csv"),
+            &y,
+            true,
+            "largest trainable model vs GPUs",
+            "billion parameters",
+            &dir.join("max_params.png"),
+        )?;
+        csvplot::draw(
+            &dir.join("throughput.csv"),
+            &y,
+            true,
+            "throughput of the largest model vs GPUs",
+            "samples/s",
+            &dir.join("throughput.png"),
+        )?;
+    }
+    if json {
+        let v = serde_json::json!({"vary": r.vary, "devices": r.devices, "policies": r.policies,
+            "sweep": sweep.iter().map(|(n, c)| serde_json::json!({"gpus": n, "policies": c.policies})).collect::<Vec<_>>()});
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!("{}: the largest model per policy on {} devices (varying {vary})", s.name, r.devices);
+    for p in &r.policies {
+        println!("  {:<14} {:>9.2} B parameters  {:>9.2} samples/s", p.policy, p.max_params / 1e9, p.samples_per_s);
+    }
+    for (n, c) in &sweep {
+        let cells: Vec<String> =
+            c.policies.iter().map(|p| format!("{} {:.1}B", p.policy, p.max_params / 1e9)).collect();
+        println!("  {n:>3} GPUs: {}", cells.join(", "));
     }
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! [`engine::run`] times the program on the cluster with the [`cost`] model and the
 //! [`network`] model; [`report::build`] summarises the run. [`simulate`] does all of it.
 
+pub mod capacity;
 pub mod cost;
 pub mod engine;
 pub mod hardware;

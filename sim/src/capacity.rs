@@ -1,0 +1,185 @@
+//! Capacity studies: the largest model of a family that fits a cluster under each memory
+//! policy, found by binary search on the simulated memory peak, with its throughput.
+//!
+//! The family is the scenario's transformer varied along one knob: `layers`, `hidden` (in
+//! steps of 128 with 128-wide heads, FFN 4x), or `params` (hidden and layers together at the
+//! scenario's depth-to-width ratio). "Fits" is the report's `fits`: every device's HBM, each
+//! node's host DRAM and NVMe.
+
+use crate::plan::{Offload, Tier};
+use crate::scenario::Scenario;
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Vary {
+    Layers,
+    Hidden,
+    Params,
+}
+
+impl Vary {
+    pub fn parse(s: &str) -> Option<Vary> {
+        Some(match s {
+            "layers" => Vary::Layers,
+            "hidden" => Vary::Hidden,
+            "params" => Vary::Params,
+            _ => return None,
+        })
+    }
+}
+
+/// A memory policy: where model states live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Everything on the devices, with the scenario's ZeRO stage.
+    Device,
+    /// ZeRO-3: states sharded over the data-parallel devices.
+    Zero3,
+    /// ZeRO-Offload: optimizer states and step on the CPU (ZeRO-2).
+    ZeroOffload,
+    /// ZeRO-3 with parameters and optimizer in host memory (DeepSpeed's offload_param + offload_optimizer).
+    Zero3Cpu,
+    /// ZeRO-Infinity: parameters and optimizer on NVMe.
+    ZeroInfinity,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 5] =
+        [Policy::Device, Policy::Zero3, Policy::ZeroOffload, Policy::Zero3Cpu, Policy::ZeroInfinity];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Device => "device",
+            Policy::Zero3 => "zero3",
+            Policy::ZeroOffload => "zero-offload",
+            Policy::Zero3Cpu => "zero3-cpu",
+            Policy::ZeroInfinity => "zero-infinity",
+        }
+    }
+
+    /// The scenario under this policy.
+    pub fn apply(self, s: &Scenario) -> Scenario {
+        let mut s = s.clone();
+        let p = &mut s.plan;
+        let none = Offload::NONE;
+        match self {
+            Policy::Device => p.offload = none,
+            Policy::Zero3 => {
+                p.zero_stage = 3;
+                p.offload = none;
+            }
+            Policy::ZeroOffload => {
+                p.zero_stage = p.zero_stage.max(2);
+                p.offload = Offload { optimizer: Tier::Cpu, ..none };
+            }
+            Policy::Zero3Cpu => {
+                p.zero_stage = 3;
+                p.offload = Offload { optimizer: Tier::Cpu, params: Tier::Cpu, ..none };
+            }
+            Policy::ZeroInfinity => {
+                p.zero_stage = 3;
+                p.offload = Offload { optimizer: Tier::Nvme, params: Tier::Nvme, ..none };
+            }
+        }
+        s
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyCapacity {
+    pub policy: &'static str,
+    /// The knob's largest value that fits (layers or hidden), and the model's size.
+    pub max_value: u32,
+    pub max_params: f64,
+    /// Throughput of that model (0 when nothing fits).
+    pub samples_per_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CapacityReport {
+    pub vary: Vary,
+    pub devices: u32,
+    pub policies: Vec<PolicyCapacity>,
+}
+
+/// The scenario's model with the knob at `v`.
+fn sized(s: &Scenario, vary: Vary, v: u32) -> Scenario {
+    let mut s = s.clone();
+    let t = &mut s.workload.transformer;
+    let ratio = t.hidden as f64 / t.layers as f64;
+    let set_hidden = |t: &mut crate::workload::TransformerConfig, h: u32| {
+        t.hidden = h;
+        t.heads = (h / 128).max(1);
+        t.kv_heads = t.heads;
+        t.ffn_hidden = 4 * h;
+    };
+    match vary {
+        Vary::Layers => t.layers = v,
+        Vary::Hidden => set_hidden(t, 128 * v),
+        Vary::Params => {
+            set_hidden(t, 128 * v);
+            t.layers = ((128.0 * v as f64) / ratio).round().max(1.0) as u32;
+        }
+    }
+    let layers = t.layers;
+    s.workload.name =
+        format!("{} ({} layers, h={})", s.workload.name.split(" (").next().unwrap_or(""), layers, t.hidden);
+    s.plan.partition = crate::plan::Plan::uniform_partition(layers, s.plan.chunks());
+    s
+}
+
+fn knob(s: &Scenario, vary: Vary) -> u32 {
+    let t = &s.workload.transformer;
+    match vary {
+        Vary::Layers => t.layers,
+        Vary::Hidden | Vary::Params => (t.hidden / 128).max(1),
+    }
+}
+
+/// The largest knob value (>= the pipeline's chunk count for layers) whose model fits.
+fn largest(s: &Scenario, vary: Vary) -> Option<u32> {
+    let min = if vary == Vary::Layers { s.plan.chunks() } else { 1 };
+    let fits = |v: u32| crate::simulate(&sized(s, vary, v), false).report.fits;
+    if !fits(min) {
+        return None;
+    }
+    let (mut lo, mut hi) = (min, knob(s, vary).max(min + 1));
+    // Grow until it does not fit (bounded: 1M layers or h = 128M is beyond any cluster).
+    while fits(hi) {
+        lo = hi;
+        hi = hi.saturating_mul(2);
+        if hi > 1 << 20 {
+            return Some(lo);
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) { lo = mid } else { hi = mid }
+    }
+    Some(lo)
+}
+
+pub fn capacity(s: &Scenario, vary: Vary, policies: &[Policy]) -> CapacityReport {
+    let out = policies
+        .iter()
+        .map(|&pol| {
+            let base = pol.apply(s);
+            match largest(&base, vary) {
+                Some(v) => {
+                    let m = sized(&base, vary, v);
+                    let r = crate::simulate(&m, false).report;
+                    PolicyCapacity {
+                        policy: pol.name(),
+                        max_value: v,
+                        max_params: m.workload.parameters(),
+                        samples_per_s: r.samples_per_s,
+                    }
+                }
+                None => PolicyCapacity { policy: pol.name(), max_value: 0, max_params: 0.0, samples_per_s: 0.0 },
+            }
+        })
+        .collect();
+    CapacityReport { vary, devices: s.plan.devices(), policies: out }
+}
