@@ -2,5 +2,6 @@
 //! [`token_slicing`] is TeraPipe's optimiser of token slices and sub-batches for one pipeline.
 
 pub mod freeze;
+pub mod gemini;
 pub mod partition;
 pub mod token_slicing;
