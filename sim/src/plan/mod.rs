@@ -90,8 +90,8 @@ impl Tier {
     }
 }
 
-/// Static offload of model states (ZeRO-Offload, ZeRO-Infinity).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Static offload of model states (ZeRO-Offload, ZeRO-Infinity), or Gemini's dynamic placement.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Offload {
     /// Optimizer states and fp32 master weights; off the device, the optimizer step runs on
     /// the host CPU.
@@ -101,10 +101,27 @@ pub struct Offload {
     /// Activations kept for backward: copied out after each layer's forward and fetched
     /// back (one layer ahead) before its backward.
     pub activations: Tier,
+    /// Gemini: model-state chunks move between device and host on demand.
+    pub dynamic: Option<Dynamic>,
 }
 
 impl Offload {
-    pub const NONE: Offload = Offload { optimizer: Tier::Device, params: Tier::Device, activations: Tier::Device };
+    pub const NONE: Offload =
+        Offload { optimizer: Tier::Device, params: Tier::Device, activations: Tier::Device, dynamic: None };
+}
+
+/// Gemini's chunk placement (Colossal-AI): one chunk per layer's sharded states; before a
+/// layer runs its chunk must be on the device; when room is short the chunk evicted is chosen
+/// by `eviction`; the optimizer updates each chunk where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Dynamic {
+    pub eviction: crate::policy::gemini::Eviction,
+    /// A fixed device budget for chunks (Gemini's `const` policy), instead of what the
+    /// device has left.
+    pub budget_bytes: Option<f64>,
+    /// Memory the warm-up iteration measured besides model states (activations and
+    /// buffers at their peak); filled in by the simulator before lowering.
+    pub non_model_bytes: f64,
 }
 
 /// How layers are cut into pipeline stages when the scenario names a policy.

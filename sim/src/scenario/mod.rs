@@ -13,7 +13,7 @@ use crate::hardware::{
 use crate::plan::{Offload, Optimizer, PartitionPolicy, Plan, Recompute, Tier, TokenSlices, parse_schedule};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
 use crate::workload::{self, TpMode, Workload};
-use reader::{Obj, invalid, show, unsupported};
+use reader::{Obj, invalid, show};
 pub use reader::{Result, ScenarioError};
 use serde::Serialize;
 use serde_json::Value;
@@ -795,6 +795,15 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
     Ok(Some(ts))
 }
 
+/// Gemini's dynamic placement: Belady eviction (`gemini`), least recently used
+/// (`gemini-lru`), or a fixed 512 MiB device budget (`const`), unless `budget` says.
+fn dynamic(policy: &str, budget: Option<f64>) -> Offload {
+    use crate::policy::gemini::{CONST_POLICY_BYTES, Eviction};
+    let eviction = if policy == "gemini-lru" { Eviction::Lru } else { Eviction::Belady };
+    let budget_bytes = budget.or(if policy == "const" { Some(CONST_POLICY_BYTES) } else { None });
+    Offload { dynamic: Some(crate::plan::Dynamic { eviction, budget_bytes, non_model_bytes: 0.0 }), ..Offload::NONE }
+}
+
 fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> Result<Offload> {
     let key = o.key("offload");
     let offload = match o.get("offload") {
@@ -808,6 +817,7 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
             "zero-offload" => Offload { optimizer: Tier::Cpu, ..Offload::NONE },
             // ZeRO-Infinity (Rajbhandari et al. 2021): optimizer and parameters on NVMe.
             "zero-infinity" => Offload { optimizer: Tier::Nvme, params: Tier::Nvme, ..Offload::NONE },
+            p @ ("gemini" | "gemini-lru" | "const") => dynamic(p, None),
             other => {
                 return Err(invalid(
                     &key,
@@ -819,9 +829,22 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
         },
         Some(v) => {
             let oo = Obj::new(v, &key)?;
-            oo.only(&["optimizer", "params", "activations", "policy"])?;
-            if oo.has("policy") {
-                return Err(unsupported(&oo.key("policy"), "dynamic offload policies (Gemini) are planned"));
+            oo.only(&["optimizer", "params", "activations", "policy", "budget_bytes"])?;
+            if let Some(p) = oo.string("policy")? {
+                let budget = oo.positive("budget_bytes")?;
+                if oo.has("optimizer") || oo.has("params") {
+                    return Err(invalid(&oo.key("policy"), "a policy places the optimizer and parameters itself; leave out \"optimizer\" and \"params\""));
+                }
+                return match p {
+                    "none" => Ok(Offload::NONE),
+                    "zero-offload" => Ok(Offload { optimizer: Tier::Cpu, ..Offload::NONE }),
+                    "zero-infinity" if zero_stage >= 3 => Ok(Offload { optimizer: Tier::Nvme, params: Tier::Nvme, ..Offload::NONE }),
+                    "gemini" | "gemini-lru" | "const" => Ok(dynamic(p, budget)),
+                    _ => Err(invalid(&oo.key("policy"), format!("\"{p}\" is not one of: none, gemini, gemini-lru, const, zero-offload, zero-infinity (with zero_stage 3)"))),
+                };
+            }
+            if oo.has("budget_bytes") {
+                return Err(invalid(&oo.key("budget_bytes"), "only with a \"policy\""));
             }
             Offload {
                 optimizer: oo.choice("optimizer", &Tier::NAMES, Tier::parse)?.unwrap_or(Tier::Device),
@@ -836,6 +859,7 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
                     Some(t) => t,
                     None => Tier::Device,
                 },
+                dynamic: None,
             }
         }
     };
