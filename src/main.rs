@@ -705,6 +705,20 @@ fn print_summary(r: &sim::report::Report) {
             gib(st.peak_memory_bytes)
         );
     }
+    for c in &r.chunk_placement {
+        println!(
+            "chunks:       stage {}: {} chunks of {:.1} M parameters; per iteration {} fetches, {} evictions, {} moved per device; optimizer {:.0}% on the device, {:.0}% on the CPU{}",
+            c.stage,
+            c.chunks,
+            c.chunk_params as f64 / 1e6,
+            c.fetches,
+            c.evictions,
+            gib(c.moved_bytes),
+            100.0 * c.optimizer_on_device,
+            100.0 * (1.0 - c.optimizer_on_device),
+            if c.feasible { "" } else { " (INFEASIBLE: a unit's chunks do not fit beside its non-model memory)" }
+        );
+    }
     println!(
         "engine:       {} events, {} flows, {} tasks, {} of {} devices simulated{}",
         r.events,

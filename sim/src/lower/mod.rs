@@ -12,6 +12,7 @@
 
 pub mod program;
 
+mod gemini;
 pub use program::*;
 
 use crate::cost::memory::{bytes_per_parameter, optimizer_traffic_bytes};
@@ -138,6 +139,8 @@ struct Builder {
     /// How many data-parallel collectives each (replica, stage, tp rank, stream) has lowered.
     dp_seq: HashMap<(u32, u32, u32, u32), u32>,
     collective_ids: HashMap<(u8, Vec<u32>, u64), u32>,
+    /// Gemini's warm-up log: every unit access, in program order per device.
+    unit_log: Vec<gemini::UnitAccess>,
 }
 
 const PH: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::Recompute];
@@ -261,39 +264,74 @@ struct StepCtx<'b> {
 
 /// Lower a validated scenario.
 pub fn lower(s: &Scenario) -> Program {
+    if s.plan.offload.dynamic.is_none() {
+        return lower_with(s, None);
+    }
+    // Gemini shards its chunks over the data-parallel group, as ZeRO-3 does.
+    let mut s = s.clone();
+    if s.plan.sync_degree() > 1 {
+        s.plan.zero_stage = 3;
+    }
+    // Warm-up: every chunk on the device; the log gives the chunks' compute order and the
+    // program's memory timeline the non-model memory at each unit boundary.
+    let (warm, log) = lower_into(Builder::new(&s), &s, None);
+    let non_model = gemini::warmup_non_model(&warm, &log);
+    let stats: Vec<(gemini::UnitAccess, f64)> = log.into_iter().zip(non_model).collect();
+    lower_with(&s, Some(&stats))
+}
+
+fn lower_with(s: &Scenario, stats: Option<&[(gemini::UnitAccess, f64)]>) -> Program {
+    lower_into(Builder::new(s), s, stats).0
+}
+
+impl Builder {
+    fn new(s: &Scenario) -> Builder {
+        let plan = &s.plan;
+        let devices = plan.devices();
+        let symmetric = s.options.symmetry && symmetry_is_exact(plan, s.cluster.node.devices);
+        let simulated: Vec<u32> = (0..devices).filter(|&d| !symmetric || plan.coords(d).0 == 0).collect();
+        let mut dev_index = vec![NONE; devices as usize];
+        for (i, &d) in simulated.iter().enumerate() {
+            dev_index[d as usize] = i as u32;
+        }
+        let mirror: Vec<u32> = (0..devices)
+            .map(|d| {
+                let (_, st, t) = plan.coords(d);
+                if symmetric { dev_index[plan.device(0, st, t) as usize] } else { dev_index[d as usize] }
+            })
+            .collect();
+        Builder {
+            p: Program {
+                devices: simulated.clone(),
+                stages: simulated.iter().map(|&d| plan.coords(d).1).collect(),
+                mirror,
+                streams: vec![Vec::new(); simulated.len() * STREAMS],
+                symmetric,
+                ..Program::default()
+            },
+
+            labels: HashMap::new(),
+            layer_labels: Vec::new(),
+            dev_index,
+            dp_tasks: HashMap::new(),
+            class: 0,
+            dp_seq: HashMap::new(),
+            collective_ids: HashMap::new(),
+            unit_log: Vec::new(),
+        }
+    }
+}
+
+/// Lower into a fresh builder; with `stats` (Gemini's warm-up log and non-model bytes), chunks
+/// move as the steady-state placement decides.
+fn lower_into(
+    mut b: Builder,
+    s: &Scenario,
+    stats: Option<&[(gemini::UnitAccess, f64)]>,
+) -> (Program, Vec<gemini::UnitAccess>) {
     let plan = &s.plan;
     let w = &s.workload.transformer;
-    let devices = plan.devices();
-    let symmetric = s.options.symmetry && symmetry_is_exact(plan, s.cluster.node.devices);
-    let simulated: Vec<u32> = (0..devices).filter(|&d| !symmetric || plan.coords(d).0 == 0).collect();
-    let mut dev_index = vec![NONE; devices as usize];
-    for (i, &d) in simulated.iter().enumerate() {
-        dev_index[d as usize] = i as u32;
-    }
-    let mirror: Vec<u32> = (0..devices)
-        .map(|d| {
-            let (_, st, t) = plan.coords(d);
-            if symmetric { dev_index[plan.device(0, st, t) as usize] } else { dev_index[d as usize] }
-        })
-        .collect();
-    let mut b = Builder {
-        p: Program {
-            devices: simulated.clone(),
-            stages: simulated.iter().map(|&d| plan.coords(d).1).collect(),
-            mirror,
-            streams: vec![Vec::new(); simulated.len() * STREAMS],
-            symmetric,
-            ..Program::default()
-        },
-
-        labels: HashMap::new(),
-        layer_labels: Vec::new(),
-        dev_index,
-        dp_tasks: HashMap::new(),
-        class: 0,
-        dp_seq: HashMap::new(),
-        collective_ids: HashMap::new(),
-    };
+    let symmetric = b.p.symmetric;
 
     // The pipeline's units: micro-batches, or token slices of sub-batches (TeraPipe). Units of
     // one shape share their blocks.
@@ -372,13 +410,18 @@ pub fn lower(s: &Scenario) -> Program {
     let last_params = if !edges || (w.tied_embeddings && chunks == 1) { 0.0 } else { vocab_params };
     let sync = plan.sync_degree();
     let dp = sync as f64;
-    let z = if sync > 1 { plan.zero_stage } else { 0 };
-    let shard = |stage_at_least: u8| if z >= stage_at_least { dp } else { 1.0 };
     let off = plan.offload;
     let host_opt = off.optimizer != Tier::Device;
     let host_params = off.params != Tier::Device;
+    // Without data parallelism ZeRO shards nothing, except that offloaded parameters are
+    // still fetched layer by layer (ZeRO-Infinity on one GPU).
+    let z = if sync > 1 || host_params { plan.zero_stage } else { 0 };
+    let shard = |stage_at_least: u8| if z >= stage_at_least { dp } else { 1.0 };
     // ZeRO-3: parameters are all-gathered before every use (FSDP, one unit per layer).
     let z3 = z >= 3;
+    // Gemini: chunks are fetched (and gathered) before every use of a unit.
+    let dynamic = off.dynamic;
+    let per_unit = z3 || dynamic.is_some();
 
     for &r in &replicas {
         for stage in 0..plan.pp {
@@ -434,17 +477,62 @@ pub fn lower(s: &Scenario) -> Program {
             } else {
                 0.0
             };
-            let dev_weights = frozen_weights + if host_params { 0.0 } else { params * wb / shard(3) };
+            let mut dev_weights = frozen_weights + if host_params { 0.0 } else { params * wb / shard(3) };
             // With the optimizer on the host, gradients go there bucket by bucket.
-            let dev_grads = if host_opt && z >= 2 { 0.0 } else { params * gb / shard(2) };
-            let dev_opt = if host_opt { 0.0 } else { params * ob / shard(1) };
-            let host = MemoryBreakdown {
+            let mut dev_grads = if host_opt && z >= 2 { 0.0 } else { params * gb / shard(2) };
+            let mut dev_opt = if host_opt { 0.0 } else { params * ob / shard(1) };
+            let mut host = MemoryBreakdown {
                 weights: if host_params { params * wb / shard(3) } else { 0.0 },
                 // ZeRO-Offload keeps fp32 gradients next to the states it updates.
                 gradients: if host_opt { params * 4.0 / shard(1) } else { 0.0 },
                 optimizer: if off.optimizer == Tier::Cpu { params * ob / shard(1) } else { 0.0 },
                 activations: 0.0,
                 buffers: 0.0,
+            };
+            // Gemini's steady state: chunks resident at the start are static, moves are
+            // dynamic (on their copies); gradients reuse the chunks' memory.
+            let placement = match (dynamic, stats) {
+                (Some(dy), Some(stats)) => {
+                    let d0 = b.dev_index[group[0] as usize];
+                    let accesses: Vec<(gemini::UnitAccess, f64)> =
+                        stats.iter().filter(|(a, _)| a.device == d0).copied().collect();
+                    let input = gemini::StageInput {
+                        eviction: dy.eviction,
+                        budget_bytes: dy.budget_bytes,
+                        hbm_bytes: s.cluster.class(stage_class).hbm_bytes,
+                        weight_bytes: wb,
+                        state_bytes: ob,
+                        shards: sync,
+                        interval: s.workload.net.as_ref().map_or(w.hidden as u64, |_| 1024),
+                        split_layers: edges,
+                        static_non_model: buffers + frozen_weights,
+                    };
+                    let pl = gemini::place_stage(&accesses, &input);
+                    dev_weights = frozen_weights + pl.resident_bytes;
+                    dev_grads = 0.0;
+                    dev_opt = pl.device_state_bytes;
+                    host.weights = pl.total_bytes - pl.min_resident_bytes;
+                    host.optimizer = (1.0 - pl.split.device) * params * ob / shard(1);
+                    if r == replicas[0] {
+                        let moves = pl.moves.iter().flatten();
+                        b.p.chunk_placement.push(ChunkPlacement {
+                            stage,
+                            chunk_params: pl.chunk_elems,
+                            chunks: pl.chunks,
+                            fetches: moves.clone().filter(|m| m.0).count(),
+                            evictions: moves.clone().filter(|m| !m.0).count(),
+                            moved_bytes: moves.map(|m| m.1).sum::<f64>() + 0.0,
+                            optimizer_on_device: pl.split.device,
+                            feasible: pl.feasible,
+                        });
+                    }
+                    Some(pl)
+                }
+                (Some(_), None) => {
+                    dev_grads = 0.0;
+                    None
+                }
+                _ => None,
             };
             let nvme = if off.optimizer == Tier::Nvme { params * ob / shard(1) } else { 0.0 }
                 + if off.params == Tier::Nvme { params * wb / shard(3) } else { 0.0 };
@@ -480,13 +568,25 @@ pub fn lower(s: &Scenario) -> Program {
             let act_off = off.activations != Tier::Device;
             let mut stashed: HashMap<(u32, u32, u32), Vec<u32>> = HashMap::new();
             let mut prev_bwd_first = NONE;
-            let mut gathers = Gathers { prev_first: NONE, host: off.params, unit_label: NONE };
+            let mut gathers = Gathers {
+                prev_first: NONE,
+                host: off.params,
+                unit_label: NONE,
+                dynamic: dynamic.is_some(),
+                moves: placement.as_ref().map(|p| p.moves.clone()),
+                count: 0,
+                prev_last: NONE,
+                pending: (0, 0.0),
+                wb,
+                labels: (NONE, NONE),
+            };
             for st in &order {
                 let c = st.chunk;
                 let mb = st.micro_batch;
                 let layers = starts[c as usize]..starts[c as usize + 1];
                 // ZeRO-2 and 3 reduce every micro-batch's gradients; below, only the last.
-                let sync_grads = sync > 1 && (z >= 2 || last_bwd.get(&c) == Some(&mb));
+                // With the optimizer on the host, gradients stream there even without peers.
+                let sync_grads = (sync > 1 || (host_opt && z >= 2)) && (z >= 2 || last_bwd.get(&c) == Some(&mb));
                 let ub = &unit_blocks[block_of[mb as usize]][stage_class as usize];
                 let (embed, head) = (&ub.embed, &ub.head);
                 // Bytes entering and leaving this chunk per micro-batch.
@@ -529,10 +629,10 @@ pub fn lower(s: &Scenario) -> Program {
                             alloc: f64,
                             free: f64,
                             unit_params: f64| {
-                    let g = if z3 { gathers.before(b, plan, r, stage, unit_params * wb) } else { Vec::new() };
+                    let g = if per_unit { gathers.before(b, plan, r, stage, unit_params, layer) } else { Vec::new() };
                     let (f, l) = emit_block(b, &ctx, blk, layer, phase, c, mb, alloc, free);
-                    if z3 {
-                        gathers.after(b, &ctx, &g, f, l, unit_params * wb);
+                    if per_unit {
+                        gathers.after(b, &ctx, &g, f, l);
                     }
                     (f, l)
                 };
@@ -656,8 +756,8 @@ pub fn lower(s: &Scenario) -> Program {
                             let layer = ub.layer(l);
                             let mut free = layer.saved;
                             // The gather for a layer's backward also serves its recomputation.
-                            let g = if z3 {
-                                gathers.before(&mut b, plan, r, stage, lp[l as usize] * wb)
+                            let g = if per_unit {
+                                gathers.before(&mut b, plan, r, stage, lp[l as usize], l as i32)
                             } else {
                                 Vec::new()
                             };
@@ -690,8 +790,8 @@ pub fn lower(s: &Scenario) -> Program {
                             if unit_first == NONE {
                                 unit_first = f;
                             }
-                            if z3 {
-                                gathers.after(&mut b, &ctx, &g, unit_first, la, lp[l as usize] * wb);
+                            if per_unit {
+                                gathers.after(&mut b, &ctx, &g, unit_first, la);
                             }
                             for (x, &fch) in fetched.iter().enumerate() {
                                 b.p.deps.push((fch, unit_first + x as u32));
@@ -749,7 +849,10 @@ pub fn lower(s: &Scenario) -> Program {
                 }
                 b.p.compute_marks[d] = b.p.streams[sidx as usize].len() as u32;
             }
-            let opt_tasks = optimizer_step(&mut b, plan, &ctx, &my_chunks, &last_sync, params, dp, z);
+            let opt_tasks = match &placement {
+                Some(pl) => optimizer_split(&mut b, plan, &ctx, &my_chunks, &last_sync, params / shard(1), pl.split),
+                None => optimizer_step(&mut b, plan, &ctx, &my_chunks, &last_sync, params, dp, z),
+            };
             if (1..3).contains(&z) {
                 // Gather the updated parameter shards, in buckets like the gradients.
                 let total = params * wb;
@@ -792,7 +895,7 @@ pub fn lower(s: &Scenario) -> Program {
             }
         }
     }
-    b.p
+    (b.p, b.unit_log)
 }
 
 /// Emit one block (a layer, the embedding or the head) for a pass on every device of the
@@ -1031,10 +1134,18 @@ fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after
     let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
     let t = plan.tp;
     let label = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: stage });
+    let alone = plan.sync_degree() == 1;
     (0..t)
         .map(|x| {
-            let task = dp_collective(b, plan, r, stage, x, kind, bytes, "grad_sync", StreamKind::DataParallel);
-            b.p.deps.push((after + x - (t - 1), task));
+            let done = after + x - (t - 1);
+            // Without peers there is nothing to reduce, only the copy to the host.
+            let task = if alone {
+                done
+            } else {
+                let task = dp_collective(b, plan, r, stage, x, kind, bytes, "grad_sync", StreamKind::DataParallel);
+                b.p.deps.push((done, task));
+                task
+            };
             if !to_host {
                 return task;
             }
@@ -1091,19 +1202,40 @@ fn act_copies(
         .collect()
 }
 
-/// ZeRO-3 parameter gathers around each unit (a layer, the embedding, the head).
+/// ZeRO-3 parameter gathers around each unit (a layer, the embedding, the head), and
+/// Gemini's chunk moves before each.
 struct Gathers {
     /// Device-0 id of the previous unit's first compute task: the next gather waits for it
     /// (prefetch of one unit, as FSDP's limit on in-flight all-gathers).
     prev_first: u32,
     host: Tier,
     unit_label: u32,
+    /// Gemini: chunks move in the operator's hook, after the previous unit has run (no
+    /// prefetch), and every access is logged for the warm-up statistics.
+    dynamic: bool,
+    /// Gemini's steady-state moves per access, as (to device, bytes); `None` in the warm-up.
+    moves: Option<Vec<Vec<(bool, f64)>>>,
+    /// Accesses so far.
+    count: usize,
+    /// Device-0 id of the previous unit's last compute task.
+    prev_last: u32,
+    /// The unit being gathered and its parameters (logged by `after`).
+    pending: (i32, f64),
+    /// Bytes per parameter of the gathered weights.
+    wb: f64,
+    /// Labels of chunk fetches and evictions.
+    labels: (u32, u32),
 }
 
 impl Gathers {
-    /// Fetch (from the host tier if offloaded) and all-gather a unit of `bytes` (unsharded)
-    /// for every device of the group; returns the all-gather task per device.
-    fn before(&mut self, b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64) -> Vec<u32> {
+    /// Fetch (from the host tier if offloaded, or Gemini's moves) and all-gather a unit of
+    /// `params` parameters (unsharded) for every device of the group; returns the task each
+    /// device's compute waits for ([`NONE`] if nothing).
+    fn before(&mut self, b: &mut Builder, plan: &Plan, r: u32, stage: u32, params: f64, unit: i32) -> Vec<u32> {
+        let bytes = params * self.wb;
+        if self.dynamic {
+            return self.before_dynamic(b, plan, r, stage, params, unit);
+        }
         if self.unit_label == NONE {
             self.unit_label = b.label(Label { op: "param_fetch", layer: -1, phase: Phase::Sync, chunk: stage });
         }
@@ -1120,21 +1252,25 @@ impl Gathers {
                         self.unit_label,
                     );
                 }
-                let g = dp_collective(
-                    b,
-                    plan,
-                    r,
-                    stage,
-                    x,
-                    CollectiveKind::AllGather,
-                    bytes,
-                    "param_gather",
-                    StreamKind::Gather,
-                );
+                let g = if plan.sync_degree() > 1 {
+                    dp_collective(
+                        b,
+                        plan,
+                        r,
+                        stage,
+                        x,
+                        CollectiveKind::AllGather,
+                        bytes,
+                        "param_gather",
+                        StreamKind::Gather,
+                    )
+                } else {
+                    head
+                };
                 if head == NONE {
                     head = g;
                 }
-                if self.prev_first != NONE {
+                if self.prev_first != NONE && head != NONE {
                     b.p.deps.push((self.prev_first + x, head));
                 }
                 g
@@ -1142,14 +1278,174 @@ impl Gathers {
             .collect()
     }
 
-    /// The unit's compute waits for its gather.
-    fn after(&mut self, b: &mut Builder, ctx: &StepCtx, gathers: &[u32], first: u32, _last: u32, _bytes: f64) {
-        for (x, &g) in gathers.iter().enumerate() {
-            b.p.deps.push((g, first + x as u32));
+    fn before_dynamic(&mut self, b: &mut Builder, plan: &Plan, r: u32, stage: u32, params: f64, unit: i32) -> Vec<u32> {
+        if self.labels.0 == NONE {
+            self.labels = (
+                b.label(Label { op: "chunk_fetch", layer: -1, phase: Phase::Sync, chunk: stage }),
+                b.label(Label { op: "chunk_evict", layer: -1, phase: Phase::Sync, chunk: stage }),
+            );
         }
-        let _ = ctx;
+        let k = self.count;
+        self.count += 1;
+        self.pending = (unit, params);
+        let moves = self.moves.as_ref().map(|m| m[k].clone()).unwrap_or_default();
+        (0..plan.tp)
+            .map(|x| {
+                let d = plan.device(r, stage, x);
+                let di = b.dev_index[d as usize];
+                let (mut head, mut tail) = (NONE, NONE);
+                for &(to_device, bytes) in &moves {
+                    let label = if to_device { self.labels.0 } else { self.labels.1 };
+                    let copy = b.host_copy(d, to_device, bytes, false, label);
+                    // A fetched chunk takes room when its copy starts; an evicted one frees
+                    // it when its copy ends.
+                    b.memory_event(
+                        copy,
+                        MemoryEvent {
+                            device: di,
+                            at_end: !to_device,
+                            activation_bytes: 0.0,
+                            buffer_bytes: if to_device { bytes } else { -bytes },
+                            next: NONE,
+                            tag: memory_tag(unit),
+                        },
+                    );
+                    if head == NONE {
+                        head = copy;
+                    }
+                    tail = copy;
+                }
+                let g = if plan.sync_degree() > 1 {
+                    dp_collective(
+                        b,
+                        plan,
+                        r,
+                        stage,
+                        x,
+                        CollectiveKind::AllGather,
+                        params * self.wb,
+                        "param_gather",
+                        StreamKind::Gather,
+                    )
+                } else {
+                    tail
+                };
+                if head == NONE {
+                    head = g;
+                }
+                if self.prev_last != NONE && head != NONE {
+                    b.p.deps.push((self.prev_last + x, head));
+                }
+                g
+            })
+            .collect()
+    }
+
+    /// The unit's compute (first task `first`, last task of the group's last device `last`)
+    /// waits for its gather.
+    fn after(&mut self, b: &mut Builder, ctx: &StepCtx, gathers: &[u32], first: u32, last: u32) {
+        for (x, &g) in gathers.iter().enumerate() {
+            if g != NONE {
+                b.p.deps.push((g, first + x as u32));
+            }
+        }
+        if self.dynamic {
+            let t = ctx.group.len() as u32;
+            self.prev_last = last + 1 - t;
+            b.unit_log.push(gemini::UnitAccess {
+                device: b.dev_index[ctx.group[0] as usize],
+                unit: self.pending.0,
+                params: self.pending.1,
+                first_task: first,
+            });
+        }
         self.prev_first = first;
     }
+}
+
+/// Gemini's hybrid Adam on each device of a stage, after its gradient sync: the share of
+/// `local` parameters (this device's shard) whose chunk and states are on the device steps
+/// there; chunks on the device with states on the host send their gradients down, step on the
+/// CPU and copy their weights back; chunks on the host step on the CPU in place. Returns, per
+/// device, the task after which its parameters are updated.
+fn optimizer_split(
+    b: &mut Builder,
+    plan: &Plan,
+    ctx: &StepCtx,
+    my_chunks: &[u32],
+    last_sync: &[u32],
+    local: f64,
+    split: gemini::Split,
+) -> Vec<u32> {
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let op = |b: &mut Builder, host: bool, params: f64| {
+        let traffic = if host {
+            (4.0 + 2.0 * ob + wb) * params
+        } else {
+            optimizer_traffic_bytes(plan.precision, plan.optimizer) * params
+        };
+        let name = if host { "cpu_optimizer" } else { "optimizer" };
+        b.p.ops.push(OpInstance {
+            spec: OpSpec {
+                name,
+                class: OpClass::Memory,
+                forward_flops: 0.0,
+                forward_bytes: traffic,
+                backward_flops: 0.0,
+                backward_bytes: traffic,
+                saved: Saved::default(),
+            },
+            backward: false,
+            on_host: host,
+            nvme_bytes: 0.0,
+            class: b.class,
+        });
+        let label = b.label(Label { op: name, layer: -1, phase: Phase::Optimizer, chunk: my_chunks[0] });
+        ((b.p.ops.len() - 1) as u32, label)
+    };
+    let device_op = (split.device > 0.0).then(|| op(b, false, split.device * local));
+    let host_share = split.resident_host_states + split.host;
+    let host_op = (host_share > 0.0).then(|| op(b, true, host_share * local));
+    let down = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: my_chunks[0] });
+    let up = b.label(Label { op: "param_to_device", layer: -1, phase: Phase::Optimizer, chunk: my_chunks[0] });
+    let moved = split.resident_host_states * local;
+    let mut ready = Vec::new();
+    for (x, &stream) in ctx.streams.iter().enumerate() {
+        let device = ctx.group[x];
+        // Without a data-parallel sync, after the device's pipeline work.
+        let wait =
+            last_sync.get(x).copied().unwrap_or_else(|| *b.p.streams[stream as usize].last().expect("pipeline tasks"));
+        let mut last = wait;
+        if let Some((o, label)) = device_op {
+            let task = b.task(TaskKind::Compute, o, label, NONE, &[stream]);
+            if wait != NONE {
+                b.p.deps.push((wait, task));
+            }
+            last = task;
+        }
+        if let Some((o, label)) = host_op {
+            let mut before = wait;
+            if moved > 0.0 {
+                let copy = b.host_copy(device, false, moved * gb, false, down);
+                if wait != NONE {
+                    b.p.deps.push((wait, copy));
+                }
+                before = copy;
+            }
+            let task = b.task(TaskKind::Compute, o, label, NONE, &[stream]);
+            if before != NONE {
+                b.p.deps.push((before, task));
+            }
+            last = task;
+            if moved > 0.0 {
+                let copy = b.host_copy(device, true, moved * wb, false, up);
+                b.p.deps.push((task, copy));
+                last = copy;
+            }
+        }
+        ready.push(last);
+    }
+    ready
 }
 
 /// The optimizer step of each device of a stage, after its gradient sync: on the device, or

@@ -138,6 +138,26 @@ pub struct Program {
     pub compute_marks: Vec<u32>,
     /// Whether one data-parallel replica stands for all.
     pub symmetric: bool,
+    /// Gemini's chunk placement per pipeline stage (replica 0), when the plan uses it.
+    pub chunk_placement: Vec<ChunkPlacement>,
+}
+
+/// What Gemini's chunk manager decided for one pipeline stage (per device, per iteration).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ChunkPlacement {
+    pub stage: u32,
+    /// Chunk size found by the search, in parameters (before data-parallel sharding).
+    pub chunk_params: u64,
+    pub chunks: usize,
+    /// Chunk copies host to device and back per iteration.
+    pub fetches: usize,
+    pub evictions: usize,
+    /// Bytes those copies move per device.
+    pub moved_bytes: f64,
+    /// Share of the parameters whose optimizer step runs on the device (the rest on the CPU).
+    pub optimizer_on_device: f64,
+    /// Whether every unit found room for its chunks beside the non-model memory.
+    pub feasible: bool,
 }
 
 impl Program {

@@ -119,9 +119,6 @@ pub struct Dynamic {
     /// A fixed device budget for chunks (Gemini's `const` policy), instead of what the
     /// device has left.
     pub budget_bytes: Option<f64>,
-    /// Memory the warm-up iteration measured besides model states (activations and
-    /// buffers at their peak); filled in by the simulator before lowering.
-    pub non_model_bytes: f64,
 }
 
 /// How layers are cut into pipeline stages when the scenario names a policy.

@@ -256,19 +256,6 @@ pub struct Placement {
     pub feasible: bool,
 }
 
-/// How many chunks fit in `room` bytes (at most `chunks`), with a 1e-9-chunk tolerance so that
-/// `k · chunk_bytes` computed in floating point counts as `k` chunks.
-fn chunks_that_fit(room: f64, chunk_bytes: f64, chunks: usize) -> usize {
-    let q = room / chunk_bytes;
-    if q >= chunks as f64 {
-        chunks
-    } else if q.is_nan() || q < 0.0 {
-        0
-    } else {
-        (q + 1e-9).floor() as usize
-    }
-}
-
 const NEVER: usize = usize::MAX;
 
 /// Placement decisions over an access trace: which chunks must come in before each access,
@@ -300,9 +287,37 @@ pub fn place(
     eviction: Eviction,
 ) -> Placement {
     assert!(chunk_bytes > 0.0 && chunk_bytes.is_finite(), "chunk_bytes must be positive and finite");
+    place_sized(trace, &vec![chunk_bytes; chunks], cap_bytes, initially_resident, eviction)
+}
+
+/// [`place`] with a size per chunk (`chunk_bytes[c]`, positive and finite): a model's chunks
+/// are equal except an oversized tensor's own chunk (an embedding). At each step the resident
+/// chunks' bytes plus the non-model bytes stay within `cap_bytes` (with a tolerance of 1e-9 of
+/// the smallest chunk); a miss evicts, in the policy's order, until the accessed chunk fits. With
+/// equal sizes it decides exactly as [`place`]'s chunk count. A step is infeasible when the
+/// accessed chunk alone does not fit; the walk then keeps only it.
+///
+/// # Panics
+///
+/// As [`place`], for any chunk size.
+pub fn place_sized(
+    trace: &[Access],
+    chunk_bytes: &[f64],
+    cap_bytes: f64,
+    initially_resident: &[usize],
+    eviction: Eviction,
+) -> Placement {
+    let chunks = chunk_bytes.len();
+    assert!(chunk_bytes.iter().all(|&b| b > 0.0 && b.is_finite()), "chunk_bytes must be positive and finite");
     assert!(!cap_bytes.is_nan(), "cap_bytes must not be NaN");
+    let tolerance = 1e-9 * chunk_bytes.iter().copied().fold(f64::INFINITY, f64::min);
     let mut resident = vec![false; chunks];
+    // Resident chunks, counted per size so that the sum is exact for equal chunks.
+    let mut bytes = 0.0;
     let mut count = 0usize;
+    let all_equal = chunk_bytes.windows(2).all(|w| w[0] == w[1]);
+    let resident_bytes =
+        |count: usize, bytes: f64| if all_equal && chunks > 0 { count as f64 * chunk_bytes[0] } else { bytes };
     // LRU clock: initially resident chunks were accessed before step 0, in the order given.
     let mut last_use = vec![i64::MIN; chunks];
     for (k, &c) in initially_resident.iter().enumerate() {
@@ -310,6 +325,7 @@ pub fn place(
         assert!(!resident[c], "chunk {c} listed twice as initially resident");
         resident[c] = true;
         count += 1;
+        bytes += chunk_bytes[c];
         last_use[c] = k as i64 - initially_resident.len() as i64;
     }
     // Belady: next_after[i] is the next step using trace[i].chunk; next_use[c] is c's next use
@@ -330,35 +346,38 @@ pub fn place(
     let mut p = Placement { moves: Vec::new(), fetches: 0, evictions: 0, peak_device_bytes: 0.0, feasible: true };
     for (i, a) in trace.iter().enumerate() {
         let c = a.chunk;
-        let fit = chunks_that_fit(cap_bytes - a.non_model_bytes, chunk_bytes, chunks);
-        if fit == 0 {
+        let room = cap_bytes - a.non_model_bytes + tolerance;
+        if !(chunk_bytes[c] <= room) {
             p.feasible = false;
         }
-        let limit = fit.max(1);
         let hit = resident[c];
-        while count + usize::from(!hit) > limit {
-            let victim = (0..chunks)
-                .filter(|&v| resident[v] && v != c)
-                .reduce(|best, v| {
-                    let better = match eviction {
-                        Eviction::Belady => next_use[v] > next_use[best],
-                        Eviction::Lru => last_use[v] < last_use[best],
-                    };
-                    if better { v } else { best }
-                })
-                .expect("a resident chunk other than the accessed one exists while over the limit");
+        let need = |count: usize, bytes: f64| {
+            resident_bytes(count + usize::from(!hit), bytes + if hit { 0.0 } else { chunk_bytes[c] })
+        };
+        while need(count, bytes) > room {
+            let Some(victim) = (0..chunks).filter(|&v| resident[v] && v != c).reduce(|best, v| {
+                let better = match eviction {
+                    Eviction::Belady => next_use[v] > next_use[best],
+                    Eviction::Lru => last_use[v] < last_use[best],
+                };
+                if better { v } else { best }
+            }) else {
+                break;
+            };
             resident[victim] = false;
             count -= 1;
+            bytes -= chunk_bytes[victim];
             p.evictions += 1;
             p.moves.push(Move { step: i, chunk: victim, to_device: false });
         }
         if !hit {
             resident[c] = true;
             count += 1;
+            bytes += chunk_bytes[c];
             p.fetches += 1;
             p.moves.push(Move { step: i, chunk: c, to_device: true });
         }
-        p.peak_device_bytes = p.peak_device_bytes.max(count as f64 * chunk_bytes + a.non_model_bytes);
+        p.peak_device_bytes = p.peak_device_bytes.max(resident_bytes(count, bytes) + a.non_model_bytes);
         next_use[c] = next_after[i];
         last_use[c] = i as i64;
     }

@@ -113,6 +113,9 @@ pub struct Report {
     pub defaults_applied: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_slicing: Option<TokenSlicing>,
+    /// Gemini's chunk placement per pipeline stage, when the plan's offload policy is dynamic.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub chunk_placement: Vec<crate::lower::ChunkPlacement>,
 }
 
 pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
@@ -219,5 +222,6 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         },
         defaults_applied: s.defaults_applied.clone(),
         token_slicing: None,
+        chunk_placement: p.chunk_placement.clone(),
     }
 }

@@ -801,7 +801,7 @@ fn dynamic(policy: &str, budget: Option<f64>) -> Offload {
     use crate::policy::gemini::{CONST_POLICY_BYTES, Eviction};
     let eviction = if policy == "gemini-lru" { Eviction::Lru } else { Eviction::Belady };
     let budget_bytes = budget.or(if policy == "const" { Some(CONST_POLICY_BYTES) } else { None });
-    Offload { dynamic: Some(crate::plan::Dynamic { eviction, budget_bytes, non_model_bytes: 0.0 }), ..Offload::NONE }
+    Offload { dynamic: Some(crate::plan::Dynamic { eviction, budget_bytes }), ..Offload::NONE }
 }
 
 fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> Result<Offload> {
@@ -822,7 +822,7 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
                 return Err(invalid(
                     &key,
                     format!(
-                        "\"{other}\" is not one of: none, zero-offload, zero-infinity, or an object {{\"optimizer\": tier, \"params\": tier}}"
+                        "\"{other}\" is not one of: none, gemini, gemini-lru, const, zero-offload, zero-infinity, or an object {{\"optimizer\": tier, \"params\": tier}}"
                     ),
                 ));
             }
@@ -833,14 +833,24 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
             if let Some(p) = oo.string("policy")? {
                 let budget = oo.positive("budget_bytes")?;
                 if oo.has("optimizer") || oo.has("params") {
-                    return Err(invalid(&oo.key("policy"), "a policy places the optimizer and parameters itself; leave out \"optimizer\" and \"params\""));
+                    return Err(invalid(
+                        &oo.key("policy"),
+                        "a policy places the optimizer and parameters itself; leave out \"optimizer\" and \"params\"",
+                    ));
                 }
                 return match p {
                     "none" => Ok(Offload::NONE),
                     "zero-offload" => Ok(Offload { optimizer: Tier::Cpu, ..Offload::NONE }),
-                    "zero-infinity" if zero_stage >= 3 => Ok(Offload { optimizer: Tier::Nvme, params: Tier::Nvme, ..Offload::NONE }),
+                    "zero-infinity" if zero_stage >= 3 => {
+                        Ok(Offload { optimizer: Tier::Nvme, params: Tier::Nvme, ..Offload::NONE })
+                    }
                     "gemini" | "gemini-lru" | "const" => Ok(dynamic(p, budget)),
-                    _ => Err(invalid(&oo.key("policy"), format!("\"{p}\" is not one of: none, gemini, gemini-lru, const, zero-offload, zero-infinity (with zero_stage 3)"))),
+                    _ => Err(invalid(
+                        &oo.key("policy"),
+                        format!(
+                            "\"{p}\" is not one of: none, gemini, gemini-lru, const, zero-offload, zero-infinity (with zero_stage 3)"
+                        ),
+                    )),
                 };
             }
             if oo.has("budget_bytes") {
