@@ -43,11 +43,22 @@ pub enum Policy {
     Zero3Cpu,
     /// ZeRO-Infinity: parameters and optimizer on NVMe.
     ZeroInfinity,
+    /// Colossal-AI's Gemini: chunks placed dynamically (Belady eviction), hybrid Adam.
+    Gemini,
+    /// Gemini's `const` policy: a fixed 512 MiB device budget for chunks.
+    Const,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] =
-        [Policy::Device, Policy::Zero3, Policy::ZeroOffload, Policy::Zero3Cpu, Policy::ZeroInfinity];
+    pub const ALL: [Policy; 7] = [
+        Policy::Device,
+        Policy::Zero3,
+        Policy::ZeroOffload,
+        Policy::Zero3Cpu,
+        Policy::ZeroInfinity,
+        Policy::Gemini,
+        Policy::Const,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -56,6 +67,8 @@ impl Policy {
             Policy::ZeroOffload => "zero-offload",
             Policy::Zero3Cpu => "zero3-cpu",
             Policy::ZeroInfinity => "zero-infinity",
+            Policy::Gemini => "gemini",
+            Policy::Const => "const",
         }
     }
 
@@ -81,6 +94,12 @@ impl Policy {
             Policy::ZeroInfinity => {
                 p.zero_stage = 3;
                 p.offload = Offload { optimizer: Tier::Nvme, params: Tier::Nvme, ..none };
+            }
+            Policy::Gemini | Policy::Const => {
+                p.zero_stage = 3;
+                let budget_bytes = (self == Policy::Const).then_some(crate::policy::gemini::CONST_POLICY_BYTES);
+                let eviction = crate::policy::gemini::Eviction::Belady;
+                p.offload = Offload { dynamic: Some(crate::plan::Dynamic { eviction, budget_bytes }), ..none };
             }
         }
         s

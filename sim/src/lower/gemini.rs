@@ -166,10 +166,12 @@ pub(super) fn place_stage(accesses: &[(UnitAccess, f64)], inp: &StageInput) -> S
     };
     let mut trace = Vec::new();
     let mut access_of_step = Vec::new();
+    let mut raw_non_model = Vec::new();
     for (i, (a, nm)) in accesses.iter().enumerate() {
         let u = units.iter().position(|&x| x == a.unit).expect("unit registered");
         for &c in &unit_chunks[u] {
             trace.push(Access { chunk: c, non_model_bytes: nm_scale * (inp.static_non_model + nm) });
+            raw_non_model.push(inp.static_non_model + nm);
             access_of_step.push(i);
         }
     }
@@ -191,25 +193,34 @@ pub(super) fn place_stage(accesses: &[(UnitAccess, f64)], inp: &StageInput) -> S
     }
     // Hybrid Adam: chunks resident at the end keep their optimizer states on the device while
     // the room the placement left allows; the rest step on the host.
-    let mut margin = if inp.budget_bytes.is_some() { 0.0 } else { cap - steady.peak_device_bytes };
-    let used_total: f64 = packed.iter().map(|c| c.used as f64).sum::<f64>().max(1.0);
-    let mut split = Split::default();
+    // (Under `const` the budget bounds chunks only: the margin is what the device has left
+    // beside the chunks' and the non-model peaks.)
+    let mut margin = match inp.budget_bytes {
+        None => cap - steady.peak_device_bytes,
+        Some(_) => {
+            let non_model = raw_non_model.iter().copied().fold(0.0, f64::max);
+            inp.hbm_bytes * STEADY_CUDA_CAP_RATIO - steady.peak_device_bytes - non_model
+        }
+    };
+    let used_total: u64 = packed.iter().map(|c| c.used).sum::<u64>().max(1);
+    let mut used = [0u64; 3];
     let mut device_state_bytes = 0.0;
     for (c, ch) in packed.iter().enumerate() {
-        let share = ch.used as f64 / used_total;
         if end.contains(&c) {
             let states = ch.used as f64 * inp.state_bytes / shard;
             if states <= margin {
                 margin -= states;
                 device_state_bytes += states;
-                split.device += share;
+                used[0] += ch.used;
             } else {
-                split.resident_host_states += share;
+                used[1] += ch.used;
             }
         } else {
-            split.host += share;
+            used[2] += ch.used;
         }
     }
+    let share = |u: u64| u as f64 / used_total as f64;
+    let split = Split { device: share(used[0]), resident_host_states: share(used[1]), host: share(used[2]) };
     StagePlacement {
         moves,
         resident_bytes: start_bytes,

@@ -1,3 +1,4 @@
+use crate::report::timeline::StreamKind;
 use crate::scenario;
 
 fn scenario(plan: &str, node: &str, nodes: u32, model: &str) -> scenario::Scenario {
@@ -101,4 +102,100 @@ fn two_bw_keeps_two_weight_versions_and_drops_the_flush() {
     let w = flush.report.memory_breakdown.weights;
     assert!((two.report.memory_breakdown.weights - 2.0 * w).abs() < 1e-6 * w);
     assert!(two.report.bubble_fraction < flush.report.bubble_fraction);
+}
+
+/// One A100 (with `hbm` bytes of memory) training a 2.6B-parameter model: its mixed-precision
+/// Adam states take 16 bytes per parameter (41 GB), its fp16 weights alone 5.2 GB.
+fn one_gpu(offload: &str, hbm: f64) -> scenario::Scenario {
+    let device = format!(r#", "device": {{"preset": "a100-sxm-40gb", "hbm_bytes": {hbm}}}"#);
+    let text = format!(
+        r#"{{"workload": {{"transformer": {{"layers": 32, "hidden": 2560, "heads": 20, "vocab": 50257}}}},
+            "cluster": {{"node": {{"preset": "dgx-a100-40gb", "devices": 1{device}}}, "nodes": 1}},
+            "training": {{"global_batch": 8, "micro_batch": 4, "seq_len": 1024, "precision": "fp16", "optimizer": "adam"}},
+            "plan": {{"dp": 1, "recompute": "full", "offload": {offload}}}}}"#
+    );
+    scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// With memory to spare, Gemini's policies keep every chunk and optimizer state on the device
+/// and move nothing, so the iteration takes exactly as long as with everything on the device.
+/// (The static policies, ZeRO-Offload and ZeRO-Infinity, offload whatever the room.)
+#[test]
+fn with_unlimited_hbm_dynamic_policies_time_like_the_device() {
+    let time = |off: &str| crate::simulate(&one_gpu(off, 1e15), false);
+    let device = time(r#""none""#);
+    for off in [r#""gemini""#, r#""gemini-lru""#, r#"{"policy": "const", "budget_bytes": 1e15}"#] {
+        let r = time(off);
+        assert_eq!(r.report.iteration_s, device.report.iteration_s, "{off}");
+        let c = &r.report.chunk_placement[0];
+        assert_eq!((c.fetches, c.evictions, c.optimizer_on_device), (0, 0, 1.0), "{off}");
+    }
+}
+
+/// Where not even the weights fit (a 6 GB device), Gemini moves chunks: the device never holds more than its
+/// memory at any sampled moment of the timeline, the host holds the rest within its DRAM,
+/// and every access finds room.
+#[test]
+fn gemini_never_places_more_than_a_tier_holds() {
+    let none = crate::simulate(&one_gpu(r#""none""#, 6e9), false).report;
+    assert!(
+        !none.fits_hbm,
+        "the test needs a model that does not fit: {} GiB",
+        none.peak_memory_bytes / (1u64 << 30) as f64
+    );
+    for off in [r#""gemini""#, r#""gemini-lru""#, r#""const""#] {
+        let s = one_gpu(off, 6e9);
+        let sim = crate::simulate(&s, true);
+        let r = &sim.report;
+        let c = &r.chunk_placement[0];
+        assert!(c.feasible && r.fits, "{off}: peak {} of {}", r.peak_memory_bytes, r.memory_capacity_bytes);
+        assert!(c.fetches > 0 && c.evictions > 0, "{off} moved nothing");
+        let hbm = s.cluster.node.device.hbm_bytes;
+        let st = sim.timeline.static_hbm[0];
+        let fixed = st.weights + st.gradients + st.optimizer + st.buffers;
+        for m in &sim.timeline.memory {
+            assert!(fixed + m.activations + m.buffers <= hbm, "{off} at {} ns", m.time_ns);
+        }
+        assert!(r.host_memory_bytes <= r.host_capacity_bytes, "{off}");
+        // Every parameter's optimizer state is somewhere: on the device or on the host.
+        let psi = s.workload.parameters();
+        let states = st.optimizer + sim.timeline.static_host[0].optimizer;
+        assert!((states - 12.0 * psi).abs() < 1e-6 * states, "{off}: {states} vs {}", 12.0 * psi);
+    }
+}
+
+/// A chunk's copy over PCIe costs its bytes over the link's bandwidth (plus its latency and
+/// the copy's launch) on the timeline: each device's copies run one at a time on its own link.
+#[test]
+fn a_chunk_move_costs_its_bytes_over_the_link() {
+    let s = one_gpu(r#""gemini""#, 6e9);
+    let sim = crate::simulate(&s, true);
+    let p = &sim.program;
+    let pcie = s.cluster.node.host.pcie;
+    let launch = s.cluster.node.device.kernel_launch_s;
+    let mut moves = 0;
+    for (name, to_device) in [("chunk_fetch", true), ("chunk_evict", false)] {
+        let label = p.labels.iter().position(|l| l.op == name).expect("moves labelled") as u32;
+        // The program's copies in stream order, and the timeline's spans in start order.
+        let stream = &p.streams[super::Program::stream_index(0, StreamKind::Gather) as usize];
+        let bytes: Vec<f64> = stream
+            .iter()
+            .filter(|&&t| p.tasks[t as usize].label == label)
+            .map(|&t| {
+                let c = p.host_copies[p.tasks[t as usize].payload as usize];
+                assert_eq!(c.to_device, to_device);
+                c.bytes
+            })
+            .collect();
+        let mut spans: Vec<_> = sim.timeline.spans.iter().filter(|sp| sp.label == label).collect();
+        spans.sort_by_key(|sp| sp.start_ns);
+        assert_eq!(bytes.len(), spans.len(), "{name}");
+        for (b, sp) in bytes.iter().zip(spans) {
+            let expect = b / pcie.effective_bytes_per_s() + pcie.latency_s + launch;
+            let got = (sp.end_ns - sp.start_ns) as f64 * 1e-9;
+            assert!((got - expect).abs() <= 2e-9 + 1e-6 * expect, "{name}: {got} s for {b} bytes, expected {expect} s");
+            moves += 1;
+        }
+    }
+    assert!(moves > 0);
 }

@@ -806,4 +806,51 @@ mod tests {
             check_pack(&params, rng.random_range(1..=2 * big), &ctx);
         }
     }
+
+    /// Chunks of different sizes (an embedding's own chunk): at every feasible step the
+    /// resident bytes plus the non-model bytes stay within the capacity, every access finds its
+    /// chunk resident, and infeasibility is flagged exactly when the chunk alone cannot fit.
+    /// (Equal sizes are checked against the brute-force optimum above, through `place`.)
+    #[test]
+    fn sized_placement_never_exceeds_the_capacity() {
+        let mut rng = Pcg64Mcg::seed_from_u64(77);
+        for case in 0..3000 {
+            let chunks = rng.random_range(1..10usize);
+            let sizes: Vec<f64> = (0..chunks).map(|_| rng.random_range(1..6u32) as f64).collect();
+            let cap = rng.random_range(1..30u32) as f64;
+            let trace: Vec<Access> = (0..rng.random_range(0..40usize))
+                .map(|_| Access {
+                    chunk: rng.random_range(0..chunks),
+                    non_model_bytes: rng.random_range(0..8u32) as f64,
+                })
+                .collect();
+            let init = random_subset(&mut rng, chunks);
+            let eviction = if rng.random_bool(0.5) { Eviction::Belady } else { Eviction::Lru };
+            let p = place_sized(&trace, &sizes, cap, &init, eviction);
+            let mut resident = vec![false; chunks];
+            for &c in &init {
+                resident[c] = true;
+            }
+            let mut k = 0;
+            let mut feasible = true;
+            for (i, a) in trace.iter().enumerate() {
+                while k < p.moves.len() && p.moves[k].step == i {
+                    resident[p.moves[k].chunk] = p.moves[k].to_device;
+                    k += 1;
+                }
+                assert!(resident[a.chunk], "case {case} step {i}: accessed chunk not resident");
+                let bytes: f64 = (0..chunks).filter(|&c| resident[c]).map(|c| sizes[c]).sum();
+                if sizes[a.chunk] + a.non_model_bytes <= cap {
+                    assert!(
+                        bytes + a.non_model_bytes <= cap + 1e-9,
+                        "case {case} step {i}: {bytes} + {} > {cap}",
+                        a.non_model_bytes
+                    );
+                } else {
+                    feasible = false;
+                }
+            }
+            assert_eq!(p.feasible, feasible, "case {case}");
+        }
+    }
 }
