@@ -349,8 +349,13 @@ mod tests {
             for k in 0..8u64 {
                 act += if k < 4 { 4.5 * GIB } else { -4.5 * GIB };
                 let time_ns = 50_000_000 + k * 130_000_000 + d as u64 * 20_000_000;
-                t.memory.push(MemorySample { device, time_ns, activations: act, buffers: 0.5 * GIB });
-                t.memory.push(MemorySample { device, time_ns: time_ns + 40_000_000, activations: act, buffers: 0.0 });
+                t.memory.push(MemorySample { device, time_ns, activations: act, moved_weights: 0.5 * GIB });
+                t.memory.push(MemorySample {
+                    device,
+                    time_ns: time_ns + 40_000_000,
+                    activations: act,
+                    moved_weights: 0.0,
+                });
             }
         }
         t.memory.sort_by_key(|m| m.time_ns);
@@ -405,7 +410,7 @@ mod tests {
         for k in 0..n {
             // A saw tooth, with one spike.
             let a = if k == 77_777 { 30.0 * GIB } else { (k % 100) as f64 * 0.01 * GIB };
-            t.memory.push(MemorySample { device: 2, time_ns: k * 10_000, activations: a, buffers: 0.0 });
+            t.memory.push(MemorySample { device: 2, time_ns: k * 10_000, activations: a, moved_weights: 0.0 });
         }
         let curve = device_curve(&t, 2);
         let s = steps(&curve, MAX_STEPS);

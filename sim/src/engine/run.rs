@@ -253,7 +253,7 @@ impl<'a> Engine<'a> {
                 device: self.p.devices[d],
                 time_ns: now,
                 activations: self.cur_act[d],
-                buffers: self.cur_buf[d],
+                moved_weights: self.cur_buf[d],
             });
         }
     }

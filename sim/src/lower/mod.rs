@@ -240,12 +240,12 @@ impl Builder {
         self.p.memory_events[m as usize].next = id;
     }
 
-    /// A copy between a device and its host (or the host's NVMe) on the device's gather
+    /// A copy between a device and its host (or the host's NVMe) on the device's host-copy
     /// stream.
     fn host_copy(&mut self, device: u32, to_device: bool, bytes: f64, nvme: bool, label: u32) -> u32 {
         self.p.host_copies.push(HostCopy { device, to_device, bytes, nvme });
         let id = (self.p.host_copies.len() - 1) as u32;
-        let s = Program::stream_index(self.dev_index[device as usize], StreamKind::Gather);
+        let s = Program::stream_index(self.dev_index[device as usize], StreamKind::HostCopy);
         self.task(TaskKind::HostCopy, id, label, NONE, &[s])
     }
 
@@ -1267,6 +1267,9 @@ impl Gathers {
                 } else {
                     head
                 };
+                if head != NONE && g != head {
+                    b.p.deps.push((head, g));
+                }
                 if head == NONE {
                     head = g;
                 }
@@ -1330,6 +1333,9 @@ impl Gathers {
                 } else {
                     tail
                 };
+                if tail != NONE && g != tail {
+                    b.p.deps.push((tail, g));
+                }
                 if head == NONE {
                     head = g;
                 }

@@ -90,6 +90,7 @@ pub struct MemoryEvent {
     pub device: u32,
     pub at_end: bool,
     pub activation_bytes: f64,
+    /// Model data moving in (positive) or out: Gemini's chunks. Reported as weights.
     pub buffer_bytes: f64,
     /// Next event of the same task, or [`NONE`].
     pub next: u32,

@@ -154,7 +154,7 @@ fn gemini_never_places_more_than_a_tier_holds() {
         let st = sim.timeline.static_hbm[0];
         let fixed = st.weights + st.gradients + st.optimizer + st.buffers;
         for m in &sim.timeline.memory {
-            assert!(fixed + m.activations + m.buffers <= hbm, "{off} at {} ns", m.time_ns);
+            assert!(fixed + m.activations + m.moved_weights <= hbm, "{off} at {} ns", m.time_ns);
         }
         assert!(r.host_memory_bytes <= r.host_capacity_bytes, "{off}");
         // Every parameter's optimizer state is somewhere: on the device or on the host.
@@ -177,7 +177,7 @@ fn a_chunk_move_costs_its_bytes_over_the_link() {
     for (name, to_device) in [("chunk_fetch", true), ("chunk_evict", false)] {
         let label = p.labels.iter().position(|l| l.op == name).expect("moves labelled") as u32;
         // The program's copies in stream order, and the timeline's spans in start order.
-        let stream = &p.streams[super::Program::stream_index(0, StreamKind::Gather) as usize];
+        let stream = &p.streams[super::Program::stream_index(0, StreamKind::HostCopy) as usize];
         let bytes: Vec<f64> = stream
             .iter()
             .filter(|&&t| p.tasks[t as usize].label == label)

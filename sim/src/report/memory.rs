@@ -112,9 +112,10 @@ fn push_curve<'a>(
     let first = out.len();
     out.push(MemoryPoint { time_ns: 0, tier: HBM, breakdown: base });
     for s in samples {
+        // The dynamic "buffers" channel carries model chunks moving in and out (Gemini).
         let breakdown = MemoryBreakdown {
             activations: base.activations + s.activations,
-            buffers: base.buffers + s.buffers,
+            weights: base.weights + s.moved_weights,
             ..base
         };
         let last = out.last_mut().expect("the curve has its starting point");
@@ -268,8 +269,8 @@ mod tests {
         MemoryBreakdown { weights, gradients, optimizer, activations, buffers }
     }
 
-    fn sample(device: u32, time_ns: u64, activations: f64, buffers: f64) -> MemorySample {
-        MemorySample { device, time_ns, activations, buffers }
+    fn sample(device: u32, time_ns: u64, activations: f64, moved_weights: f64) -> MemorySample {
+        MemorySample { device, time_ns, activations, moved_weights }
     }
 
     /// Two simulated devices (cluster ids 4 and 6), no host memory.
@@ -309,8 +310,8 @@ mod tests {
         );
         assert!(c.iter().all(|p| p.tier == HBM));
         assert_eq!(c[0].breakdown, mb(100.0, 50.0, 200.0, 0.0, 10.0));
-        assert_eq!(c[1].breakdown, mb(100.0, 50.0, 200.0, 30.0, 11.0));
-        assert_eq!(c[2].breakdown, mb(100.0, 50.0, 200.0, 45.0, 12.0));
+        assert_eq!(c[1].breakdown, mb(101.0, 50.0, 200.0, 30.0, 10.0));
+        assert_eq!(c[2].breakdown, mb(102.0, 50.0, 200.0, 45.0, 10.0));
         assert_eq!(c[3].breakdown, c[0].breakdown);
         assert_eq!(c[4].breakdown, c[3].breakdown);
         // Static activations are kept under the dynamic ones.
@@ -394,7 +395,7 @@ buffers_bytes,total_bytes,capacity_bytes"
         assert!(csv.ends_with('\n'));
         let cap = (80.0 * GIB) as i64;
         assert_eq!(lines[1], format!("4,hbm,0,0.000000000,100,50,200,0,10,360,{cap}"));
-        assert_eq!(lines[3], format!("4,hbm,20,0.000000020,100,50,200,45,12,407,{cap}"));
+        assert_eq!(lines[3], format!("4,hbm,20,0.000000020,102,50,200,45,10,407,{cap}"));
         assert_eq!(lines[6], format!("6,hbm,0,0.000000000,80,40,160,5,0,285,{cap}"));
         for l in &lines {
             assert_eq!(l.split(',').count(), 11, "{l}");

@@ -136,7 +136,8 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let totals: Vec<MemoryBreakdown> = (0..nd)
         .map(|d| MemoryBreakdown {
             activations: r.peak_activations[d],
-            buffers: p.static_memory[d].buffers + r.peak_buffers[d],
+            // The engine's dynamic buffer bytes are model chunks moving in and out (Gemini).
+            weights: p.static_memory[d].weights + r.peak_buffers[d],
             ..p.static_memory[d]
         })
         .collect();

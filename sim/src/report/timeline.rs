@@ -13,13 +13,21 @@ pub enum StreamKind {
     DataParallel,
     /// Pipeline sends.
     PipelineSend,
-    /// Parameter gathers (ZeRO-3) and copies between host and device memory.
+    /// Parameter gathers (ZeRO-3).
     Gather,
+    /// Copies between host (or NVMe) and device memory: offloaded states, Gemini's chunks,
+    /// activations.
+    HostCopy,
 }
 
 impl StreamKind {
-    pub const ALL: [StreamKind; 4] =
-        [StreamKind::Compute, StreamKind::DataParallel, StreamKind::PipelineSend, StreamKind::Gather];
+    pub const ALL: [StreamKind; 5] = [
+        StreamKind::Compute,
+        StreamKind::DataParallel,
+        StreamKind::PipelineSend,
+        StreamKind::Gather,
+        StreamKind::HostCopy,
+    ];
     pub fn index(self) -> usize {
         self as usize
     }
@@ -29,6 +37,7 @@ impl StreamKind {
             StreamKind::DataParallel => "dp-comm",
             StreamKind::PipelineSend => "pp-send",
             StreamKind::Gather => "gather",
+            StreamKind::HostCopy => "host-copy",
         }
     }
 }
@@ -116,7 +125,8 @@ pub struct MemorySample {
     pub device: u32,
     pub time_ns: u64,
     pub activations: f64,
-    pub buffers: f64,
+    /// Model data moved onto the device less what moved off it so far (Gemini's chunks).
+    pub moved_weights: f64,
 }
 
 /// The recorded iteration. Spans and flows are filled only when recording was asked for.

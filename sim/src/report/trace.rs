@@ -224,8 +224,8 @@ pub fn chrome_trace(t: &Timeline, names: &TraceNames) -> String {
         micros(w.out, m.time_ns);
         w.raw(",\"args\":{\"activations\":");
         w.number(finite(m.activations));
-        w.raw(",\"buffers\":");
-        w.number(finite(m.buffers));
+        w.raw(",\"moved_weights\":");
+        w.number(finite(m.moved_weights));
         w.raw("}}");
     }
 
@@ -353,8 +353,8 @@ mod tests {
                 FlowSpan { links: [7, 7], source: 2, target: 0, start_ns: 200, end_ns: 250, bytes: 12.0 },
             ],
             memory: vec![
-                MemorySample { device: 0, time_ns: 0, activations: 1.0e9, buffers: 2048.0 },
-                MemorySample { device: 2, time_ns: 1500, activations: 0.0, buffers: 0.5 },
+                MemorySample { device: 0, time_ns: 0, activations: 1.0e9, moved_weights: 2048.0 },
+                MemorySample { device: 2, time_ns: 1500, activations: 0.0, moved_weights: 0.5 },
             ],
             devices: vec![0, 2],
             stages: vec![0, 1],
@@ -469,10 +469,10 @@ mod tests {
         assert_eq!(c[0]["name"], "memory");
         assert_eq!(c[0]["pid"], 1);
         assert_eq!(c[0]["args"]["activations"].as_f64().unwrap(), 1.0e9);
-        assert_eq!(c[0]["args"]["buffers"].as_f64().unwrap(), 2048.0);
+        assert_eq!(c[0]["args"]["moved_weights"].as_f64().unwrap(), 2048.0);
         assert_eq!(c[1]["pid"], 3);
         assert_eq!(c[1]["ts"].as_f64().unwrap(), 1.5);
-        assert_eq!(c[1]["args"]["buffers"].as_f64().unwrap(), 0.5);
+        assert_eq!(c[1]["args"]["moved_weights"].as_f64().unwrap(), 0.5);
     }
 
     #[test]
