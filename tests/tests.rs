@@ -11,6 +11,8 @@ mod executor;
 mod freezing;
 // Tensor-parallel modes (1D, 2D, 2.5D, 3D): collective volumes, memory, end-to-end runs.
 mod parallelism;
+// Offload policies (Gemini, ZeRO-Offload, ZeRO-Infinity) and capacity search.
+mod offload;
 // Token slicing (TeraPipe): lowering, memory, the report, validation.
 mod slicing;
 // Pipeline partitioning: balanced and parameter policies, the partition command.

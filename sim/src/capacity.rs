@@ -202,3 +202,38 @@ pub fn capacity(s: &Scenario, vary: Vary, policies: &[Policy]) -> CapacityReport
         .collect();
     CapacityReport { vary, devices: s.plan.devices(), policies: out }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two A100-40GB with 96 GB of host DRAM: offload moves the limit until host memory fills.
+    fn small() -> Scenario {
+        let text = r#"{"workload": {"transformer": {"layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000}},
+            "cluster": {"node": {"preset": "dgx-a100-40gb", "devices": 2, "host_dram_bytes": 96e9}, "nodes": 1},
+            "training": {"global_batch": 8, "micro_batch": 4, "seq_len": 512, "precision": "fp16", "optimizer": "adam"},
+            "plan": {"dp": 2, "recompute": "full"}}"#;
+        crate::scenario::parse(text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The search returns the edge of what fits: its model fits and one more layer does not;
+    /// offloading policies hold at least what the devices alone hold.
+    #[test]
+    fn the_largest_model_fits_and_one_more_layer_does_not() {
+        let s = small();
+        let policies = [Policy::Device, Policy::Zero3Cpu, Policy::Gemini, Policy::Const];
+        let r = capacity(&s, Vary::Layers, &policies);
+        for (pol, c) in policies.iter().zip(&r.policies) {
+            assert_eq!(c.policy, pol.name());
+            assert!(c.max_value >= 1 && c.samples_per_s > 0.0, "{c:?}");
+            let base = pol.apply(&s);
+            assert!(crate::simulate(&sized(&base, Vary::Layers, c.max_value), false).report.fits, "{c:?}");
+            let over = crate::simulate(&sized(&base, Vary::Layers, c.max_value + 1), false).report;
+            assert!(!over.fits, "{c:?}: one more layer still fits");
+        }
+        let device = r.policies[0].max_params;
+        for c in &r.policies[1..] {
+            assert!(c.max_params > device, "{} holds no more than the devices alone: {c:?}", c.policy);
+        }
+    }
+}
