@@ -347,7 +347,7 @@ pub fn place_sized(
     for (i, a) in trace.iter().enumerate() {
         let c = a.chunk;
         let room = cap_bytes - a.non_model_bytes + tolerance;
-        if !(chunk_bytes[c] <= room) {
+        if chunk_bytes[c] > room {
             p.feasible = false;
         }
         let hit = resident[c];
