@@ -296,3 +296,83 @@ pub fn validate_cmd(
     let _ = median;
     Ok(())
 }
+
+/// The simulator's time for one transformer layer's forward and backward kernels (micro-batch 0,
+/// the first layer of device 0), in seconds: what a real block step is compared with.
+pub fn predicted_layer_s(s: &Scenario) -> Result<f64, String> {
+    use sim::report::timeline::{Phase, StreamKind};
+    let p = sim::lower::lower(s);
+    let ns = sim::op_durations_ns(s, &p, None);
+    let stream = &p.streams[sim::lower::Program::stream_index(0, StreamKind::Compute) as usize];
+    let layer = (0..s.workload.transformer.layers as i32)
+        .find(|&l| stream.iter().any(|&t| p.labels[p.tasks[t as usize].label as usize].layer == l))
+        .ok_or("the first device runs no transformer layer")?;
+    let total: u64 = stream
+        .iter()
+        .map(|&t| &p.tasks[t as usize])
+        .filter(|t| t.kind == sim::lower::TaskKind::Compute && t.micro_batch == 0)
+        .filter(|t| {
+            let l = &p.labels[t.label as usize];
+            l.layer == layer && matches!(l.phase, Phase::Forward | Phase::Backward)
+        })
+        .map(|t| ns[t.payload as usize])
+        .sum();
+    Ok(total as f64 * 1e-9)
+}
+
+/// `trainsim torch-block`: a real GPT block through PyTorch against the prediction.
+pub fn torch_block_cmd(
+    path: &Path,
+    profile: Option<&Path>,
+    warmup: u32,
+    repeats: u32,
+    json: bool,
+) -> Result<(), String> {
+    let mut s = load_scenario(path)?;
+    if let Some(p) = profile {
+        s.calibrate(&load_profile(p)?);
+    }
+    let predicted = predicted_layer_s(&s)?;
+    let w = &s.workload.transformer;
+    let measured = torch_block(&s, warmup, repeats)?;
+    let error = (predicted - measured) / measured;
+    if json {
+        let v = serde_json::json!({"hidden": w.hidden, "heads": w.heads, "seq_len": s.plan.seq_len,
+            "micro_batch": s.plan.micro_batch, "block_s_measured": measured, "block_s_predicted": predicted, "error": error});
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+    } else {
+        println!(
+            "{}: one GPT block forward+backward (h={}, {} heads, seq {}, micro-batch {}): measured {:.3} ms (PyTorch), predicted {:.3} ms, error {:+.1}%",
+            s.name,
+            w.hidden,
+            w.heads,
+            s.plan.seq_len,
+            s.plan.micro_batch,
+            measured * 1e3,
+            predicted * 1e3,
+            100.0 * error
+        );
+    }
+    Ok(())
+}
+
+#[cfg(feature = "torch")]
+fn torch_block(s: &Scenario, warmup: u32, repeats: u32) -> Result<f64, String> {
+    let w = &s.workload.transformer;
+    eprintln!("running a GPT block in PyTorch ({warmup} warm-up + {repeats} timed steps)...");
+    executor::torch::gpt_block_step(
+        0,
+        w.hidden as i64,
+        w.heads as i64,
+        s.plan.seq_len as i64,
+        s.plan.micro_batch as i64,
+        warmup as usize,
+        repeats.max(1) as usize,
+    )
+    .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "torch"))]
+fn torch_block(_: &Scenario, _: u32, _: u32) -> Result<f64, String> {
+    Err("torch-block needs the torch backend: build with --features torch against PyTorch 2.11 (see the README)".into())
+}

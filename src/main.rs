@@ -76,6 +76,20 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
     },
+    /// Time one real GPT block (PyTorch autograd, forward + backward) at the scenario's sizes
+    /// against the simulator's prediction for one layer (needs --features torch).
+    TorchBlock {
+        scenario: PathBuf,
+        /// Predict with a calibration profile's measured rates.
+        #[arg(long, value_name = "FILE")]
+        profile: Option<PathBuf>,
+        #[arg(long, default_value_t = 2)]
+        warmup: u32,
+        #[arg(long, default_value_t = 5)]
+        repeats: u32,
+        #[arg(long)]
+        json: bool,
+    },
     /// Microbenchmark a device and write a calibration profile (profile.json + README.md).
     Calibrate {
         #[arg(long, default_value = "cpu")]
@@ -200,6 +214,9 @@ fn main() -> ExitCode {
             trace.as_deref(),
         ),
         Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
+        Command::TorchBlock { scenario, profile, warmup, repeats, json } => {
+            exec::torch_block_cmd(&scenario, profile.as_deref(), warmup, repeats, json)
+        }
         Command::Slices { scenario, granularity, json } => slices(&scenario, granularity, json),
         Command::TrainRun { scenario, json, plot } => train_run(&scenario, json, plot.as_deref()),
         Command::Capacity { scenario, vary, gpus, json, plot } => {

@@ -11,6 +11,8 @@ pub mod cpu;
 pub mod cuda;
 pub mod replay;
 mod shapes;
+#[cfg(feature = "torch")]
+pub mod torch;
 
 use sim::lower::OpInstance;
 use std::fmt;
@@ -65,6 +67,9 @@ pub fn backend(name: &str) -> Result<Box<dyn Backend>> {
     match name {
         "cpu" => Ok(Box::new(cpu::CpuBackend::new())),
         "cuda" => Ok(Box::new(cuda::CudaBackend::new())),
+        #[cfg(feature = "torch")]
+        "torch" => Ok(Box::new(torch::TorchBackend::new())),
+        #[cfg(not(feature = "torch"))]
         "torch" => Err(ExecError(
             "backend \"torch\" is not built into this binary (build with --features torch and a PyTorch 2.11 libtorch)"
                 .into(),

@@ -23,7 +23,7 @@ pub const MAX_BUFFER_ELEMS: usize = (256 << 20) / 4;
 
 /// Bytes the optimizer step moves per parameter with mixed-precision Adam (gradient 2, states
 /// read and written 2 x 12, low-precision weights 2: `sim::cost::memory::optimizer_traffic_bytes`).
-const ADAM_BYTES_PER_PARAM: f64 = 28.0;
+pub(crate) const ADAM_BYTES_PER_PARAM: f64 = 28.0;
 
 /// Learning rate of the timed Adam steps (keeps the parameters near where they started).
 const ADAM_LR: f32 = 1e-4;
