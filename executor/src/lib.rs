@@ -11,6 +11,8 @@ pub mod cpu;
 pub mod cuda;
 pub mod replay;
 mod shapes;
+#[cfg(test)]
+mod test_ops;
 #[cfg(feature = "torch")]
 pub mod torch;
 

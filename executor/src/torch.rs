@@ -318,24 +318,9 @@ pub fn gpt_block_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sim::workload::{OpSpec, Saved};
 
     fn gemm_op(backward: bool) -> OpInstance {
-        OpInstance {
-            spec: OpSpec {
-                name: "fc1",
-                class: OpClass::Gemm { batch: 1.0, m: 256.0, n: 512.0, k: 128.0 },
-                forward_flops: 2.0 * 256.0 * 512.0 * 128.0,
-                forward_bytes: 0.0,
-                backward_flops: 4.0 * 256.0 * 512.0 * 128.0,
-                backward_bytes: 0.0,
-                saved: Saved::default(),
-            },
-            backward,
-            on_host: false,
-            nvme_bytes: 0.0,
-            class: 0,
-        }
+        crate::test_ops::op("fc1", OpClass::Gemm { batch: 1.0, m: 256.0, n: 512.0, k: 128.0 }, 0.0, backward)
     }
 
     /// The registry hands out the torch backend, whose devices run ops and copies and time them.

@@ -353,21 +353,7 @@ mod tests {
     }
 
     fn mem_op(name: &'static str, bytes: f64, backward: bool) -> OpInstance {
-        OpInstance {
-            spec: OpSpec {
-                name,
-                class: OpClass::Memory,
-                forward_flops: 0.0,
-                forward_bytes: bytes,
-                backward_flops: 0.0,
-                backward_bytes: 1.5 * bytes,
-                saved: Saved::default(),
-            },
-            backward,
-            on_host: name == "cpu_optimizer",
-            nvme_bytes: 0.0,
-            class: 0,
-        }
+        crate::test_ops::op(name, OpClass::Memory, bytes, backward)
     }
 
     fn positive(t: f64, what: &str) {

@@ -24,9 +24,9 @@ pub use enabled::CudaBackend;
 #[cfg(test)]
 mod tests {
     use super::CudaBackend;
+    use crate::test_ops::op;
     use crate::{Backend, OpContext};
-    use sim::lower::OpInstance;
-    use sim::workload::{OpClass, OpSpec, Saved};
+    use sim::workload::OpClass;
 
     #[cfg(feature = "cuda")]
     use super::enabled::driver_present as driver_loads;
@@ -66,19 +66,6 @@ mod tests {
     fn the_stub_says_how_to_build_it_in() {
         let err = CudaBackend::new().open(0).err().expect("the stub opens nothing");
         assert!(err.0.contains("not built into this binary") && err.0.contains("--features cuda"), "{err}");
-    }
-
-    fn op(name: &'static str, class: OpClass, bytes: f64, backward: bool) -> OpInstance {
-        let spec = OpSpec {
-            name,
-            class,
-            forward_flops: 0.0,
-            forward_bytes: bytes,
-            backward_flops: 0.0,
-            backward_bytes: 1.5 * bytes,
-            saved: Saved::default(),
-        };
-        OpInstance { spec, backward, on_host: name == "cpu_optimizer", nvme_bytes: 0.0, class: 0 }
     }
 
     /// Runs every kind of op and copy on device 0 where there is one (skipped elsewhere): each

@@ -221,30 +221,12 @@ pub(super) fn plan(op: &OpInstance, ctx: &OpContext, cap_bytes: usize, host_cap_
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sim::workload::{OpSpec, Saved};
+    use crate::test_ops::op;
 
     const CAP: usize = BUFFER_CAP_BYTES;
 
     fn ctx(element_bytes: f64) -> OpContext {
         OpContext { hidden: 1024, seq_len: 512, element_bytes }
-    }
-
-    fn op(name: &'static str, class: OpClass, bytes: f64, backward: bool) -> OpInstance {
-        OpInstance {
-            spec: OpSpec {
-                name,
-                class,
-                forward_flops: 0.0,
-                forward_bytes: bytes,
-                backward_flops: 0.0,
-                backward_bytes: 1.5 * bytes,
-                saved: Saved::default(),
-            },
-            backward,
-            on_host: name == "cpu_optimizer",
-            nvme_bytes: 0.0,
-            class: 0,
-        }
     }
 
     fn gemm(batch: f64, m: f64, n: f64, k: f64, backward: bool) -> OpInstance {

@@ -491,7 +491,7 @@ fn lower_into(
             };
             // Gemini's steady state: chunks resident at the start are static, moves are
             // dynamic (on their copies); gradients reuse the chunks' memory.
-            let placement = match (dynamic, stats) {
+            let mut placement = match (dynamic, stats) {
                 (Some(dy), Some(stats)) => {
                     let d0 = b.dev_index[group[0] as usize];
                     let accesses: Vec<(gemini::UnitAccess, f64)> =
@@ -573,7 +573,7 @@ fn lower_into(
                 host: off.params,
                 unit_label: NONE,
                 dynamic: dynamic.is_some(),
-                moves: placement.as_ref().map(|p| p.moves.clone()),
+                moves: placement.as_mut().map(|p| std::mem::take(&mut p.moves)),
                 count: 0,
                 prev_last: NONE,
                 pending: (0, 0.0),
@@ -1241,10 +1241,10 @@ impl Gathers {
         }
         (0..plan.tp)
             .map(|x| {
-                let mut head = NONE;
+                let mut copy = NONE;
                 if self.host != Tier::Device {
                     let d = plan.device(r, stage, x);
-                    head = b.host_copy(
+                    copy = b.host_copy(
                         d,
                         true,
                         bytes / plan.sync_degree() as f64,
@@ -1252,31 +1252,7 @@ impl Gathers {
                         self.unit_label,
                     );
                 }
-                let g = if plan.sync_degree() > 1 {
-                    dp_collective(
-                        b,
-                        plan,
-                        r,
-                        stage,
-                        x,
-                        CollectiveKind::AllGather,
-                        bytes,
-                        "param_gather",
-                        StreamKind::Gather,
-                    )
-                } else {
-                    head
-                };
-                if head != NONE && g != head {
-                    b.p.deps.push((head, g));
-                }
-                if head == NONE {
-                    head = g;
-                }
-                if self.prev_first != NONE && head != NONE {
-                    b.p.deps.push((self.prev_first + x, head));
-                }
-                g
+                gather_after_copies(b, plan, r, stage, x, bytes, (copy, copy), self.prev_first)
             })
             .collect()
     }
@@ -1291,7 +1267,8 @@ impl Gathers {
         let k = self.count;
         self.count += 1;
         self.pending = (unit, params);
-        let moves = self.moves.as_ref().map(|m| m[k].clone()).unwrap_or_default();
+        // Each access's moves are emitted once.
+        let moves = self.moves.as_mut().map(|m| std::mem::take(&mut m[k])).unwrap_or_default();
         (0..plan.tp)
             .map(|x| {
                 let d = plan.device(r, stage, x);
@@ -1318,31 +1295,7 @@ impl Gathers {
                     }
                     tail = copy;
                 }
-                let g = if plan.sync_degree() > 1 {
-                    dp_collective(
-                        b,
-                        plan,
-                        r,
-                        stage,
-                        x,
-                        CollectiveKind::AllGather,
-                        params * self.wb,
-                        "param_gather",
-                        StreamKind::Gather,
-                    )
-                } else {
-                    tail
-                };
-                if tail != NONE && g != tail {
-                    b.p.deps.push((tail, g));
-                }
-                if head == NONE {
-                    head = g;
-                }
-                if self.prev_last != NONE && head != NONE {
-                    b.p.deps.push((self.prev_last + x, head));
-                }
-                g
+                gather_after_copies(b, plan, r, stage, x, params * self.wb, (head, tail), self.prev_last)
             })
             .collect()
     }
@@ -1369,6 +1322,35 @@ impl Gathers {
     }
 }
 
+/// The all-gather of a unit of `bytes` for tensor-parallel rank `x` (none without data-parallel
+/// peers) after its host copies `first..=last` (on the host-copy stream, in order; [`NONE`] if
+/// none); the first of them, or the gather, waits for task `wait + x` of the previous unit.
+/// Returns what the unit's compute waits for ([`NONE`] if nothing).
+fn gather_after_copies(
+    b: &mut Builder,
+    plan: &Plan,
+    r: u32,
+    stage: u32,
+    x: u32,
+    bytes: f64,
+    (first, last): (u32, u32),
+    wait: u32,
+) -> u32 {
+    let g = if plan.sync_degree() > 1 {
+        dp_collective(b, plan, r, stage, x, CollectiveKind::AllGather, bytes, "param_gather", StreamKind::Gather)
+    } else {
+        last
+    };
+    if last != NONE && g != last {
+        b.p.deps.push((last, g));
+    }
+    let head = if first == NONE { g } else { first };
+    if wait != NONE && head != NONE {
+        b.p.deps.push((wait + x, head));
+    }
+    g
+}
+
 /// Gemini's hybrid Adam on each device of a stage, after its gradient sync: the share of
 /// `local` parameters (this device's shard) whose chunk and states are on the device steps
 /// there; chunks on the device with states on the host send their gradients down, step on the
@@ -1383,35 +1365,10 @@ fn optimizer_split(
     local: f64,
     split: gemini::Split,
 ) -> Vec<u32> {
-    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
-    let op = |b: &mut Builder, host: bool, params: f64| {
-        let traffic = if host {
-            (4.0 + 2.0 * ob + wb) * params
-        } else {
-            optimizer_traffic_bytes(plan.precision, plan.optimizer) * params
-        };
-        let name = if host { "cpu_optimizer" } else { "optimizer" };
-        b.p.ops.push(OpInstance {
-            spec: OpSpec {
-                name,
-                class: OpClass::Memory,
-                forward_flops: 0.0,
-                forward_bytes: traffic,
-                backward_flops: 0.0,
-                backward_bytes: traffic,
-                saved: Saved::default(),
-            },
-            backward: false,
-            on_host: host,
-            nvme_bytes: 0.0,
-            class: b.class,
-        });
-        let label = b.label(Label { op: name, layer: -1, phase: Phase::Optimizer, chunk: my_chunks[0] });
-        ((b.p.ops.len() - 1) as u32, label)
-    };
-    let device_op = (split.device > 0.0).then(|| op(b, false, split.device * local));
+    let (wb, gb, _) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let device_op = (split.device > 0.0).then(|| optimizer_op(b, plan, false, split.device * local, 0.0, my_chunks[0]));
     let host_share = split.resident_host_states + split.host;
-    let host_op = (host_share > 0.0).then(|| op(b, true, host_share * local));
+    let host_op = (host_share > 0.0).then(|| optimizer_op(b, plan, true, host_share * local, 0.0, my_chunks[0]));
     let down = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: my_chunks[0] });
     let up = b.label(Label { op: "param_to_device", layer: -1, phase: Phase::Optimizer, chunk: my_chunks[0] });
     let moved = split.resident_host_states * local;
@@ -1454,6 +1411,31 @@ fn optimizer_split(
     ready
 }
 
+/// An optimizer-step op over `params` parameters, on the device or (`host`) on the host CPU,
+/// streaming `nvme_bytes` of states from NVMe; returns the op and its label.
+fn optimizer_op(b: &mut Builder, plan: &Plan, host: bool, params: f64, nvme_bytes: f64, chunk: u32) -> (u32, u32) {
+    let (wb, _, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let traffic = if host {
+        // fp32 gradient in, states read and written, the low-precision weights out.
+        (4.0 + 2.0 * ob + wb) * params
+    } else {
+        optimizer_traffic_bytes(plan.precision, plan.optimizer) * params
+    };
+    let name = if host { "cpu_optimizer" } else { "optimizer" };
+    let spec = OpSpec {
+        name,
+        class: OpClass::Memory,
+        forward_flops: 0.0,
+        forward_bytes: traffic,
+        backward_flops: 0.0,
+        backward_bytes: traffic,
+        saved: Saved::default(),
+    };
+    b.p.ops.push(OpInstance { spec, backward: false, on_host: host, nvme_bytes, class: b.class });
+    let label = b.label(Label { op: name, layer: -1, phase: Phase::Optimizer, chunk });
+    ((b.p.ops.len() - 1) as u32, label)
+}
+
 /// The optimizer step of each device of a stage, after its gradient sync: on the device, or
 /// (offloaded) on the host CPU followed by the copy of the updated weights back. Returns,
 /// per device, the task after which its updated parameter shard is on the device.
@@ -1471,35 +1453,8 @@ fn optimizer_step(
     let local = params / if z >= 1 { dp } else { 1.0 };
     let off = plan.offload;
     let host = off.optimizer != Tier::Device;
-    let traffic = if host {
-        // fp32 gradient in, states read and written, the low-precision weights out.
-        (4.0 + 2.0 * ob + wb) * local
-    } else {
-        optimizer_traffic_bytes(plan.precision, plan.optimizer) * local
-    };
-    let spec = OpSpec {
-        name: if host { "cpu_optimizer" } else { "optimizer" },
-        class: OpClass::Memory,
-        forward_flops: 0.0,
-        forward_bytes: traffic,
-        backward_flops: 0.0,
-        backward_bytes: traffic,
-        saved: Saved::default(),
-    };
-    b.p.ops.push(OpInstance {
-        spec,
-        backward: false,
-        on_host: host,
-        nvme_bytes: if off.optimizer == Tier::Nvme { 2.0 * ob * local } else { 0.0 },
-        class: b.class,
-    });
-    let op = (b.p.ops.len() - 1) as u32;
-    let label = b.label(Label {
-        op: if host { "cpu_optimizer" } else { "optimizer" },
-        layer: -1,
-        phase: Phase::Optimizer,
-        chunk: my_chunks[0],
-    });
+    let nvme = if off.optimizer == Tier::Nvme { 2.0 * ob * local } else { 0.0 };
+    let (op, label) = optimizer_op(b, plan, host, local, nvme, my_chunks[0]);
     let copy_label = b.label(Label { op: "param_to_device", layer: -1, phase: Phase::Optimizer, chunk: my_chunks[0] });
     let grad_label = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: my_chunks[0] });
     let mut ready = Vec::new();
