@@ -67,6 +67,22 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
         .collect()
 }
 
+/// Host time to issue each of the Program's ops (empty when no device has a host cost).
+pub fn host_issue_ns(s: &scenario::Scenario, p: &lower::Program) -> Vec<u64> {
+    let per_class: Vec<f64> =
+        (0..=s.cluster.overrides.len() as u16).map(|cl| s.options.host_op_s(s.cluster.class(cl))).collect();
+    if per_class.iter().all(|&h| h == 0.0) {
+        return Vec::new();
+    }
+    p.ops
+        .iter()
+        .map(|o| {
+            let h = if o.on_host { 0.0 } else { per_class[o.class as usize] * cost::launches(&o.spec, o.backward) };
+            (h * 1e9).round() as u64
+        })
+        .collect()
+}
+
 /// Simulate one training iteration. `record` keeps every span for traces and plots.
 ///
 /// PipeDream-2BW never flushes its pipeline: batch k+1's micro-batches enter while batch k
@@ -193,12 +209,14 @@ fn simulate_once(s: &scenario::Scenario, record: bool) -> Simulation {
     let program = lower::lower(s);
     let topo = Topology::new(&s.cluster);
     let op_ns = op_durations_ns(s, &program, None);
+    let host_ns = host_issue_ns(s, &program);
     let opts = RunOptions {
         network: s.options.network,
         record,
         collective_launch_ns: (s.cluster.node.device.kernel_launch_s * 1e9).round() as u64,
+        host_collective_ns: (s.options.host_op_s(&s.cluster.node.device) * 1e9).round() as u64,
     };
-    let mut result = engine::run(&program, &topo, &op_ns, opts);
+    let mut result = engine::run(&program, &topo, &op_ns, &host_ns, opts);
     let report = report::build(s, &program, &result);
     let mut timeline = std::mem::take(&mut result.timeline);
     timeline.static_hbm = program.static_memory.clone();

@@ -129,14 +129,17 @@ impl ComputeModel {
                 0.0
             }
         };
-        // Backward of a GEMM is two GEMMs, so two launches.
-        let launches = if backward && matches!(op.class, OpClass::Gemm { .. }) { 2.0 } else { 1.0 };
-        compute.max(self.memory_s(bytes)) + launches * self.launch_s
+        compute.max(self.memory_s(bytes)) + launches(op, backward) * self.launch_s
     }
 
     pub fn launch_s(&self) -> f64 {
         self.launch_s
     }
+}
+
+/// Kernels an op launches: the backward of a GEMM is two GEMMs.
+pub fn launches(op: &OpSpec, backward: bool) -> f64 {
+    if backward && matches!(op.class, OpClass::Gemm { .. }) { 2.0 } else { 1.0 }
 }
 
 /// Bytes per element of a GEMM op, recovered from its byte count (batch x e x (mk + kn + mn)

@@ -14,6 +14,8 @@ pub struct RunOptions {
     pub record: bool,
     /// Fixed cost of starting a collective or transfer (its kernel launch).
     pub collective_launch_ns: u64,
+    /// Host time to issue a collective that sits on compute streams (the framework's call).
+    pub host_collective_ns: u64,
 }
 
 /// What a run measured, per simulated device (indices as in `Program::devices`).
@@ -40,6 +42,8 @@ pub struct RunResult {
 const TASK_END: u8 = 0;
 const FLOW_END: u8 = 1;
 const STEP_START: u8 = 2;
+/// A compute-stream task whose host issue ends after it became ready starts now.
+const ISSUED: u8 = 3;
 const VERSION_MASK: u32 = 0xff_ffff;
 
 /// A collective's expansion with routes resolved and symmetry applied.
@@ -71,6 +75,7 @@ struct Engine<'a> {
     p: &'a Program,
     topo: &'a Topology,
     op_ns: &'a [u64],
+    host_ns: &'a [u64],
     opts: RunOptions,
     q: EventQueue,
     net: Network,
@@ -95,10 +100,23 @@ struct Engine<'a> {
     live: Vec<std::collections::BTreeMap<(u32, u32), f64>>,
     res: RunResult,
     flows: u64,
+    /// Host issue model: when each simulated device's host thread is next free, each task's
+    /// end time, and the tasks each compute-stream task's host waits for (CSR).
+    host_free: Vec<u64>,
+    done_at: Vec<u64>,
+    gate_start: Vec<u32>,
+    gate: Vec<u32>,
 }
 
-/// Run a program. `op_ns[i]` is the duration of `Program::ops[i]`.
-pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> RunResult {
+/// Run a program. `op_ns[i]` is the duration of `Program::ops[i]` on its device.
+///
+/// `host_ns[i]` (empty: no host model) is the time the device's host thread spends issuing
+/// op `i` (framework dispatch and kernel launch). A host issues its compute stream's tasks in
+/// order and runs ahead of the device, except that it blocks until a pipeline receive
+/// (a transfer) or a data-parallel collective the task depends on has completed, as
+/// frameworks synchronise there. A task starts when it is ready and its host has issued it,
+/// so a stream of short kernels runs at the host's pace.
+pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host_ns: &[u64], opts: RunOptions) -> RunResult {
     let nt = p.tasks.len();
     let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams as u32).collect();
     let mut succ_start = vec![0u32; nt + 1];
@@ -118,6 +136,31 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> Run
         fill[a as usize] += 1;
     }
     let nd = p.devices.len();
+    // What a compute-stream task's host waits for: transfers and data-parallel collectives.
+    let mut gate_start = vec![0u32; nt + 1];
+    let gating = |a: u32, b: u32| {
+        let (ta, tb) = (p.tasks[a as usize], p.tasks[b as usize]);
+        let on_compute = tb.stream as usize % STREAMS == 0;
+        let blocks = ta.kind == TaskKind::Transfer
+            || (ta.kind == TaskKind::Collective && ta.stream as usize % STREAMS == 1);
+        !host_ns.is_empty() && on_compute && blocks
+    };
+    for &(a, b) in &p.deps {
+        if gating(a, b) {
+            gate_start[b as usize + 1] += 1;
+        }
+    }
+    for i in 0..nt {
+        gate_start[i + 1] += gate_start[i];
+    }
+    let mut gfill = gate_start.clone();
+    let mut gate = vec![0u32; gate_start[nt] as usize];
+    for &(a, b) in &p.deps {
+        if gating(a, b) {
+            gate[gfill[b as usize] as usize] = a;
+            gfill[b as usize] += 1;
+        }
+    }
     let mut marks = vec![u32::MAX; p.streams.len()];
     for (d, &m) in p.compute_marks.iter().enumerate() {
         marks[d * STREAMS] = m;
@@ -126,6 +169,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> Run
         p,
         topo,
         op_ns,
+        host_ns,
         opts,
         q: EventQueue::new(),
         net: Network::new(opts.network, topo.capacities()),
@@ -158,6 +202,10 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> Run
             ..RunResult::default()
         },
         flows: 0,
+        host_free: vec![0; nd],
+        done_at: vec![0; if host_ns.is_empty() { 0 } else { nt }],
+        gate_start,
+        gate,
     };
     e.res.timeline.devices = p.devices.clone();
     e.res.timeline.stages = p.stages.clone();
@@ -173,6 +221,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], opts: RunOptions) -> Run
             TASK_END => e.complete(ev.id, now),
             FLOW_END => e.flow_end(ev.id, ev.version, now),
             STEP_START => e.step_start(ev.id, now),
+            ISSUED => e.begin(ev.id, now),
             _ => unreachable!("unknown event kind"),
         }
         e.drain_ready(now);
@@ -258,7 +307,43 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// A task is ready: start it once the hosts of its compute streams have issued it.
     fn start(&mut self, t: u32, now: u64) {
+        if !self.host_ns.is_empty() {
+            let issued = self.issue(t);
+            if issued > now {
+                self.q.push(issued, Event { kind: ISSUED, id: t, version: 0 });
+                return;
+            }
+        }
+        self.begin(t, now);
+    }
+
+    /// When the hosts of the task's compute streams finish issuing it (0 if none issues it).
+    fn issue(&mut self, t: u32) -> u64 {
+        let task = self.p.tasks[t as usize];
+        if task.stream as usize % STREAMS != 0 {
+            return 0;
+        }
+        let cost = match task.kind {
+            TaskKind::Compute => self.host_ns[task.payload as usize],
+            _ => self.opts.host_collective_ns,
+        };
+        let mut gate = 0;
+        for i in self.gate_start[t as usize]..self.gate_start[t as usize + 1] {
+            gate = gate.max(self.done_at[self.gate[i as usize] as usize]);
+        }
+        let mut issued = 0;
+        self.for_streams(t, |e, s| {
+            let d = Program::stream_device(s) as usize;
+            let end = e.host_free[d].max(gate) + cost;
+            e.host_free[d] = end;
+            issued = issued.max(end);
+        });
+        issued
+    }
+
+    fn begin(&mut self, t: u32, now: u64) {
         self.for_streams(t, |e, s| e.stream_start[s as usize] = now);
         self.memory(t, false, now);
         let task = self.p.tasks[t as usize];
@@ -437,6 +522,9 @@ impl<'a> Engine<'a> {
     }
 
     fn complete(&mut self, t: u32, now: u64) {
+        if let Some(d) = self.done_at.get_mut(t as usize) {
+            *d = now;
+        }
         self.memory(t, true, now);
         let task = self.p.tasks[t as usize];
         let record = self.opts.record;

@@ -52,7 +52,7 @@ fn push(p: &mut Program, kind: TaskKind, payload: u32, streams: &[u32], mb: u32)
 }
 
 fn opts() -> RunOptions {
-    RunOptions { network: NetworkKind::MaxMinFair, record: false, collective_launch_ns: 0 }
+    RunOptions { network: NetworkKind::MaxMinFair, record: false, collective_launch_ns: 0, host_collective_ns: 0 }
 }
 
 fn lone_collective(kind: CollectiveKind, per_node: u32, nodes: u32, bytes: f64, intra: LinkSpec, nic: LinkSpec) -> u64 {
@@ -62,7 +62,7 @@ fn lone_collective(kind: CollectiveKind, per_node: u32, nodes: u32, bytes: f64, 
     p.collectives.push(Collective { kind, members: (0..n).collect(), bytes });
     let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
     push(&mut p, TaskKind::Collective, 0, &streams, 0);
-    run(&p, &Topology::new(&c), &[], opts()).iteration_ns
+    run(&p, &Topology::new(&c), &[], &[], opts()).iteration_ns
 }
 
 #[test]
@@ -109,11 +109,11 @@ fn concurrent_transfers_share_a_nic() {
         p.transfers.push(Transfer { source: s, target: t, bytes: 1e9 });
         push(&mut p, TaskKind::Transfer, i as u32, &[Program::stream_index(s, StreamKind::PipelineSend)], 0);
     }
-    let r = run(&p, &Topology::new(&c), &[], opts());
+    let r = run(&p, &Topology::new(&c), &[], &[], opts());
     assert_eq!(r.iteration_ns, 200_000_000);
     let mut ideal = opts();
     ideal.network = NetworkKind::Ideal;
-    assert_eq!(run(&p, &Topology::new(&c), &[], ideal).iteration_ns, 100_000_000);
+    assert_eq!(run(&p, &Topology::new(&c), &[], &[], ideal).iteration_ns, 100_000_000);
 }
 
 /// A pipeline built straight from a schedule table: each (stage, step) one compute task of
@@ -150,7 +150,7 @@ fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResu
         }
     }
     let c = cluster(pp, 1, link(1e12, 0.0), link(1e12, 0.0));
-    run(&p, &Topology::new(&c), &op_ns, opts())
+    run(&p, &Topology::new(&c), &op_ns, &[], opts())
 }
 
 fn op() -> OpSpec {

@@ -171,11 +171,38 @@ pub struct Unit {
     pub context: u32,
 }
 
-/// Order of the parallel dimensions when numbering devices, innermost first. Megatron-LM's
-/// default keeps a tensor-parallel group inside a node, then data-parallel, then pipeline.
+/// Order of the parallel dimensions when numbering devices (and so placing them on nodes),
+/// innermost first. Megatron-LM's default (`tp-dp-pp`) keeps a tensor-parallel group inside a
+/// node, then the data-parallel replicas of a stage, then the pipeline stages; `tp-pp-dp`
+/// makes each replica's whole pipeline a block of consecutive devices (data-parallel groups
+/// strided by tp x pp, as Megatron-LM 2019's model-parallel-inner numbering extends to
+/// pipelines), so consecutive stages share nodes and gradient all-reduces cross them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum RankOrder {
+    #[serde(rename = "tp-dp-pp")]
     TpDpPp,
+    #[serde(rename = "tp-pp-dp")]
+    TpPpDp,
+}
+
+impl RankOrder {
+    pub const NAMES: [&'static str; 2] = ["tp-dp-pp", "tp-pp-dp"];
+
+    /// Device index of (replica, stage, tensor rank) for degrees `[dp, pp, tp]`.
+    pub fn device(self, [dp, pp, tp]: [u32; 3], replica: u32, stage: u32, rank: u32) -> u32 {
+        match self {
+            RankOrder::TpDpPp => (stage * dp + replica) * tp + rank,
+            RankOrder::TpPpDp => (replica * pp + stage) * tp + rank,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RankOrder> {
+        match s {
+            "tp-dp-pp" => Some(RankOrder::TpDpPp),
+            "tp-pp-dp" => Some(RankOrder::TpPpDp),
+            _ => None,
+        }
+    }
 }
 
 /// A validated parallel plan.
@@ -191,6 +218,8 @@ pub struct Plan {
     pub zero_stage: u8,
     pub sequence_parallel: bool,
     pub tp_mode: crate::workload::TpMode,
+    /// How devices are numbered, and so which share a node.
+    pub rank_order: RankOrder,
     /// Fused attention kernels (`training.attention`: "flash") rather than materialised scores.
     pub flash_attention: bool,
     /// Layers of each pipeline chunk (pp x virtual_stages entries, in model order).
@@ -223,16 +252,20 @@ impl Plan {
         self.dp * self.tp * self.pp
     }
 
-    /// Device index of (data-parallel replica, pipeline stage, tensor rank), Megatron order.
+    /// Device index of (data-parallel replica, pipeline stage, tensor rank) in the plan's
+    /// rank order.
     pub fn device(&self, dp: u32, stage: u32, tp: u32) -> u32 {
-        (stage * self.dp + dp) * self.tp + tp
+        self.rank_order.device([self.dp, self.pp, self.tp], dp, stage, tp)
     }
 
     /// (dp, stage, tp) of a device.
     pub fn coords(&self, device: u32) -> (u32, u32, u32) {
         let tp = device % self.tp;
         let rest = device / self.tp;
-        (rest % self.dp, rest / self.dp, tp)
+        match self.rank_order {
+            RankOrder::TpDpPp => (rest % self.dp, rest / self.dp, tp),
+            RankOrder::TpPpDp => (rest / self.pp, rest % self.pp, tp),
+        }
     }
 
     /// Whether the tensor-parallel group does sequence parallelism with ring attention.

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// How the engine models the interconnect and which devices it simulates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct SimOptions {
     pub network: crate::network::NetworkKind,
     /// Simulate one data-parallel replica and mirror it, where that is exact.
@@ -27,13 +27,25 @@ pub struct SimOptions {
     /// Device memory the framework holds besides tensors (CUDA context, library
     /// workspaces); `None`: the device kind's default (see [`SimOptions::framework_bytes`]).
     pub framework_overhead_bytes: Option<u64>,
+    /// Host (framework) time to issue one op; `None`: the device kind's default (see
+    /// [`SimOptions::host_op_s`]).
+    pub host_op_s: Option<f64>,
 }
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { network: crate::network::NetworkKind::MaxMinFair, symmetry: true, framework_overhead_bytes: None }
+        SimOptions {
+            network: crate::network::NetworkKind::MaxMinFair,
+            symmetry: true,
+            framework_overhead_bytes: None,
+            host_op_s: None,
+        }
     }
 }
+
+/// Default host time to issue one modelled op on a GPU from an eager framework (see
+/// [`SimOptions::host_op_s`]).
+pub const DEFAULT_GPU_HOST_OP_S: f64 = 10e-6;
 
 impl SimOptions {
     /// The framework allowance on `device`: 0.5 GiB on a GPU by default (a PyTorch CUDA context
@@ -43,6 +55,19 @@ impl SimOptions {
         match self.framework_overhead_bytes {
             Some(b) => b as f64,
             None if device.kind == DeviceKind::Gpu => 0.5 * 1024f64.powi(3),
+            None => 0.0,
+        }
+    }
+
+    /// Host time to issue one op on `device` (a GEMM's backward is two). An eager framework's
+    /// host thread runs Python, the dispatcher and autograd bookkeeping, then launches the
+    /// kernel; it runs ahead of the GPU except where it waits for a pipeline receive or a
+    /// gradient reduction, so this bounds only streams of short kernels. GPU default:
+    /// [`DEFAULT_GPU_HOST_OP_S`]; FPGAs and CPU devices (whose own time includes it): 0.
+    pub fn host_op_s(&self, device: &crate::hardware::DeviceSpec) -> f64 {
+        match self.host_op_s {
+            Some(s) => s,
+            None if device.kind == DeviceKind::Gpu => DEFAULT_GPU_HOST_OP_S,
             None => 0.0,
         }
     }
@@ -195,9 +220,12 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
 fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
     let mut opts = SimOptions::default();
     if let Some(o) = o {
-        o.only(&["network", "symmetry", "framework_overhead_bytes"])?;
+        o.only(&["network", "symmetry", "framework_overhead_bytes", "host_op_s"])?;
         if let Some(b) = o.non_negative("framework_overhead_bytes")? {
             opts.framework_overhead_bytes = Some(b.round() as u64);
+        }
+        if let Some(h) = o.non_negative("host_op_s")? {
+            opts.host_op_s = Some(h);
         }
         if let Some(n) = o.choice("network", &crate::network::NetworkKind::NAMES, crate::network::NetworkKind::parse)? {
             opts.network = n;
@@ -902,6 +930,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         "token_granularity",
         "freeze",
         "bucket_bytes",
+        "rank_order",
     ])?;
     let mut dflt = |k: &str, v: &str| defaults.push(format!("plan.{k} = {v}"));
     let dp = o.uint("dp")?.unwrap_or_else(|| {
@@ -926,6 +955,15 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             ),
         ));
     }
+    let rank_order = match o.choice("rank_order", &crate::plan::RankOrder::NAMES, crate::plan::RankOrder::parse)? {
+        Some(r) => r,
+        None => {
+            if dp > 1 && pp > 1 {
+                dflt("rank_order", "tp-dp-pp (Megatron-LM)");
+            }
+            crate::plan::RankOrder::TpDpPp
+        }
+    };
     let mut tp_mode = parse_tp_mode(o, tp, &mut dflt)?;
     // true or "megatron": Megatron's sequence parallelism inside 1D tensor parallelism;
     // "ring": the tp group splits the sequence instead and passes keys and values around.
@@ -1120,14 +1158,16 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
     };
     // A heterogeneous cluster: every device of a pipeline stage must be of one kind.
     for stage in 0..pp {
-        let first = c.class_of(stage * dp * tp);
-        if (0..dp * tp).any(|i| c.class_of(stage * dp * tp + i) != first) {
+        let members: Vec<u32> = (0..dp)
+            .flat_map(|r| (0..tp).map(move |x| rank_order.device([dp, pp, tp], r, stage, x)))
+            .collect();
+        let first = c.class_of(members[0]);
+        if let Some(&other) = members.iter().find(|&&d| c.class_of(d) != first) {
             return Err(invalid(
                 "cluster.device_overrides",
                 format!(
-                    "pipeline stage {stage} (devices {}..{}) mixes device kinds; give each stage one kind",
-                    stage * dp * tp,
-                    (stage + 1) * dp * tp - 1
+                    "pipeline stage {stage} mixes device kinds (devices {} and {other}); give each stage one kind",
+                    members[0]
                 ),
             ));
         }
@@ -1155,6 +1195,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         dp,
         tp,
         pp,
+        rank_order,
         schedule,
         virtual_stages,
         recompute,
