@@ -1,6 +1,20 @@
 //! `trainsim`: the command line. Parses arguments, reads and writes files, times runs, and
 //! calls into the pure `sim` crate for everything else.
 
+/// `println!` that ends the program quietly when stdout is a closed pipe (`trainsim ... | head`)
+/// instead of panicking.
+macro_rules! println {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($t)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            panic!("writing to stdout: {e}");
+        }
+    }};
+}
+
 mod bench;
 mod csvplot;
 mod exec;

@@ -69,3 +69,29 @@ fn token_slices_are_validated() {
         assert_eq!(err.path, key, "{plan}: {err}");
     }
 }
+
+/// A slice's stage time is bounded below by the host issuing its ops: with a slow host
+/// (200 us per op), the optimiser cuts each sequence into fewer, longer slices than with a
+/// free host, and the simulated iteration is slower.
+#[test]
+fn a_slow_host_makes_the_optimiser_cut_longer_slices() {
+    let training = json!({"global_batch": 2, "micro_batch": 1, "seq_len": 2048, "precision": "fp16"});
+    let run = |host_op_s: f64| {
+        let mut v: serde_json::Value = serde_json::from_str(&scenario(
+            w(),
+            1,
+            training.clone(),
+            json!({"dp": 1, "tp": 1, "pp": 8, "token_slices": "auto"}),
+        ))
+        .unwrap();
+        v["simulation"] = json!({"host_op_s": host_op_s});
+        simulate(&v.to_string())
+    };
+    let (free, slow) = (run(0.0), run(200e-6));
+    let slices = |r: &sim::report::Report| {
+        let ts = r.token_slicing.as_ref().expect("token slicing reported");
+        ts.slices.iter().map(|(_, s)| s.len()).sum::<usize>()
+    };
+    assert!(slices(&slow) < slices(&free), "{} slices with a slow host vs {} with a free one", slices(&slow), slices(&free));
+    assert!(slow.iteration_s > free.iteration_s);
+}

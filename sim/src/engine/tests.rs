@@ -210,3 +210,44 @@ fn runs_are_deterministic() {
     assert_eq!(a.events, b.events);
     assert_eq!(a.pipeline_end_ns, b.pipeline_end_ns);
 }
+
+/// Device 0 runs `n` compute tasks of `gpu` ns each, issued by its host at `host` ns each;
+/// with `recv`, the first waits for a transfer of `bytes` from device 1 (1 GB/s, no latency).
+fn host_chain(n: u32, gpu: u64, host: u64, recv: Option<f64>) -> u64 {
+    let c = cluster(2, 1, link(1e9, 0.0), link(1e9, 0.0));
+    let mut p = empty_program(2);
+    p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0, class: 0 });
+    let s = Program::stream_index(0, StreamKind::Compute);
+    let tasks: Vec<u32> = (0..n).map(|_| push(&mut p, TaskKind::Compute, 0, &[s], 0)).collect();
+    if let (Some(bytes), Some(&first)) = (recv, tasks.first()) {
+        p.transfers.push(Transfer { source: 1, target: 0, bytes });
+        let t = push(&mut p, TaskKind::Transfer, 0, &[Program::stream_index(1, StreamKind::PipelineSend)], 0);
+        p.deps.push((t, first));
+    }
+    run(&p, &Topology::new(&c), &[gpu], &[host], opts()).iteration_ns
+}
+
+#[test]
+fn short_kernels_run_at_the_hosts_pace() {
+    // 100 kernels of 2 us issued at 10 us each: the host sets the pace (last ends 2 us after
+    // its issue).
+    assert_eq!(host_chain(100, 2_000, 10_000, None), 100 * 10_000 + 2_000);
+    // Without a host cost the device alone sets it.
+    assert_eq!(host_chain(100, 2_000, 0, None), 100 * 2_000);
+}
+
+#[test]
+fn a_host_running_ahead_hides_its_cost_behind_long_kernels() {
+    // 1 ms kernels: only the first issue is exposed.
+    assert_eq!(host_chain(50, 1_000_000, 10_000, None), 10_000 + 50 * 1_000_000);
+}
+
+#[test]
+fn the_host_waits_for_a_pipeline_receive() {
+    // A 1 MB receive at 1 GB/s ends at 1 ms; only then does the host issue the 10 kernels
+    // that depend on it, at 10 us each, while the device needs 2 us per kernel.
+    let with = host_chain(10, 2_000, 10_000, Some(1e6));
+    assert_eq!(with, 1_000_000 + 10 * 10_000 + 2_000);
+    // Without the host model the kernels run back to back after the receive.
+    assert_eq!(host_chain(10, 2_000, 0, Some(1e6)), 1_000_000 + 10 * 2_000);
+}

@@ -337,3 +337,35 @@ impl Plan {
         (0..chunks).map(|c| base + u32::from(c >= chunks - extra)).collect()
     }
 }
+
+#[cfg(test)]
+mod rank_order_tests {
+    use super::RankOrder;
+
+    /// Both orders number every (replica, stage, rank) once, and place a tensor group on
+    /// consecutive devices; `tp-pp-dp` also a replica's whole pipeline.
+    #[test]
+    fn orders_are_bijections_with_their_blocks() {
+        let (dp, pp, tp) = (3u32, 4u32, 2u32);
+        for order in [RankOrder::TpDpPp, RankOrder::TpPpDp] {
+            let mut seen = vec![false; (dp * pp * tp) as usize];
+            for r in 0..dp {
+                for s in 0..pp {
+                    for x in 0..tp {
+                        let d = order.device([dp, pp, tp], r, s, x);
+                        assert!(!seen[d as usize], "{order:?}: device {d} twice");
+                        seen[d as usize] = true;
+                        assert_eq!(d - x, order.device([dp, pp, tp], r, s, 0));
+                    }
+                }
+            }
+        }
+        for r in 0..dp {
+            let first = RankOrder::TpPpDp.device([dp, pp, tp], r, 0, 0);
+            assert_eq!(first, r * pp * tp);
+            assert_eq!(RankOrder::TpPpDp.device([dp, pp, tp], r, pp - 1, tp - 1), first + pp * tp - 1);
+        }
+        // Megatron's order: a stage's replicas are consecutive.
+        assert_eq!(RankOrder::TpDpPp.device([dp, pp, tp], 1, 0, 0), tp);
+    }
+}
