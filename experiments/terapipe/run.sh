@@ -10,15 +10,34 @@ trap 'rm -rf "$tmp"' EXIT
 
 # 1. The four settings of SEEDS.md 2.5 with their published latencies (seconds).
 echo "setting,published_without_s,published_with_s,simulated_without_s,simulated_with_s,published_speedup,simulated_speedup" >"$here/settings.csv"
-for row in "5 1.863 1.328" "6 13.319 7.103" "9 9.990 1.481" "10 5.822 1.160"; do
+for row in "5 1.863 1.328 setting5-gpt3-13b" "6 13.319 7.103 setting6-gpt3-44b" "9 9.990 1.481 setting9-gpt3-175b" \
+  "10 5.822 1.160 setting10-gpt3-175b" "6-megatron-order 13.319 7.103 setting6-gpt3-44b-megatron-order"; do
   set -- $row
-  f=$(ls "$here"/setting$1-*.json)
+  f="$here/$4.json"
   "$bin" simulate "$f" --json >"$tmp/r.json"
   python3 - "$tmp/r.json" "$1" "$2" "$3" >>"$here/settings.csv" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); t = r["token_slicing"]
 s, wo, w = sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 print(f"({s}),{wo},{w},{t['iteration_s_without']:.4f},{r['iteration_s']:.4f},{wo / w:.3f},{t['speedup']:.3f}")
+PY
+done
+
+# 1b. The slicing schemes TeraPipe published (SEEDS.md 2.2, 2.5), simulated as given: separates the
+# optimiser's choice from the per-slice cost.
+echo "setting,scheme,published_with_s,simulated_published_scheme_s,simulated_optimised_s" >"$here/published_schemes.csv"
+for row in "5 1.328 setting5-gpt3-13b [[1,[704,688,656]]]*32" "9 1.481 setting9-gpt3-175b [[1,[120]*4+[112]*6+[104]*8+[64]]]*2"; do
+  set -- $row
+  python3 - "$here/$3.json" "$4" >"$tmp/p.json" <<'PY'
+import json, sys
+v = json.load(open(sys.argv[1])); v["plan"]["token_slices"] = eval(sys.argv[2]); print(json.dumps(v))
+PY
+  "$bin" simulate "$tmp/p.json" --json >"$tmp/r.json"
+  "$bin" simulate "$here/$3.json" --json >"$tmp/o.json"
+  python3 - "$tmp/r.json" "$tmp/o.json" "$1" "$2" "$4" >>"$here/published_schemes.csv" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); o = json.load(open(sys.argv[2]))
+print(f"({sys.argv[3]}),\"{sys.argv[5]}\",{sys.argv[4]},{r['iteration_s']:.4f},{o['iteration_s']:.4f}")
 PY
 done
 
@@ -78,4 +97,4 @@ for m in setting6-gpt3-44b setting9-gpt3-175b; do
   "$bin" plot "$tmp/$m.csv" --lines --y uniform_s,optimised_s --title "$m: uniform slices vs the optimiser" \
     --y-label "seconds per iteration" --out "$here/uniform-$m.png"
 done
-cat "$here/settings.csv" "$here/seq_len.csv" "$here/uniform.csv"
+cat "$here/settings.csv" "$here/published_schemes.csv" "$here/seq_len.csv" "$here/uniform.csv"
