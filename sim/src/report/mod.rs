@@ -85,6 +85,9 @@ pub struct Report {
     /// The breakdown's buffers include this allowance for the framework (CUDA context,
     /// library workspaces); set it with `simulation.framework_overhead_bytes`.
     pub framework_overhead_bytes: f64,
+    /// Host time to issue one kernel on the (first class of) device; see
+    /// `simulation.host_op_s`.
+    pub host_op_s: f64,
     pub memory_breakdown: MemoryBreakdown,
     /// The activations behind the peak device's peak, by layer and micro-batch.
     pub peak_activations: Vec<LiveActivation>,
@@ -199,6 +202,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         memory_capacity_bytes: capacity,
         peak_memory_device: p.devices[worst],
         framework_overhead_bytes: s.options.framework_bytes(&s.cluster.node.device),
+        host_op_s: s.options.host_op_s(&s.cluster.node.device),
         memory_breakdown: totals[worst],
         peak_activations: r.peak_live[worst]
             .iter()
