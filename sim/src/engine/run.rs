@@ -140,7 +140,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host_ns: &[u64], opts: R
     let mut gate_start = vec![0u32; nt + 1];
     let gating = |a: u32, b: u32| {
         let (ta, tb) = (p.tasks[a as usize], p.tasks[b as usize]);
-        let on_compute = tb.stream as usize % STREAMS == 0;
+        let on_compute = (tb.stream as usize).is_multiple_of(STREAMS);
         let blocks = ta.kind == TaskKind::Transfer
             || (ta.kind == TaskKind::Collective && ta.stream as usize % STREAMS == 1);
         !host_ns.is_empty() && on_compute && blocks
@@ -322,7 +322,7 @@ impl<'a> Engine<'a> {
     /// When the hosts of the task's compute streams finish issuing it (0 if none issues it).
     fn issue(&mut self, t: u32) -> u64 {
         let task = self.p.tasks[t as usize];
-        if task.stream as usize % STREAMS != 0 {
+        if !(task.stream as usize).is_multiple_of(STREAMS) {
             return 0;
         }
         let cost = match task.kind {
