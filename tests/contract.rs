@@ -427,7 +427,11 @@ fn gantt_writes_png_and_svg() {
 /// The rank order and the host issue time are checked where they are read.
 #[test]
 fn rank_order_and_host_op_time_are_validated() {
-    assert_rejected(&with(|v| v["plan"]["rank_order"] = json!("pp-dp-tp")), &["plan.rank_order"], &["tp-dp-pp", "tp-pp-dp"]);
+    assert_rejected(
+        &with(|v| v["plan"]["rank_order"] = json!("pp-dp-tp")),
+        &["plan.rank_order"],
+        &["tp-dp-pp", "tp-pp-dp"],
+    );
     assert_rejected(&with(|v| v["simulation"] = json!({"host_op_s": -1e-6})), &["simulation.host_op_s"], &[]);
     assert_rejected(&with(|v| v["simulation"] = json!({"host_op_s": "fast"})), &["simulation.host_op_s"], &[]);
 }

@@ -92,6 +92,11 @@ fn a_slow_host_makes_the_optimiser_cut_longer_slices() {
         let ts = r.token_slicing.as_ref().expect("token slicing reported");
         ts.slices.iter().map(|(_, s)| s.len()).sum::<usize>()
     };
-    assert!(slices(&slow) < slices(&free), "{} slices with a slow host vs {} with a free one", slices(&slow), slices(&free));
+    assert!(
+        slices(&slow) < slices(&free),
+        "{} slices with a slow host vs {} with a free one",
+        slices(&slow),
+        slices(&free)
+    );
     assert!(slow.iteration_s > free.iteration_s);
 }

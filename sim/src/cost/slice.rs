@@ -62,7 +62,7 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
         }
     }
     let layers = plan.partition.iter().copied().max().unwrap_or(w.layers) as f64;
-    let compute = (layers * gpu_f).max(layers * host_f) + (layers * gpu_b).max(layers * host_b);
+    let compute = layers * (gpu_f.max(host_f) + gpu_b.max(host_b));
     let boundary = shape.activation_bytes * b as f64 * l as f64 * w.hidden as f64;
     compute + if plan.pp > 1 { 2.0 * mean_hop_s(s, boundary) } else { 0.0 }
 }

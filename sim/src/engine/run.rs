@@ -5,7 +5,7 @@ use super::queue::{Event, EventQueue};
 use crate::hardware::Topology;
 use crate::lower::{NONE, Program, STREAMS, TaskKind};
 use crate::network::{FlowId, Network, NetworkKind, Reschedule};
-use crate::report::timeline::{FlowSpan, MemorySample, Span, Timeline};
+use crate::report::timeline::{FlowSpan, MemorySample, Span, StreamKind, Timeline};
 
 #[derive(Clone, Copy, Debug)]
 pub struct RunOptions {
@@ -119,48 +119,20 @@ struct Engine<'a> {
 pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host_ns: &[u64], opts: RunOptions) -> RunResult {
     let nt = p.tasks.len();
     let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams as u32).collect();
-    let mut succ_start = vec![0u32; nt + 1];
     for &(_, b) in &p.deps {
         remaining[b as usize] += 1;
     }
-    for &(a, _) in &p.deps {
-        succ_start[a as usize + 1] += 1;
-    }
-    for i in 0..nt {
-        succ_start[i + 1] += succ_start[i];
-    }
-    let mut fill = succ_start.clone();
-    let mut succ = vec![0u32; p.deps.len()];
-    for &(a, b) in &p.deps {
-        succ[fill[a as usize] as usize] = b;
-        fill[a as usize] += 1;
-    }
+    let (succ_start, succ) = adjacency(nt, p.deps.iter().copied());
     let nd = p.devices.len();
     // What a compute-stream task's host waits for: transfers and data-parallel collectives.
-    let mut gate_start = vec![0u32; nt + 1];
-    let gating = |a: u32, b: u32| {
+    let gating = |&(a, b): &(u32, u32)| {
         let (ta, tb) = (p.tasks[a as usize], p.tasks[b as usize]);
-        let on_compute = (tb.stream as usize).is_multiple_of(STREAMS);
         let blocks = ta.kind == TaskKind::Transfer
-            || (ta.kind == TaskKind::Collective && ta.stream as usize % STREAMS == 1);
-        !host_ns.is_empty() && on_compute && blocks
+            || (ta.kind == TaskKind::Collective && Program::stream_kind(ta.stream) == StreamKind::DataParallel);
+        Program::stream_kind(tb.stream) == StreamKind::Compute && blocks
     };
-    for &(a, b) in &p.deps {
-        if gating(a, b) {
-            gate_start[b as usize + 1] += 1;
-        }
-    }
-    for i in 0..nt {
-        gate_start[i + 1] += gate_start[i];
-    }
-    let mut gfill = gate_start.clone();
-    let mut gate = vec![0u32; gate_start[nt] as usize];
-    for &(a, b) in &p.deps {
-        if gating(a, b) {
-            gate[gfill[b as usize] as usize] = a;
-            gfill[b as usize] += 1;
-        }
-    }
+    let host_waits = p.deps.iter().copied().filter(|d| !host_ns.is_empty() && gating(d)).map(|(a, b)| (b, a));
+    let (gate_start, gate) = adjacency(nt, host_waits);
     let mut marks = vec![u32::MAX; p.streams.len()];
     for (d, &m) in p.compute_marks.iter().enumerate() {
         marks[d * STREAMS] = m;
@@ -235,6 +207,25 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host_ns: &[u64], opts: R
     }
     e.res.timeline.iteration_ns = e.res.iteration_ns;
     e.res
+}
+
+/// Compressed adjacency of `n` nodes from (from, to) pairs: the targets of node `i` are
+/// `targets[start[i]..start[i + 1]]`, in the pairs' order.
+fn adjacency(n: usize, pairs: impl Iterator<Item = (u32, u32)> + Clone) -> (Vec<u32>, Vec<u32>) {
+    let mut start = vec![0u32; n + 1];
+    for (a, _) in pairs.clone() {
+        start[a as usize + 1] += 1;
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut fill = start.clone();
+    let mut targets = vec![0u32; start[n] as usize];
+    for (a, b) in pairs {
+        targets[fill[a as usize] as usize] = b;
+        fill[a as usize] += 1;
+    }
+    (start, targets)
 }
 
 impl<'a> Engine<'a> {
@@ -322,7 +313,7 @@ impl<'a> Engine<'a> {
     /// When the hosts of the task's compute streams finish issuing it (0 if none issues it).
     fn issue(&mut self, t: u32) -> u64 {
         let task = self.p.tasks[t as usize];
-        if !(task.stream as usize).is_multiple_of(STREAMS) {
+        if Program::stream_kind(task.stream) != StreamKind::Compute {
             return 0;
         }
         let cost = match task.kind {

@@ -196,6 +196,15 @@ impl RankOrder {
         }
     }
 
+    /// (replica, stage, tensor rank) of a device: the inverse of [`RankOrder::device`].
+    pub fn coords(self, [dp, pp, tp]: [u32; 3], device: u32) -> (u32, u32, u32) {
+        let (rest, rank) = (device / tp, device % tp);
+        match self {
+            RankOrder::TpDpPp => (rest % dp, rest / dp, rank),
+            RankOrder::TpPpDp => (rest / pp, rest % pp, rank),
+        }
+    }
+
     pub fn parse(s: &str) -> Option<RankOrder> {
         match s {
             "tp-dp-pp" => Some(RankOrder::TpDpPp),
@@ -260,12 +269,7 @@ impl Plan {
 
     /// (dp, stage, tp) of a device.
     pub fn coords(&self, device: u32) -> (u32, u32, u32) {
-        let tp = device % self.tp;
-        let rest = device / self.tp;
-        match self.rank_order {
-            RankOrder::TpDpPp => (rest % self.dp, rest / self.dp, tp),
-            RankOrder::TpPpDp => (rest / self.pp, rest % self.pp, tp),
-        }
+        self.rank_order.coords([self.dp, self.pp, self.tp], device)
     }
 
     /// Whether the tensor-parallel group does sequence parallelism with ring attention.
@@ -356,6 +360,7 @@ mod rank_order_tests {
                         assert!(!seen[d as usize], "{order:?}: device {d} twice");
                         seen[d as usize] = true;
                         assert_eq!(d - x, order.device([dp, pp, tp], r, s, 0));
+                        assert_eq!(order.coords([dp, pp, tp], d), (r, s, x));
                     }
                 }
             }

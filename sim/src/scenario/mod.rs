@@ -1158,9 +1158,8 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
     };
     // A heterogeneous cluster: every device of a pipeline stage must be of one kind.
     for stage in 0..pp {
-        let members: Vec<u32> = (0..dp)
-            .flat_map(|r| (0..tp).map(move |x| rank_order.device([dp, pp, tp], r, stage, x)))
-            .collect();
+        let members: Vec<u32> =
+            (0..dp).flat_map(|r| (0..tp).map(move |x| rank_order.device([dp, pp, tp], r, stage, x))).collect();
         let first = c.class_of(members[0]);
         if let Some(&other) = members.iter().find(|&&d| c.class_of(d) != first) {
             return Err(invalid(
