@@ -1,7 +1,8 @@
 //! The cost of one token slice on one pipeline stage, for TeraPipe's slicing optimiser:
 //! t(b, l, c) = the stage's layers' forward and backward (and recomputation) of `b`
 //! sequences' `l`-token slice attending to `c` earlier tokens, from the same op list and
-//! compute model the simulation uses, plus its tensor-parallel all-reduces and the
+//! compute model the simulation uses (with the accumulation of its weight gradients into
+//! the earlier slices'), plus its tensor-parallel all-reduces and the
 //! activations and gradients it passes to the neighbouring stages (alpha-beta on the links,
 //! averaged over the stage boundaries, with the NIC shared by the replicas that cross it at once).
 //! Each pass costs the larger of the device's time and the host's time to issue its ops
@@ -60,6 +61,16 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
                 }
             }
         }
+    }
+    // Each slice's weight gradients are added into the ones kept from the earlier slices (the
+    // first backward of the iteration has nothing to add to; every slice is charged alike).
+    let (_, grad_bytes, _) = super::memory::bytes_per_parameter(plan.precision, plan.optimizer);
+    let offloaded = plan.offload.optimizer != crate::plan::Tier::Device && plan.zero_stage >= 2;
+    if !offloaded {
+        let shards = if plan.zero_stage >= 2 { plan.sync_degree() as f64 } else { 1.0 };
+        let params = w.layer_parameters() / plan.tp_mode.weight_shards(plan.tp) as f64 / shards;
+        gpu_b += model.op_s(&crate::workload::OpSpec::grad_accumulate(params, grad_bytes), true);
+        host_b += host_op;
     }
     let layers = plan.partition.iter().copied().max().unwrap_or(w.layers) as f64;
     let compute = layers * (gpu_f.max(host_f) + gpu_b.max(host_b));

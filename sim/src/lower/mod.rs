@@ -141,6 +141,10 @@ struct Builder {
     collective_ids: HashMap<(u8, Vec<u32>, u64), u32>,
     /// Gemini's warm-up log: every unit access, in program order per device.
     unit_log: Vec<gemini::UnitAccess>,
+    /// Blocking point-to-point (`plan.p2p`): the sends each compute stream's next task waits for.
+    held_sends: Option<Vec<Vec<u32>>>,
+    /// Gradient-accumulation ops by (device class, bytes).
+    accumulate_ops: HashMap<(u16, u64), u32>,
 }
 
 const PH: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::Recompute];
@@ -203,6 +207,13 @@ impl Builder {
         });
         for &s in streams {
             self.p.streams[s as usize].push(id);
+            if let Some(held) = self.held_sends.as_mut() {
+                if Program::stream_kind(s) == StreamKind::Compute {
+                    for send in held[s as usize].drain(..) {
+                        self.p.deps.push((send, id));
+                    }
+                }
+            }
         }
         id
     }
@@ -318,6 +329,8 @@ impl Builder {
             dp_seq: HashMap::new(),
             collective_ids: HashMap::new(),
             unit_log: Vec::new(),
+            accumulate_ops: HashMap::new(),
+            held_sends: (plan.p2p == crate::plan::P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
         }
     }
 }
@@ -559,6 +572,14 @@ fn lower_into(
             }
             let last_bwd: HashMap<u32, u32> =
                 order.iter().filter(|st| st.pass == Pass::Backward).map(|st| (st.chunk, st.micro_batch)).collect();
+            // Every backward after a chunk's first adds its weight gradients into the ones kept
+            // (ZeRO-2 and 3: into this device's shard; with the optimizer on the host and
+            // gradients streamed there, nothing accumulates on the device).
+            let mut first_bwd: HashMap<u32, u32> = HashMap::new();
+            for st in order.iter().filter(|st| st.pass == Pass::Backward) {
+                first_bwd.entry(st.chunk).or_insert(st.micro_batch);
+            }
+            let accumulate_gb = if host_opt && z >= 2 { 0.0 } else { gb / shard(2) };
             let mut bucket_pending = 0.0;
             // ZeRO-3 reduce-scatters each layer's gradients as soon as they exist.
             let bucket_bytes = if z3 { 0.0 } else { plan.bucket_bytes };
@@ -587,6 +608,7 @@ fn lower_into(
                 // ZeRO-2 and 3 reduce every micro-batch's gradients; below, only the last.
                 // With the optimizer on the host, gradients stream there even without peers.
                 let sync_grads = (sync > 1 || (host_opt && z >= 2)) && (z >= 2 || last_bwd.get(&c) == Some(&mb));
+                let accumulate = accumulate_gb > 0.0 && first_bwd.get(&c) != Some(&mb);
                 let ub = &unit_blocks[block_of[mb as usize]][stage_class as usize];
                 let (embed, head) = (&ub.embed, &ub.head);
                 // Bytes entering and leaving this chunk per micro-batch.
@@ -748,6 +770,10 @@ fn lower_into(
                                 unit(&mut b, &mut gathers, head, -1, Phase::Backward, 0.0, head.saved, last_params);
                             first = f;
                             last = l;
+                            if accumulate {
+                                emit_grad_accumulate(&mut b, &ctx, last_params, accumulate_gb, -1, c, mb);
+                                last = b.p.tasks.len() as u32 - 1;
+                            }
                             if sync_grads {
                                 bucket_pending += last_params * gb;
                             }
@@ -786,7 +812,12 @@ fn lower_into(
                                 }
                                 Recompute::None => {}
                             }
-                            let (f, la) = emit_block(&mut b, &ctx, layer, l as i32, Phase::Backward, c, mb, 0.0, free);
+                            let (f, mut la) =
+                                emit_block(&mut b, &ctx, layer, l as i32, Phase::Backward, c, mb, 0.0, free);
+                            if accumulate {
+                                emit_grad_accumulate(&mut b, &ctx, lp[l as usize], accumulate_gb, l as i32, c, mb);
+                                la = b.p.tasks.len() as u32 - 1;
+                            }
                             if unit_first == NONE {
                                 unit_first = f;
                             }
@@ -813,6 +844,10 @@ fn lower_into(
                             let (_, la) =
                                 unit(&mut b, &mut gathers, embed, -1, Phase::Backward, 0.0, embed.saved, first_params);
                             last = la;
+                            if accumulate {
+                                emit_grad_accumulate(&mut b, &ctx, first_params, accumulate_gb, -1, c, mb);
+                                last = b.p.tasks.len() as u32 - 1;
+                            }
                             if sync_grads {
                                 bucket_pending += first_params * gb;
                             }
@@ -1038,6 +1073,26 @@ fn emit_group_compute(b: &mut Builder, ctx: &StepCtx, op: u32, label: u32, mb: u
     first
 }
 
+/// Adds a unit's new weight gradients (`params` on each device of the group) into those kept
+/// from the earlier micro-batches ([`OpSpec::grad_accumulate`]).
+fn emit_grad_accumulate(b: &mut Builder, ctx: &StepCtx, params: f64, grad_bytes: f64, layer: i32, chunk: u32, mb: u32) {
+    let spec = OpSpec::grad_accumulate(params, grad_bytes);
+    if spec.backward_bytes <= 0.0 {
+        return;
+    }
+    let key = (b.class, spec.backward_bytes.to_bits());
+    let op = match b.accumulate_ops.get(&key) {
+        Some(&op) => op,
+        None => {
+            let op = b.op(&spec, true);
+            b.accumulate_ops.insert(key, op);
+            op
+        }
+    };
+    let label = b.label(Label { op: spec.name, layer, phase: Phase::Backward, chunk });
+    emit_group_compute(b, ctx, op, label, mb);
+}
+
 fn collective_on_compute(
     b: &mut Builder,
     ctx: &StepCtx,
@@ -1090,6 +1145,9 @@ fn send(b: &mut Builder, src: u32, dst: u32, bytes: f64, after: u32, chunk: u32,
     let s = Program::stream_index(si, StreamKind::PipelineSend);
     let task = b.task(TaskKind::Transfer, id, label, mb, &[s]);
     b.p.deps.push((after, task));
+    if let Some(held) = b.held_sends.as_mut() {
+        held[Program::stream_index(si, StreamKind::Compute) as usize].push(task);
+    }
     task
 }
 

@@ -214,6 +214,31 @@ impl RankOrder {
     }
 }
 
+/// How a pipeline stage's send relates to its next op. Megatron-LM waits for its batched
+/// point-to-point requests (and synchronizes) before the next forward or backward, DeepSpeed's
+/// pipeline engine sends synchronously, and TeraPipe's latency model charges each slice a
+/// receive and a send on top of its compute: `Blocking`, the default. `Overlapped` lets the
+/// next op start while the send is in flight (a separate copy stream, as torchgpipe does or
+/// Megatron-LM's `overlap_p2p_comm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum P2p {
+    Blocking,
+    Overlapped,
+}
+
+impl P2p {
+    pub const NAMES: [&'static str; 2] = ["blocking", "overlapped"];
+
+    pub fn parse(s: &str) -> Option<P2p> {
+        match s {
+            "blocking" => Some(P2p::Blocking),
+            "overlapped" => Some(P2p::Overlapped),
+            _ => None,
+        }
+    }
+}
+
 /// A validated parallel plan.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Plan {
@@ -229,6 +254,8 @@ pub struct Plan {
     pub tp_mode: crate::workload::TpMode,
     /// How devices are numbered, and so which share a node.
     pub rank_order: RankOrder,
+    /// Whether a stage's next op waits for its pipeline send.
+    pub p2p: P2p,
     /// Fused attention kernels (`training.attention`: "flash") rather than materialised scores.
     pub flash_attention: bool,
     /// Layers of each pipeline chunk (pp x virtual_stages entries, in model order).

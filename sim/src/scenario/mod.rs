@@ -931,6 +931,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         "freeze",
         "bucket_bytes",
         "rank_order",
+        "p2p",
     ])?;
     let mut dflt = |k: &str, v: &str| defaults.push(format!("plan.{k} = {v}"));
     let dp = o.uint("dp")?.unwrap_or_else(|| {
@@ -962,6 +963,15 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
                 dflt("rank_order", "tp-dp-pp (Megatron-LM)");
             }
             crate::plan::RankOrder::TpDpPp
+        }
+    };
+    let p2p = match o.choice("p2p", &crate::plan::P2p::NAMES, crate::plan::P2p::parse)? {
+        Some(x) => x,
+        None => {
+            if pp > 1 {
+                dflt("p2p", "blocking (Megatron-LM, DeepSpeed)");
+            }
+            crate::plan::P2p::Blocking
         }
     };
     let mut tp_mode = parse_tp_mode(o, tp, &mut dflt)?;
@@ -1195,6 +1205,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         tp,
         pp,
         rank_order,
+        p2p,
         schedule,
         virtual_stages,
         recompute,

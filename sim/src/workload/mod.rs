@@ -207,6 +207,25 @@ pub enum LayerOp {
     },
 }
 
+impl OpSpec {
+    /// Adding a unit's new weight gradients (`params` on this device, `grad_bytes` each) into
+    /// those accumulated over the earlier micro-batches: a backward-only elementwise kernel
+    /// that reads both and writes the sum, as autograd's in-place accumulation does
+    /// (Megatron-LM's fused variant reads and writes an fp32 buffer inside the weight-gradient
+    /// GEMM instead: the same bytes).
+    pub fn grad_accumulate(params: f64, grad_bytes: f64) -> OpSpec {
+        OpSpec {
+            name: "grad_accumulate",
+            class: OpClass::Memory,
+            forward_flops: 0.0,
+            forward_bytes: 0.0,
+            backward_flops: 0.0,
+            backward_bytes: 3.0 * params * grad_bytes,
+            saved: Saved::default(),
+        }
+    }
+}
+
 impl LayerOp {
     pub fn compute(&self) -> Option<&OpSpec> {
         match self {
