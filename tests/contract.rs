@@ -424,9 +424,10 @@ fn gantt_writes_png_and_svg() {
     assert!(text.contains("<svg") && text.trim_end().ends_with("</svg>"), "not an SVG document");
 }
 
-/// The rank order and the host issue time are checked where they are read.
+/// The rank order, the send mode and the host issue time are checked where they are read.
 #[test]
 fn rank_order_and_host_op_time_are_validated() {
+    assert_rejected(&with(|v| v["plan"]["p2p"] = json!("async")), &["plan.p2p"], &["blocking", "overlapped"]);
     assert_rejected(
         &with(|v| v["plan"]["rank_order"] = json!("pp-dp-tp")),
         &["plan.rank_order"],

@@ -291,3 +291,103 @@ fn host_issue_time_bounds_small_kernels_only() {
     let (free, slow) = (run(8192, 8, 2048, 0.0), run(8192, 8, 2048, 100e-6));
     assert!(slow < 1.02 * free && slow >= free, "{slow} vs {free}");
 }
+
+/// Two stages on one node whose device link is slow (1 GB/s), `m` micro-batches of one
+/// 1024-token sequence (2 MiB per pipeline send, ~2 ms), sends `p2p`.
+fn slow_link_pipeline(m: u32, p2p: &str) -> sim::Simulation {
+    let text = with_intra_node_bandwidth(
+        &scenario(
+            small_transformer(4, 1024, 16),
+            1,
+            training(4 * m, 1, 1024),
+            json!({"dp": 4, "tp": 1, "pp": 2, "schedule": "gpipe", "p2p": p2p, "rank_order": "tp-pp-dp"}),
+        ),
+        1e9,
+    );
+    sim::simulate(&util::parse(&text), false)
+}
+
+/// A blocking send holds its device's next op: that op depends on it (and nothing else does);
+/// the pipeline's fill costs the same as with overlapped sends (one micro-batch: nothing
+/// waits), and each later micro-batch adds at most its sends.
+#[test]
+fn blocking_sends_hold_the_sender_and_cost_at_most_their_time() {
+    use sim::lower::{Program, TaskKind};
+    use sim::report::timeline::StreamKind;
+    let held = |p: &Program| {
+        let mut next = std::collections::HashMap::new();
+        for &(a, b) in &p.deps {
+            let (ta, tb) = (&p.tasks[a as usize], &p.tasks[b as usize]);
+            if ta.kind == TaskKind::Transfer
+                && Program::stream_kind(tb.stream) == StreamKind::Compute
+                && p.transfers[ta.payload as usize].source == p.devices[Program::stream_device(tb.stream) as usize]
+            {
+                next.insert(a, b);
+            }
+        }
+        next
+    };
+    let out = slow_link_pipeline(4, "blocking");
+    let p = &out.program;
+    let sends: Vec<u32> =
+        (0..p.tasks.len() as u32).filter(|&t| p.tasks[t as usize].kind == TaskKind::Transfer).collect();
+    let next = held(p);
+    assert!(!sends.is_empty());
+    for &s in &sends {
+        // The sender's compute stream: its first task created after the send.
+        let src = p.transfers[p.tasks[s as usize].payload as usize].source;
+        let di = p.devices.iter().position(|&d| d == src).unwrap() as u32;
+        let stream = &p.streams[Program::stream_index(di, StreamKind::Compute) as usize];
+        match stream.iter().find(|&&t| t > s) {
+            Some(&t) => assert_eq!(next.get(&s), Some(&t), "send {s} does not hold device {src}'s next task"),
+            None => assert!(!next.contains_key(&s)),
+        }
+    }
+    assert!(held(&slow_link_pipeline(4, "overlapped").program).is_empty());
+    assert!(out.report.defaults_applied.iter().all(|d| !d.starts_with("plan.p2p")));
+
+    let send_s = 1024.0 * 1024.0 * 2.0 / 1e9;
+    let (b1, o1) = (slow_link_pipeline(1, "blocking").report, slow_link_pipeline(1, "overlapped").report);
+    assert_eq!(b1.iteration_s, o1.iteration_s);
+    let (b8, o8) = (slow_link_pipeline(8, "blocking").report, slow_link_pipeline(8, "overlapped").report);
+    assert!(b8.iteration_s > o8.iteration_s + send_s, "{} vs {}", b8.iteration_s, o8.iteration_s);
+    assert!(b8.iteration_s <= o8.iteration_s + 2.0 * 8.0 * send_s, "{} vs {}", b8.iteration_s, o8.iteration_s);
+}
+
+/// Every backward after a chunk's first adds the chunk's weight gradients into the kept ones:
+/// 3 x parameters x gradient bytes per unit (layers, embedding, head); ZeRO-2 accumulates
+/// into the device's shard; with the optimizer and gradients on the host, nothing does.
+#[test]
+fn weight_gradients_accumulate_after_each_chunk_s_first_backward() {
+    let (layers, hidden) = (4u32, 1024u32);
+    // `m` micro-batches per replica.
+    let program = |m: u32, plan: Value| {
+        let dp = plan["dp"].as_u64().unwrap() as u32;
+        let text = scenario(small_transformer(layers, hidden, 16), 1, training(m * dp, 1, 512), plan);
+        sim::simulate(&util::parse(&text), false).program
+    };
+    let accumulations = |p: &sim::lower::Program| -> Vec<(u32, f64)> {
+        p.tasks
+            .iter()
+            .filter(|t| p.labels[t.label as usize].op == "grad_accumulate")
+            .map(|t| (t.micro_batch, p.ops[t.payload as usize].spec.backward_bytes))
+            .collect()
+    };
+    // dp 4 x pp 2: per device, 2 layers + the embedding (stage 0) or the head (stage 1).
+    let p = program(4, json!({"dp": 4, "pp": 2, "tp": 1, "schedule": "1f1b"}));
+    let acc = accumulations(&p);
+    assert_eq!(acc.len(), 8 * 3 * 3, "3 later micro-batches x 3 units on each of 8 devices");
+    assert!(acc.iter().all(|&(mb, _)| mb != 0), "the first backward (micro-batch 0) accumulates nothing");
+    let text = scenario(small_transformer(layers, hidden, 16), 1, training(8, 1, 512), json!({"dp": 8}));
+    let layer_bytes = 3.0 * util::parse(&text).workload.transformer.layer_parameters() * 2.0;
+    assert_eq!(acc.iter().filter(|&&(_, b)| b == layer_bytes).count(), 8 * 3 * 2);
+    // One micro-batch: nothing to add to.
+    assert!(accumulations(&program(1, json!({"dp": 8, "pp": 1, "tp": 1}))).is_empty());
+    // ZeRO-2 over 8 replicas: into the shard.
+    let z2 = accumulations(&program(2, json!({"dp": 8, "pp": 1, "tp": 1, "zero_stage": 2})));
+    assert!(!z2.is_empty());
+    assert!(z2.iter().any(|&(_, b)| (b - layer_bytes / 8.0).abs() < 1e-6 * layer_bytes), "{z2:?}");
+    // ZeRO-Offload: gradients stream to the host.
+    let off = json!({"dp": 8, "pp": 1, "tp": 1, "zero_stage": 2, "offload": "zero-offload"});
+    assert!(accumulations(&program(2, off)).is_empty());
+}
