@@ -207,11 +207,11 @@ impl Builder {
         });
         for &s in streams {
             self.p.streams[s as usize].push(id);
-            if let Some(held) = self.held_sends.as_mut() {
-                if Program::stream_kind(s) == StreamKind::Compute {
-                    for send in held[s as usize].drain(..) {
-                        self.p.deps.push((send, id));
-                    }
+            if let Some(held) = self.held_sends.as_mut()
+                && Program::stream_kind(s) == StreamKind::Compute
+            {
+                for send in held[s as usize].drain(..) {
+                    self.p.deps.push((send, id));
                 }
             }
         }
