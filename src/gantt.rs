@@ -7,13 +7,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::sync::OnceLock;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use plotters::style::{FontStyle, register_font};
 use sim::report::timeline::{Phase, StreamKind, Timeline};
+
+use crate::figure::{Figure, header, image_format, render};
 
 /// How to draw the chart.
 #[derive(Clone, Debug)]
@@ -67,13 +67,6 @@ fn phase_name(p: Phase) -> &'static str {
         Phase::Optimizer => "optimizer",
         Phase::Sync => "sync",
     }
-}
-
-/// Registers the embedded DejaVu Sans as plotters' "sans-serif" (once per process).
-pub(crate) fn ensure_font() -> Result<(), String> {
-    static FONT: OnceLock<bool> = OnceLock::new();
-    let ok = *FONT.get_or_init(|| register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_ok());
-    if ok { Ok(()) } else { Err("the embedded DejaVu Sans font could not be loaded".to_string()) }
 }
 
 /// One row of the chart.
@@ -188,18 +181,7 @@ fn bars(t: &Timeline, rows: &[Row], merge_gap_ns: u64) -> Vec<Vec<Bar>> {
 
 /// Draws the compute schedule of `t` to `path`: PNG if it ends in `.png`, SVG if `.svg`.
 pub fn draw(t: &Timeline, path: &Path, opts: &GanttOptions) -> Result<(), String> {
-    let ext = path.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
-    let svg = match ext.as_deref() {
-        Some("png") => false,
-        Some("svg") => true,
-        _ => {
-            return Err(format!(
-                "gantt: cannot tell the image format of {}: use a .png or .svg file name",
-                path.display()
-            ));
-        }
-    };
-    ensure_font()?;
+    let format = image_format(path, "gantt")?;
     let (rows, note) = select_rows(t, opts.max_rows);
     let span_end = t.spans.iter().filter(|s| s.stream == StreamKind::Compute).map(|s| s.end_ns).max().unwrap_or(0);
     let iteration_ns = t.iteration_ns.max(span_end).max(1);
@@ -217,14 +199,7 @@ pub fn draw(t: &Timeline, path: &Path, opts: &GanttOptions) -> Result<(), String
     let title = if opts.title.is_empty() { "pipeline schedule" } else { opts.title.as_str() };
     let height = HEADER_PX + X_LABEL_PX + 2 * MARGIN_PX + ROW_PX * rows.len().max(1) as u32;
     let chart = Chart { title, subtitle: &subtitle, rows: &rows, bars: &bars, iteration_ns };
-    let result = if svg {
-        let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
-        chart.draw_on(&root).and_then(|()| root.present().map_err(|e| e.to_string()))
-    } else {
-        let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
-        chart.draw_on(&root).and_then(|()| root.present().map_err(|e| e.to_string()))
-    };
-    result.map_err(|e| format!("gantt: drawing {}: {e}", path.display()))
+    render(&chart, path, format, (WIDTH, height), "gantt")
 }
 
 struct Chart<'a> {
@@ -235,33 +210,20 @@ struct Chart<'a> {
     iteration_ns: u64,
 }
 
-impl Chart<'_> {
-    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+impl Figure for Chart<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String>
+    where
+        DB::ErrorType: 'static,
+    {
         let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
         root.fill(&WHITE).map_err(err)?;
-        let (width, _) = root.dim_in_pixel();
 
-        // Header: title, subtitle, legend.
-        let title_style = TextStyle::from(("sans-serif", 24).into_font()).color(&BLACK);
-        let sub_style = TextStyle::from(("sans-serif", 15).into_font()).color(&RGBColor(80, 80, 80));
-        root.draw(&Text::new(self.title.to_string(), (20, 12), title_style)).map_err(err)?;
-        root.draw(&Text::new(self.subtitle.to_string(), (20, 44), sub_style.clone())).map_err(err)?;
-        let present: Vec<Phase> =
-            PHASES.iter().copied().filter(|p| self.bars.iter().flatten().any(|b| b.phase == *p)).collect();
-        let legend_style = TextStyle::from(("sans-serif", 15).into_font()).color(&BLACK);
-        let mut widths = Vec::with_capacity(present.len());
-        for p in &present {
-            widths.push(root.estimate_text_size(phase_name(*p), &legend_style).map_err(err)?.0 as i32);
-        }
-        let total: i32 = widths.iter().map(|w| 18 + w + 18).sum();
-        let mut x = width as i32 - 20 - total;
-        let y = 18;
-        for (p, w) in present.iter().zip(&widths) {
-            root.draw(&Rectangle::new([(x, y - 7), (x + 14, y + 7)], phase_color(*p).filled())).map_err(err)?;
-            root.draw(&Text::new(phase_name(*p), (x + 18, y), legend_style.pos(Pos::new(HPos::Left, VPos::Center))))
-                .map_err(err)?;
-            x += 18 + w + 18;
-        }
+        let legend: Vec<(&str, RGBColor)> = PHASES
+            .iter()
+            .filter(|p| self.bars.iter().flatten().any(|b| b.phase == **p))
+            .map(|p| (phase_name(*p), phase_color(*p)))
+            .collect();
+        header(root, self.title, self.subtitle, &legend)?;
 
         // The chart: y in rows (row 0 at the top), x in ms.
         let (_, body) = root.split_vertically(HEADER_PX);

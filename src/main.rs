@@ -18,6 +18,7 @@ macro_rules! println {
 mod bench;
 mod csvplot;
 mod exec;
+mod figure;
 mod gantt;
 mod memory_plot;
 mod validate_plot;

@@ -71,22 +71,12 @@ impl Kind {
 
 const CAPACITY_COLOR: RGBColor = RGBColor(214, 39, 40);
 
-use crate::gantt::ensure_font;
+use crate::figure::{Figure, header, image_format, render};
 
 /// Draws the HBM memory of `device` (a cluster device id) over the iteration recorded in `t`
 /// to `path`: PNG if it ends in `.png`, SVG if `.svg`. An empty `title` gives a default one.
 pub fn draw(t: &Timeline, device: u32, path: &Path, title: &str) -> Result<(), String> {
-    let ext = path.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
-    let svg = match ext.as_deref() {
-        Some("png") => false,
-        Some("svg") => true,
-        _ => {
-            return Err(format!(
-                "memory plot: cannot tell the image format of {}: use a .png or .svg file name",
-                path.display()
-            ));
-        }
-    };
+    let format = image_format(path, "memory plot")?;
     let curve = device_curve(t, device);
     if curve.is_empty() {
         let mut known: Vec<String> = t.devices.iter().take(8).map(|d| d.to_string()).collect();
@@ -99,7 +89,6 @@ pub fn draw(t: &Timeline, device: u32, path: &Path, title: &str) -> Result<(), S
             format!("memory plot: device {device} was not simulated (simulated: {})", known.join(", "))
         });
     }
-    ensure_font()?;
     let hbm: Vec<MemoryPoint> = curve.iter().filter(|p| p.tier == HBM).copied().collect();
     let host = curve.iter().find(|p| p.tier == HOST).map(|p| p.breakdown.total());
     let peak = hbm.iter().map(|p| p.breakdown.total()).fold(0.0, f64::max);
@@ -118,14 +107,7 @@ pub fn draw(t: &Timeline, device: u32, path: &Path, title: &str) -> Result<(), S
     }
     let title = if title.is_empty() { "memory over the iteration" } else { title };
     let chart = Chart { title, subtitle: &subtitle, steps: &steps(&hbm, MAX_STEPS), capacity, peak };
-    let result = if svg {
-        let root = SVGBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
-        chart.draw_on(&root).and_then(|()| root.present().map_err(|e| e.to_string()))
-    } else {
-        let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
-        chart.draw_on(&root).and_then(|()| root.present().map_err(|e| e.to_string()))
-    };
-    result.map_err(|e| format!("memory plot: drawing {}: {e}", path.display()))
+    render(&chart, path, format, (WIDTH, HEIGHT), "memory plot")
 }
 
 /// Bytes in GiB: two decimals, or three significant digits below 1 GiB.
@@ -189,40 +171,18 @@ struct Chart<'a> {
     peak: f64,
 }
 
-impl Chart<'_> {
-    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+impl Figure for Chart<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String>
+    where
+        DB::ErrorType: 'static,
+    {
         let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
         root.fill(&WHITE).map_err(err)?;
-        let (width, _) = root.dim_in_pixel();
 
-        // Header: title, subtitle, legend of the kinds present.
-        let title_style = TextStyle::from(("sans-serif", 24).into_font()).color(&BLACK);
-        let sub_style = TextStyle::from(("sans-serif", 16).into_font()).color(&RGBColor(80, 80, 80));
         let present: Vec<Kind> =
             KINDS.iter().copied().filter(|k| self.steps.iter().any(|(_, b)| k.of(b) != 0.0)).collect();
-        let legend_style = TextStyle::from(("sans-serif", 15).into_font()).color(&BLACK);
-        let mut widths = Vec::with_capacity(present.len());
-        for k in &present {
-            widths.push(root.estimate_text_size(k.name(), &legend_style).map_err(err)?.0 as i32);
-        }
-        let total: i32 = widths.iter().map(|w| 18 + w + 18).sum();
-        let mut x = width as i32 - 20 - total;
-        // The title, shortened if it would run into the legend.
-        let mut title = self.title.to_string();
-        let mut chars: Vec<char> = self.title.chars().collect();
-        while !chars.is_empty() && 20 + root.estimate_text_size(&title, &title_style).map_err(err)?.0 as i32 > x - 20 {
-            chars.pop();
-            title = chars.iter().collect::<String>().trim_end().to_string() + "...";
-        }
-        root.draw(&Text::new(title, (20, 12), title_style)).map_err(err)?;
-        root.draw(&Text::new(self.subtitle.to_string(), (20, 46), sub_style)).map_err(err)?;
-        let y = 20;
-        for (k, w) in present.iter().zip(&widths) {
-            root.draw(&Rectangle::new([(x, y - 7), (x + 14, y + 7)], k.color().filled())).map_err(err)?;
-            root.draw(&Text::new(k.name(), (x + 18, y), legend_style.pos(Pos::new(HPos::Left, VPos::Center))))
-                .map_err(err)?;
-            x += 18 + w + 18;
-        }
+        let legend: Vec<(&str, RGBColor)> = present.iter().map(|k| (k.name(), k.color())).collect();
+        header(root, self.title, self.subtitle, &legend)?;
 
         // The chart: x in ms, y in GiB.
         let (_, body) = root.split_vertically(HEADER_PX);
