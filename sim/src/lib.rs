@@ -67,20 +67,22 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
         .collect()
 }
 
-/// Host time to issue each of the Program's ops (empty when no device has a host cost).
-pub fn host_issue_ns(s: &scenario::Scenario, p: &lower::Program) -> Vec<u64> {
+/// Host time to issue each of the Program's ops and, per simulated device, a collective on its
+/// compute stream, at that device's class's `host_op_s` (empty when no device has a host cost).
+pub fn host_issue_ns(s: &scenario::Scenario, p: &lower::Program) -> engine::HostCosts {
     let per_class: Vec<f64> =
         (0..=s.cluster.overrides.len() as u16).map(|cl| s.options.host_op_s(s.cluster.class(cl))).collect();
     if per_class.iter().all(|&h| h == 0.0) {
-        return Vec::new();
+        return engine::HostCosts::default();
     }
-    p.ops
+    let ns = |seconds: f64| (seconds * 1e9).round() as u64;
+    let per_op = p
+        .ops
         .iter()
-        .map(|o| {
-            let h = if o.on_host { 0.0 } else { per_class[o.class as usize] * cost::launches(&o.spec, o.backward) };
-            (h * 1e9).round() as u64
-        })
-        .collect()
+        .map(|o| if o.on_host { 0 } else { ns(per_class[o.class as usize] * cost::launches(&o.spec, o.backward)) })
+        .collect();
+    let per_collective = p.devices.iter().map(|&d| ns(per_class[s.cluster.class_of(d) as usize])).collect();
+    engine::HostCosts { per_op, per_collective }
 }
 
 /// Simulate one training iteration. `record` keeps every span for traces and plots.
@@ -214,7 +216,6 @@ fn simulate_once(s: &scenario::Scenario, record: bool) -> Simulation {
         network: s.options.network,
         record,
         collective_launch_ns: (s.cluster.node.device.kernel_launch_s * 1e9).round() as u64,
-        host_collective_ns: (s.options.host_op_s(&s.cluster.node.device) * 1e9).round() as u64,
     };
     let mut result = engine::run(&program, &topo, &op_ns, &host_ns, opts);
     let report = report::build(s, &program, &result);

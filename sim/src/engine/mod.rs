@@ -10,7 +10,7 @@ pub mod collective;
 pub mod queue;
 pub mod run;
 
-pub use run::{RunOptions, RunResult, run};
+pub use run::{HostCosts, RunOptions, RunResult, run};
 
 #[cfg(test)]
 mod tests;

@@ -14,8 +14,23 @@ pub struct RunOptions {
     pub record: bool,
     /// Fixed cost of starting a collective or transfer (its kernel launch).
     pub collective_launch_ns: u64,
-    /// Host time to issue a collective that sits on compute streams (the framework's call).
-    pub host_collective_ns: u64,
+}
+
+/// The host issue model's costs (both empty: no host model).
+#[derive(Clone, Debug, Default)]
+pub struct HostCosts {
+    /// Time the device's host thread spends issuing `Program::ops[i]` (framework dispatch
+    /// and kernel launch).
+    pub per_op: Vec<u64>,
+    /// Time each simulated device's host spends issuing a collective that sits on its compute
+    /// stream (the framework's call), by index in `Program::devices`.
+    pub per_collective: Vec<u64>,
+}
+
+impl HostCosts {
+    pub fn is_empty(&self) -> bool {
+        self.per_op.is_empty()
+    }
 }
 
 /// What a run measured, per simulated device (indices as in `Program::devices`).
@@ -75,7 +90,7 @@ struct Engine<'a> {
     p: &'a Program,
     topo: &'a Topology,
     op_ns: &'a [u64],
-    host_ns: &'a [u64],
+    host: &'a HostCosts,
     opts: RunOptions,
     q: EventQueue,
     net: Network,
@@ -110,13 +125,13 @@ struct Engine<'a> {
 
 /// Run a program. `op_ns[i]` is the duration of `Program::ops[i]` on its device.
 ///
-/// `host_ns[i]` (empty: no host model) is the time the device's host thread spends issuing
-/// op `i` (framework dispatch and kernel launch). A host issues its compute stream's tasks in
+/// `host` (empty: no host model) is the time the device's host thread spends issuing each op
+/// and each collective (framework dispatch and kernel launch). A host issues its compute stream's tasks in
 /// order and runs ahead of the device, except that it blocks until a pipeline receive
 /// (a transfer) or a data-parallel collective the task depends on has completed, as
 /// frameworks synchronise there. A task starts when it is ready and its host has issued it,
 /// so a stream of short kernels runs at the host's pace.
-pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host_ns: &[u64], opts: RunOptions) -> RunResult {
+pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host: &HostCosts, opts: RunOptions) -> RunResult {
     let nt = p.tasks.len();
     let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams as u32).collect();
     for &(_, b) in &p.deps {
@@ -131,7 +146,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host_ns: &[u64], opts: R
             || (ta.kind == TaskKind::Collective && Program::stream_kind(ta.stream) == StreamKind::DataParallel);
         Program::stream_kind(tb.stream) == StreamKind::Compute && blocks
     };
-    let host_waits = p.deps.iter().copied().filter(|d| !host_ns.is_empty() && gating(d)).map(|(a, b)| (b, a));
+    let host_waits = p.deps.iter().copied().filter(|d| !host.is_empty() && gating(d)).map(|(a, b)| (b, a));
     let (gate_start, gate) = adjacency(nt, host_waits);
     let mut marks = vec![u32::MAX; p.streams.len()];
     for (d, &m) in p.compute_marks.iter().enumerate() {
@@ -141,7 +156,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host_ns: &[u64], opts: R
         p,
         topo,
         op_ns,
-        host_ns,
+        host,
         opts,
         q: EventQueue::new(),
         net: Network::new(opts.network, topo.capacities()),
@@ -175,7 +190,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host_ns: &[u64], opts: R
         },
         flows: 0,
         host_free: vec![0; nd],
-        done_at: vec![0; if host_ns.is_empty() { 0 } else { nt }],
+        done_at: vec![0; if host.is_empty() { 0 } else { nt }],
         gate_start,
         gate,
     };
@@ -300,7 +315,7 @@ impl<'a> Engine<'a> {
 
     /// A task is ready: start it once the hosts of its compute streams have issued it.
     fn start(&mut self, t: u32, now: u64) {
-        if !self.host_ns.is_empty() {
+        if !self.host.is_empty() {
             let issued = self.issue(t);
             if issued > now {
                 self.q.push(issued, Event { kind: ISSUED, id: t, version: 0 });
@@ -316,9 +331,9 @@ impl<'a> Engine<'a> {
         if Program::stream_kind(task.stream) != StreamKind::Compute {
             return 0;
         }
-        let cost = match task.kind {
-            TaskKind::Compute => self.host_ns[task.payload as usize],
-            _ => self.opts.host_collective_ns,
+        let op_cost = match task.kind {
+            TaskKind::Compute => Some(self.host.per_op[task.payload as usize]),
+            _ => None,
         };
         let mut gate = 0;
         for i in self.gate_start[t as usize]..self.gate_start[t as usize + 1] {
@@ -327,6 +342,7 @@ impl<'a> Engine<'a> {
         let mut issued = 0;
         self.for_streams(t, |e, s| {
             let d = Program::stream_device(s) as usize;
+            let cost = op_cost.unwrap_or_else(|| e.host.per_collective.get(d).copied().unwrap_or(0));
             let end = e.host_free[d].max(gate) + cost;
             e.host_free[d] = end;
             issued = issued.max(end);

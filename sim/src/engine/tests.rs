@@ -52,7 +52,7 @@ fn push(p: &mut Program, kind: TaskKind, payload: u32, streams: &[u32], mb: u32)
 }
 
 fn opts() -> RunOptions {
-    RunOptions { network: NetworkKind::MaxMinFair, record: false, collective_launch_ns: 0, host_collective_ns: 0 }
+    RunOptions { network: NetworkKind::MaxMinFair, record: false, collective_launch_ns: 0 }
 }
 
 fn lone_collective(kind: CollectiveKind, per_node: u32, nodes: u32, bytes: f64, intra: LinkSpec, nic: LinkSpec) -> u64 {
@@ -62,7 +62,7 @@ fn lone_collective(kind: CollectiveKind, per_node: u32, nodes: u32, bytes: f64, 
     p.collectives.push(Collective { kind, members: (0..n).collect(), bytes });
     let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
     push(&mut p, TaskKind::Collective, 0, &streams, 0);
-    run(&p, &Topology::new(&c), &[], &[], opts()).iteration_ns
+    run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).iteration_ns
 }
 
 #[test]
@@ -109,11 +109,11 @@ fn concurrent_transfers_share_a_nic() {
         p.transfers.push(Transfer { source: s, target: t, bytes: 1e9 });
         push(&mut p, TaskKind::Transfer, i as u32, &[Program::stream_index(s, StreamKind::PipelineSend)], 0);
     }
-    let r = run(&p, &Topology::new(&c), &[], &[], opts());
+    let r = run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts());
     assert_eq!(r.iteration_ns, 200_000_000);
     let mut ideal = opts();
     ideal.network = NetworkKind::Ideal;
-    assert_eq!(run(&p, &Topology::new(&c), &[], &[], ideal).iteration_ns, 100_000_000);
+    assert_eq!(run(&p, &Topology::new(&c), &[], &HostCosts::default(), ideal).iteration_ns, 100_000_000);
 }
 
 /// A pipeline built straight from a schedule table: each (stage, step) one compute task of
@@ -150,7 +150,7 @@ fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResu
         }
     }
     let c = cluster(pp, 1, link(1e12, 0.0), link(1e12, 0.0));
-    run(&p, &Topology::new(&c), &op_ns, &[], opts())
+    run(&p, &Topology::new(&c), &op_ns, &HostCosts::default(), opts())
 }
 
 fn op() -> OpSpec {
@@ -224,7 +224,8 @@ fn host_chain(n: u32, gpu: u64, host: u64, recv: Option<f64>) -> u64 {
         let t = push(&mut p, TaskKind::Transfer, 0, &[Program::stream_index(1, StreamKind::PipelineSend)], 0);
         p.deps.push((t, first));
     }
-    run(&p, &Topology::new(&c), &[gpu], &[host], opts()).iteration_ns
+    run(&p, &Topology::new(&c), &[gpu], &HostCosts { per_op: vec![host], per_collective: vec![host; 2] }, opts())
+        .iteration_ns
 }
 
 #[test]
@@ -250,4 +251,22 @@ fn the_host_waits_for_a_pipeline_receive() {
     assert_eq!(with, 1_000_000 + 10 * 10_000 + 2_000);
     // Without the host model the kernels run back to back after the receive.
     assert_eq!(host_chain(10, 2_000, 0, Some(1e6)), 1_000_000 + 10 * 2_000);
+}
+
+/// A collective on two devices' compute streams starts when the slower of their hosts has
+/// issued it: each device's own host cost (a GPU beside an FPGA without one).
+#[test]
+fn a_collective_waits_for_each_member_s_own_host() {
+    let c = cluster(2, 1, link(1e9, 0.0), link(1e9, 0.0));
+    let run_with = |per_collective: Vec<u64>| {
+        let mut p = empty_program(2);
+        p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0, class: 0 });
+        p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: vec![0, 1], bytes: 1e3 });
+        let streams: Vec<u32> = (0..2).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
+        push(&mut p, TaskKind::Collective, 0, &streams, 0);
+        run(&p, &Topology::new(&c), &[0], &HostCosts { per_op: vec![0], per_collective }, opts()).iteration_ns
+    };
+    let free = run_with(vec![0, 0]);
+    assert_eq!(run_with(vec![0, 50_000]), free + 50_000);
+    assert_eq!(run_with(vec![50_000, 20_000]), free + 50_000);
 }
