@@ -23,6 +23,15 @@ fn one_slice_per_sequence_is_the_plain_pipeline() {
     let ts = sliced.token_slicing.expect("token slicing reported");
     assert_eq!(ts.slices.len(), 8);
     assert!(ts.slices.iter().all(|(b, s)| *b == 1 && s == &vec![1024]));
+    // With data parallelism across two nodes too (same placement, same all-reduce).
+    let training = json!({"global_batch": 8, "micro_batch": 1, "seq_len": 1024, "precision": "fp16"});
+    let plan = json!({"dp": 4, "tp": 1, "pp": 4, "schedule": "gpipe"});
+    let plain = simulate(&scenario(w(), 2, training.clone(), plan.clone()));
+    let mut sliced_plan = plan;
+    sliced_plan["token_slices"] = json!([1024]);
+    let sliced = simulate(&scenario(w(), 2, training, sliced_plan));
+    let rel = (sliced.iteration_s - plain.iteration_s).abs() / plain.iteration_s;
+    assert!(rel < 0.01, "dp 4 x pp 4: {} vs {}", sliced.iteration_s, plain.iteration_s);
 }
 
 /// `auto` picks slices covering every sequence, long slices first on a causal model, and
