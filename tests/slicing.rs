@@ -109,3 +109,25 @@ fn a_slow_host_makes_the_optimiser_cut_longer_slices() {
     );
     assert!(slow.iteration_s > free.iteration_s);
 }
+
+/// The slice cost is the slowest stage's: with one layer per stage, a large vocabulary makes
+/// the last stage (its layer, the output layer and the loss) the slowest, so a slice costs
+/// more than with a small one; on one stage everything is charged once.
+#[test]
+fn the_slice_cost_is_the_slowest_stage_s() {
+    let cost = |vocab: u32, pp: u32| {
+        let w = json!({"transformer": {"layers": 8, "hidden": 1024, "heads": 16, "vocab": vocab}});
+        let training = json!({"global_batch": 8, "micro_batch": 1, "seq_len": 1024, "precision": "fp16"});
+        let s = crate::util::parse(&scenario(w, 1, training, json!({"dp": 8 / pp, "tp": 1, "pp": pp})));
+        let model = sim::cost::ComputeModel::new(&s.cluster.node.device, s.plan.precision, None);
+        sim::cost::slice::slice_cost_s(&s, &model, 1, 256, 512)
+    };
+    let (small, large) = (cost(1024, 8), cost(256 * 1024, 8));
+    assert!(large > 1.5 * small, "a 256k vocabulary: {large} s vs {small} s per slice");
+    // The output layer's share is the same on one stage of 8 layers as on the last of 8 stages
+    // (up to the embedding, charged to the first stage, which is cheaper than the last here).
+    let (one_small, one_large) = (cost(1024, 1), cost(256 * 1024, 1));
+    assert!(one_large > one_small);
+    let rel = ((one_large - one_small) - (large - small)).abs() / (large - small);
+    assert!(rel < 0.05, "head share on one stage {} vs on the last stage {}", one_large - one_small, large - small);
+}

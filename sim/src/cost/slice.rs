@@ -1,5 +1,5 @@
 //! The cost of one token slice on one pipeline stage, for TeraPipe's slicing optimiser:
-//! t(b, l, c) = the stage's layers' forward and backward (and recomputation) of `b`
+//! t(b, l, c) = the slowest stage's forward and backward (and recomputation) of `b`
 //! sequences' `l`-token slice attending to `c` earlier tokens, from the same op list and
 //! compute model the simulation uses (with the accumulation of its weight gradients into
 //! the earlier slices'), plus its tensor-parallel all-reduces and the
@@ -13,9 +13,40 @@
 use super::ComputeModel;
 use crate::plan::Recompute;
 use crate::scenario::Scenario;
-use crate::workload::{LayerOp, LayerShape};
+use crate::workload::{LayerOp, LayerShape, OpSpec};
 
-/// Seconds one (the largest) stage spends on a slice.
+/// Device and host seconds of one block's forward pass and backward pass (with any
+/// recomputation), and the weight gradients it accumulates.
+#[derive(Clone, Copy, Debug, Default)]
+struct Passes {
+    gpu_f: f64,
+    gpu_b: f64,
+    host_f: f64,
+    host_b: f64,
+}
+
+impl Passes {
+    fn add(self, o: Passes, times: f64) -> Passes {
+        Passes {
+            gpu_f: self.gpu_f + times * o.gpu_f,
+            gpu_b: self.gpu_b + times * o.gpu_b,
+            host_f: self.host_f + times * o.host_f,
+            host_b: self.host_b + times * o.host_b,
+        }
+    }
+
+    /// A pass starts when its input arrives, and the host (blocked on that receive) then
+    /// issues its ops while the device runs them: the slower of the two sets the pace.
+    fn seconds(self) -> f64 {
+        self.gpu_f.max(self.host_f) + self.gpu_b.max(self.host_b)
+    }
+}
+
+/// Seconds the slowest pipeline stage spends on a slice: the stage with the most layers, or
+/// the first stage with the embedding or the last one with the output layer and the loss,
+/// whichever takes longest. Charging every stage the slowest one's time is TeraPipe's
+/// latency model (Eq. 5) for stages that are not all equal: the slowest stage paces the
+/// slices, and the fill is bounded by it.
 pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) -> f64 {
     let plan = &s.plan;
     let w = &s.workload.transformer;
@@ -32,48 +63,61 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
     let intra = s.cluster.node.intra_node.as_ref();
     let t = plan.tp as f64;
     let host_op = s.options.host_op_s(&s.cluster.node.device);
-    // Device and host time of one pass (forward, or backward with any recomputation): a
-    // pass starts when its input arrives, and the host (blocked on that receive) then issues
-    // its ops while the device runs them, so the slower of the two sets the pace.
-    let (mut gpu_f, mut gpu_b, mut host_f, mut host_b) = (0.0, 0.0, 0.0, 0.0);
-    for op in w.layer_ops(shape) {
-        match op {
-            LayerOp::Compute(spec) => {
-                let f = model.op_s(&spec, false);
-                let recompute = plan.recompute == Recompute::Full;
-                gpu_f += f;
-                gpu_b += model.op_s(&spec, true) + if recompute { f } else { 0.0 };
-                host_f += host_op;
-                host_b += host_op * (super::launches(&spec, true) + if recompute { 1.0 } else { 0.0 });
-            }
-            LayerOp::Comm { bytes, forward, backward, .. } => {
-                if let Some(link) = intra {
-                    let bw = link.effective_bytes_per_s();
-                    let one = 2.0 * (t - 1.0) / t * bytes / bw + 2.0 * (t - 1.0) * link.latency_s;
-                    if forward.is_some() {
-                        gpu_f += one;
-                        host_f += host_op;
-                    }
-                    if backward.is_some() {
-                        gpu_b += one;
-                        host_b += host_op;
-                    }
-                }
-            }
-        }
-    }
     // Each slice's weight gradients are added into the ones kept from the earlier slices (the
     // first backward of the iteration has nothing to add to; every slice is charged alike).
     let (_, grad_bytes, _) = super::memory::bytes_per_parameter(plan.precision, plan.optimizer);
     let offloaded = plan.offload.optimizer != crate::plan::Tier::Device && plan.zero_stage >= 2;
-    if !offloaded {
-        let shards = if plan.zero_stage >= 2 { plan.sync_degree() as f64 } else { 1.0 };
-        let params = w.layer_parameters() / plan.tp_mode.weight_shards(plan.tp) as f64 / shards;
-        gpu_b += model.op_s(&crate::workload::OpSpec::grad_accumulate(params, grad_bytes), true);
-        host_b += host_op;
-    }
-    let layers = plan.partition.iter().copied().max().unwrap_or(w.layers) as f64;
-    let compute = layers * (gpu_f.max(host_f) + gpu_b.max(host_b));
+    let shards = (if plan.zero_stage >= 2 { plan.sync_degree() as f64 } else { 1.0 })
+        * plan.tp_mode.weight_shards(plan.tp) as f64;
+    let passes = |ops: Vec<LayerOp>, params: f64| {
+        let mut p = Passes::default();
+        let recompute = plan.recompute == Recompute::Full;
+        for op in ops {
+            match op {
+                LayerOp::Compute(spec) => {
+                    let f = model.op_s(&spec, false);
+                    p.gpu_f += f;
+                    p.gpu_b += model.op_s(&spec, true) + if recompute { f } else { 0.0 };
+                    p.host_f += host_op;
+                    p.host_b += host_op * (super::launches(&spec, true) + if recompute { 1.0 } else { 0.0 });
+                }
+                LayerOp::Comm { bytes, forward, backward, .. } => {
+                    if let Some(link) = intra {
+                        let bw = link.effective_bytes_per_s();
+                        let one = 2.0 * (t - 1.0) / t * bytes / bw + 2.0 * (t - 1.0) * link.latency_s;
+                        if forward.is_some() {
+                            p.gpu_f += one;
+                            p.host_f += host_op;
+                        }
+                        if backward.is_some() {
+                            p.gpu_b += one;
+                            p.host_b += host_op;
+                        }
+                    }
+                }
+            }
+        }
+        if !offloaded && params > 0.0 {
+            p.gpu_b += model.op_s(&OpSpec::grad_accumulate(params / shards, grad_bytes), true);
+            p.host_b += host_op;
+        }
+        p
+    };
+    let layer = passes(w.layer_ops(shape), w.layer_parameters());
+    let stage = |layers: u32| Passes::default().add(layer, layers as f64);
+    let most = plan.partition.iter().copied().max().unwrap_or(w.layers);
+    let first = plan.partition.first().copied().unwrap_or(w.layers);
+    let last = plan.partition.last().copied().unwrap_or(w.layers);
+    let head_params = w.head_classes() * w.hidden as f64;
+    let embedding_params = w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { head_params };
+    let with_embedding = stage(first).add(passes(w.embedding_ops(shape), embedding_params), 1.0);
+    // A tied output layer on a single stage is the embedding itself (its gradients counted once).
+    let head = passes(w.head_ops(shape), if plan.pp == 1 && w.tied_embeddings { 0.0 } else { head_params });
+    let compute = if plan.pp > 1 {
+        stage(most).seconds().max(with_embedding.seconds()).max(stage(last).add(head, 1.0).seconds())
+    } else {
+        with_embedding.add(head, 1.0).seconds()
+    };
     let boundary = shape.activation_bytes * b as f64 * l as f64 * w.hidden as f64;
     compute + if plan.pp > 1 { 2.0 * mean_hop_s(s, boundary) } else { 0.0 }
 }

@@ -30,7 +30,9 @@ pub struct TokenSlicing {
     /// The same plan pipelining whole micro-batches instead.
     pub iteration_s_without: f64,
     pub speedup: f64,
-    /// The optimiser's objective at its optimum (per pipeline, its own cost estimate), if it chose.
+    /// The optimiser's objective at its optimum (per pipeline, its own cost estimate: every
+    /// stage charged the slowest one's time, so above the simulated time when stages differ),
+    /// if it chose.
     pub estimated_latency_s: Option<f64>,
     pub t_max_s: Option<f64>,
 }
