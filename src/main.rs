@@ -697,6 +697,23 @@ fn print_summary(r: &sim::report::Report) {
         );
     }
     println!("bubble:       {:.1}% of the iteration", r.bubble_fraction * 100.0);
+    if let Some(ts) = &r.token_slicing {
+        println!(
+            "token slices: {:.4} s without slicing (whole sequences), speedup {:.2}x",
+            ts.iteration_s_without, ts.speedup
+        );
+        // Identical sub-batches are listed once with their count.
+        let mut groups: Vec<(usize, &(u32, Vec<u32>))> = Vec::new();
+        for sb in &ts.slices {
+            match groups.last_mut() {
+                Some((n, last)) if *last == sb => *n += 1,
+                _ => groups.push((1, sb)),
+            }
+        }
+        for (n, (sequences, slices)) in groups {
+            println!("              {n} x {sequences} sequence(s) cut into {} slices: {slices:?}", slices.len());
+        }
+    }
     let m = &r.memory_breakdown;
     println!(
         "memory:       peak {} of {} on device {} -> {}",

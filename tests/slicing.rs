@@ -131,3 +131,20 @@ fn the_slice_cost_is_the_slowest_stage_s() {
     let rel = ((one_large - one_small) - (large - small)).abs() / (large - small);
     assert!(rel < 0.05, "head share on one stage {} vs on the last stage {}", one_large - one_small, large - small);
 }
+
+/// The human summary says what slicing bought and lists the chosen slices.
+#[test]
+fn the_summary_lists_the_slices_and_the_speedup() {
+    let path = crate::util::repo("experiments/terapipe/setting10-gpt3-175b.json");
+    let o = crate::util::run_cli(&["simulate", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", crate::util::stderr(&o));
+    let text = crate::util::stdout(&o);
+    let line = text.lines().find(|l| l.starts_with("token slices:")).expect("a token slices line");
+    assert!(line.contains("without slicing") && line.contains("speedup"), "{line}");
+    let listed: u32 = text
+        .lines()
+        .filter_map(|l| l.trim().split_once(" x ").filter(|(_, rest)| rest.contains("cut into")))
+        .map(|(n, _)| n.parse::<u32>().unwrap())
+        .sum();
+    assert_eq!(listed, 2, "both sequences' sub-batches listed:\n{text}");
+}
