@@ -59,6 +59,20 @@ print(f"{sys.argv[2]},{sys.argv[3]},{t['iteration_s_without']:.4f},{r['iteration
 PY
 done
 
+# 2b. The settings whose latencies are kept aside (SEEDS.md 2.5): predictions only, recorded so
+# that they can be compared later without having been fitted to.
+echo "setting,simulated_without_s,simulated_with_s,simulated_speedup,sub_batches_and_slices" >"$here/heldout_predictions.csv"
+for f in "$here"/heldout-setting*.json; do
+  "$bin" simulate "$f" --json >"$tmp/r.json"
+  python3 - "$tmp/r.json" "$(basename "$f" .json)" >>"$here/heldout_predictions.csv" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); t = r["token_slicing"]
+shapes = sorted({(b, len(s)) for b, s in t["slices"]}, reverse=True)
+desc = " ".join(f"{b}seq/{n}slices" for b, n in shapes)
+print(f"{sys.argv[2].replace('heldout-', '')},{t['iteration_s_without']:.4f},{r['iteration_s']:.4f},{t['speedup']:.3f},{desc}")
+PY
+done
+
 # 3. Uniform slices against the optimiser (GPT-3 44B setting 6; GPT-3 175B setting 9).
 echo "model,slices,uniform_s,optimised_s" >"$here/uniform.csv"
 for f in "$here/setting6-gpt3-44b.json" "$here/setting9-gpt3-175b.json"; do
@@ -97,4 +111,4 @@ for m in setting6-gpt3-44b setting9-gpt3-175b; do
   "$bin" plot "$tmp/$m.csv" --lines --y uniform_s,optimised_s --title "$m: uniform slices vs the optimiser" \
     --y-label "seconds per iteration" --out "$here/uniform-$m.png"
 done
-cat "$here/settings.csv" "$here/published_schemes.csv" "$here/seq_len.csv" "$here/uniform.csv"
+cat "$here/settings.csv" "$here/published_schemes.csv" "$here/heldout_predictions.csv" "$here/seq_len.csv" "$here/uniform.csv"
