@@ -441,9 +441,33 @@ impl<'a> Engine<'a> {
                         (links, f.bytes, f.source, f.target)
                     })
                     .collect();
-                ExpStep { flows, latency_ns: ns(latency) }
+                (ExpStep { flows, latency_ns: ns(latency) }, chain)
             })
-            .collect();
+            .collect::<Vec<_>>();
+        // Consecutive ring steps over the same pairs move the same bytes over the same links,
+        // one after another: one step of their summed bytes and latencies costs the same
+        // without other traffic, and the engine far fewer flows.
+        let mut merged: Vec<ExpStep> = Vec::with_capacity(steps.len());
+        let mut last_chain = true;
+        for (st, chain) in steps {
+            let same = !chain
+                && !last_chain
+                && merged.last().is_some_and(|m: &ExpStep| {
+                    m.flows.len() == st.flows.len()
+                        && m.flows.iter().zip(&st.flows).all(|(a, b)| a.0 == b.0 && a.2 == b.2 && a.3 == b.3)
+                });
+            if same {
+                let m = merged.last_mut().expect("checked");
+                for (a, b) in m.flows.iter_mut().zip(&st.flows) {
+                    a.1 += b.1;
+                }
+                m.latency_ns += st.latency_ns;
+            } else {
+                merged.push(st);
+            }
+            last_chain = chain;
+        }
+        let steps = merged;
         let members = col.members.iter().filter(|&&d| simulated(d)).map(|&d| p.mirror[d as usize]).collect();
         self.expanded[c as usize] = Some(Expanded { steps, members });
     }

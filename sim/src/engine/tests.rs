@@ -270,3 +270,21 @@ fn a_collective_waits_for_each_member_s_own_host() {
     assert_eq!(run_with(vec![0, 50_000]), free + 50_000);
     assert_eq!(run_with(vec![50_000, 20_000]), free + 50_000);
 }
+
+/// Consecutive ring steps over the same pairs run as one flow per pair: an 8-way all-reduce
+/// in a node is 8 flows, not 14 steps x 8; a hierarchical one keeps its three phases
+/// (4 + 4 + 4 flows on 2 nodes x 2 devices: intra, inter, intra).
+#[test]
+fn repeated_ring_steps_run_as_one_flow_per_pair() {
+    let flows = |per_node: u32, nodes: u32| {
+        let c = cluster(per_node, nodes, link(100e9, 1e-6), link(10e9, 5e-6));
+        let n = per_node * nodes;
+        let mut p = empty_program(n);
+        p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: (0..n).collect(), bytes: 1e8 });
+        let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
+        push(&mut p, TaskKind::Collective, 0, &streams, 0);
+        run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).flows
+    };
+    assert_eq!(flows(8, 1), 8);
+    assert_eq!(flows(2, 2), 12);
+}
