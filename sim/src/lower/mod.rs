@@ -770,9 +770,11 @@ fn lower_into(
                                 unit(&mut b, &mut gathers, head, -1, Phase::Backward, 0.0, head.saved, last_params);
                             first = f;
                             last = l;
-                            if accumulate {
-                                emit_grad_accumulate(&mut b, &ctx, last_params, accumulate_gb, -1, c, mb);
-                                last = b.p.tasks.len() as u32 - 1;
+                            if accumulate
+                                && let Some(a) =
+                                    emit_grad_accumulate(&mut b, &ctx, last_params, accumulate_gb, -1, c, mb)
+                            {
+                                last = a;
                             }
                             if sync_grads {
                                 bucket_pending += last_params * gb;
@@ -814,9 +816,11 @@ fn lower_into(
                             }
                             let (f, mut la) =
                                 emit_block(&mut b, &ctx, layer, l as i32, Phase::Backward, c, mb, 0.0, free);
-                            if accumulate {
-                                emit_grad_accumulate(&mut b, &ctx, lp[l as usize], accumulate_gb, l as i32, c, mb);
-                                la = b.p.tasks.len() as u32 - 1;
+                            if accumulate
+                                && let Some(a) =
+                                    emit_grad_accumulate(&mut b, &ctx, lp[l as usize], accumulate_gb, l as i32, c, mb)
+                            {
+                                la = a;
                             }
                             if unit_first == NONE {
                                 unit_first = f;
@@ -844,9 +848,11 @@ fn lower_into(
                             let (_, la) =
                                 unit(&mut b, &mut gathers, embed, -1, Phase::Backward, 0.0, embed.saved, first_params);
                             last = la;
-                            if accumulate {
-                                emit_grad_accumulate(&mut b, &ctx, first_params, accumulate_gb, -1, c, mb);
-                                last = b.p.tasks.len() as u32 - 1;
+                            if accumulate
+                                && let Some(a) =
+                                    emit_grad_accumulate(&mut b, &ctx, first_params, accumulate_gb, -1, c, mb)
+                            {
+                                last = a;
                             }
                             if sync_grads {
                                 bucket_pending += first_params * gb;
@@ -1074,11 +1080,20 @@ fn emit_group_compute(b: &mut Builder, ctx: &StepCtx, op: u32, label: u32, mb: u
 }
 
 /// Adds a unit's new weight gradients (`params` on each device of the group) into those kept
-/// from the earlier micro-batches ([`OpSpec::grad_accumulate`]).
-fn emit_grad_accumulate(b: &mut Builder, ctx: &StepCtx, params: f64, grad_bytes: f64, layer: i32, chunk: u32, mb: u32) {
+/// from the earlier micro-batches ([`OpSpec::grad_accumulate`]). Returns the last of the
+/// group's tasks, or `None` when there is nothing to add.
+fn emit_grad_accumulate(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    params: f64,
+    grad_bytes: f64,
+    layer: i32,
+    chunk: u32,
+    mb: u32,
+) -> Option<u32> {
     let spec = OpSpec::grad_accumulate(params, grad_bytes);
     if spec.backward_bytes <= 0.0 {
-        return;
+        return None;
     }
     let key = (b.class, spec.backward_bytes.to_bits());
     let op = match b.accumulate_ops.get(&key) {
@@ -1090,7 +1105,7 @@ fn emit_grad_accumulate(b: &mut Builder, ctx: &StepCtx, params: f64, grad_bytes:
         }
     };
     let label = b.label(Label { op: spec.name, layer, phase: Phase::Backward, chunk });
-    emit_group_compute(b, ctx, op, label, mb);
+    Some(emit_group_compute(b, ctx, op, label, mb) + ctx.streams.len() as u32 - 1)
 }
 
 fn collective_on_compute(
