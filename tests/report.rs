@@ -387,6 +387,9 @@ fn weight_gradients_accumulate_after_each_chunk_s_first_backward() {
     let z2 = accumulations(&program(2, json!({"dp": 8, "pp": 1, "tp": 1, "zero_stage": 2})));
     assert!(!z2.is_empty());
     assert!(z2.iter().any(|&(_, b)| (b - layer_bytes / 8.0).abs() < 1e-6 * layer_bytes), "{z2:?}");
+    // ZeRO-3 (FSDP-style per-layer gathers) too.
+    let z3 = accumulations(&program(2, json!({"dp": 8, "pp": 1, "tp": 1, "zero_stage": 3})));
+    assert!(z3.iter().any(|&(_, b)| (b - layer_bytes / 8.0).abs() < 1e-6 * layer_bytes), "{z3:?}");
     // ZeRO-Offload: gradients stream to the host.
     let off = json!({"dp": 8, "pp": 1, "tp": 1, "zero_stage": 2, "offload": "zero-offload"});
     assert!(accumulations(&program(2, off)).is_empty());
