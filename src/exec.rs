@@ -50,12 +50,42 @@ fn context(s: &Scenario) -> OpContext {
     }
 }
 
-fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions) -> Result<(sim::Simulation, Measured), String> {
+/// The reference GEMM's rate on device 0 (see `executor::calibrate::reference_gemm_flops_per_s`).
+fn reference_rate(b: &dyn executor::Backend) -> Option<f64> {
+    let mut dev = b.open(0).ok()?;
+    executor::calibrate::reference_gemm_flops_per_s(dev.as_mut()).ok()
+}
+
+/// Replay `s` on `backend`; with `probe`, also the reference GEMM rate just before and just
+/// after the replay.
+fn run_replay_probed(
+    s: &Scenario,
+    backend: &str,
+    opts: ReplayOptions,
+    probe: bool,
+) -> Result<(sim::Simulation, Measured, Option<(f64, f64)>), String> {
     let b = executor::backend(backend).map_err(|e| e.to_string())?;
     if b.device_count() == 0 {
         // Say why there is nothing to run on before announcing a replay.
         b.open(0).map_err(|e| format!("replay on {backend}: {e}"))?;
     }
+    let before = if probe { reference_rate(b.as_ref()) } else { None };
+    let (sim_out, m) = replay_on(s, backend, b.as_ref(), opts)?;
+    let after = if probe { reference_rate(b.as_ref()) } else { None };
+    Ok((sim_out, m, before.zip(after)))
+}
+
+fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions) -> Result<(sim::Simulation, Measured), String> {
+    let (sim_out, m, _) = run_replay_probed(s, backend, opts, false)?;
+    Ok((sim_out, m))
+}
+
+fn replay_on(
+    s: &Scenario,
+    backend: &str,
+    b: &dyn executor::Backend,
+    opts: ReplayOptions,
+) -> Result<(sim::Simulation, Measured), String> {
     let sim_out = sim::simulate(s, false);
     eprintln!(
         "replaying {} tasks on {} device(s) of backend {backend} ({} warm-up + {} measured runs)...",
@@ -64,7 +94,7 @@ fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions) -> Result<(sim::
         opts.warmup,
         opts.repeats
     );
-    let m = replay(&sim_out.program, b.as_ref(), context(s), opts).map_err(|e| format!("replay on {backend}: {e}"))?;
+    let m = replay(&sim_out.program, b, context(s), opts).map_err(|e| format!("replay on {backend}: {e}"))?;
     Ok((sim_out, m))
 }
 
@@ -229,6 +259,11 @@ struct Validation {
     error: f64,
     /// Mean absolute percentage error over op kinds.
     ops_mape: f64,
+    /// A reference GEMM's FLOP/s on device 0 just before and just after the replay.
+    reference_gemm_flops_per_s: Option<[f64; 2]>,
+    /// after / before - 1: how much the machine's speed drifted during the replay (a shared
+    /// machine's noise, not the model's error).
+    machine_drift: Option<f64>,
     ops: Vec<OpRow>,
 }
 
@@ -244,7 +279,7 @@ pub fn validate_cmd(
     if let Some(p) = profile {
         s.calibrate(&load_profile(p)?);
     }
-    let (sim_out, m) = run_replay(&s, backend, opts)?;
+    let (sim_out, m, probe) = run_replay_probed(&s, backend, opts, true)?;
     let rows = op_rows(&s, &sim_out, &m);
     let predicted = sim_out.report.iteration_s;
     let measured = m.iteration_s();
@@ -256,6 +291,8 @@ pub fn validate_cmd(
         iteration_s_measured: measured,
         error: (predicted - measured) / measured,
         ops_mape: rows.iter().map(|r| r.error.abs()).sum::<f64>() / rows.len().max(1) as f64,
+        reference_gemm_flops_per_s: probe.map(|(b, a)| [b, a]),
+        machine_drift: probe.map(|(b, a)| a / b - 1.0),
         ops: rows,
     };
     if let Some(p) = plot {
@@ -280,6 +317,14 @@ pub fn validate_cmd(
             m.iterations_s.len(),
             100.0 * v.error
         );
+        if let Some((b, a)) = probe {
+            println!(
+                "machine:      reference GEMM {:.1} GFLOP/s before the replay, {:.1} after ({:+.1}%)",
+                b / 1e9,
+                a / 1e9,
+                100.0 * (a / b - 1.0)
+            );
+        }
         println!("op kinds:     mean absolute error {:.1}%", 100.0 * v.ops_mape);
         for r in &v.ops {
             println!(

@@ -158,6 +158,15 @@ fn time(dev: &mut dyn Device, op: &OpInstance, ctx: &OpContext, reps: usize) -> 
     Ok(median(&v))
 }
 
+/// FLOP/s of one reference GEMM (384 x 384 x 384, median of 15 after a warm-up): a probe of
+/// how fast the machine runs right now, to tell a drifting shared machine from a model error.
+pub fn reference_gemm_flops_per_s(dev: &mut dyn Device) -> Result<f64> {
+    let ctx = OpContext { hidden: 1024, seq_len: 1024, element_bytes: 4.0 };
+    let op = gemm_op(1.0, 384.0, 384.0, 384.0);
+    let t = time(dev, &op, &ctx, 15)?;
+    Ok(op.spec.forward_flops / t)
+}
+
 /// Raw measurements of one device.
 struct Raw {
     gemm: Vec<GemmPoint>,
