@@ -31,11 +31,7 @@ fn gpt3_175b(c: &mut Criterion) {
     let topo = sim::hardware::Topology::new(&s.cluster);
     let op_ns = sim::op_durations_ns(&s, &program, None);
     let host = sim::host_issue_ns(&s, &program);
-    let opts = sim::engine::RunOptions {
-        network: s.options.network,
-        record: false,
-        collective_launch_ns: (s.cluster.node.device.kernel_launch_s * 1e9).round() as u64,
-    };
+    let opts = sim::run_options(&s, false);
     g.bench_function("engine", |b| {
         b.iter(|| black_box(sim::engine::run(&program, &topo, &op_ns, &host, opts).iteration_ns))
     });

@@ -207,17 +207,21 @@ fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Simulation {
     b
 }
 
+/// The engine's options for a scenario (`record`: keep every span for traces and plots).
+pub fn run_options(s: &scenario::Scenario, record: bool) -> RunOptions {
+    RunOptions {
+        network: s.options.network,
+        record,
+        collective_launch_ns: (s.cluster.node.device.kernel_launch_s * 1e9).round() as u64,
+    }
+}
+
 fn simulate_once(s: &scenario::Scenario, record: bool) -> Simulation {
     let program = lower::lower(s);
     let topo = Topology::new(&s.cluster);
     let op_ns = op_durations_ns(s, &program, None);
     let host_ns = host_issue_ns(s, &program);
-    let opts = RunOptions {
-        network: s.options.network,
-        record,
-        collective_launch_ns: (s.cluster.node.device.kernel_launch_s * 1e9).round() as u64,
-    };
-    let mut result = engine::run(&program, &topo, &op_ns, &host_ns, opts);
+    let mut result = engine::run(&program, &topo, &op_ns, &host_ns, run_options(s, record));
     let report = report::build(s, &program, &result);
     let mut timeline = std::mem::take(&mut result.timeline);
     timeline.static_hbm = program.static_memory.clone();

@@ -4,7 +4,7 @@
 //! the optimizer states over the data-parallel group.
 
 use crate::hardware::Precision;
-use crate::plan::Optimizer;
+use crate::plan::{Optimizer, Plan, Tier};
 
 /// Bytes per parameter of (weights, gradients, optimizer states), unsharded.
 pub fn bytes_per_parameter(precision: Precision, optimizer: Optimizer) -> (f64, f64, f64) {
@@ -28,4 +28,16 @@ pub fn optimizer_traffic_bytes(precision: Precision, optimizer: Optimizer) -> f6
     // Read gradient and states, write states and the low-precision copy of the weights.
     let master = if precision == Precision::Fp32 { 0.0 } else { w };
     g + 2.0 * opt + master + if precision == Precision::Fp32 { 2.0 * w } else { 0.0 }
+}
+
+/// Gradient bytes per (tensor-sharded) parameter that a micro-batch's backward adds into the
+/// kept gradients on its device: all of them, ZeRO-2/3's shard over the data-parallel group,
+/// or none when ZeRO-Offload streams gradients to the host optimizer.
+pub fn accumulated_grad_bytes(plan: &Plan) -> f64 {
+    let (_, g, _) = bytes_per_parameter(plan.precision, plan.optimizer);
+    match (plan.offload.optimizer != Tier::Device, plan.zero_stage >= 2) {
+        (true, true) => 0.0,
+        (false, true) => g / plan.sync_degree() as f64,
+        (_, false) => g,
+    }
 }

@@ -65,10 +65,8 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
     let host_op = s.options.host_op_s(&s.cluster.node.device);
     // Each slice's weight gradients are added into the ones kept from the earlier slices (the
     // first backward of the iteration has nothing to add to; every slice is charged alike).
-    let (_, grad_bytes, _) = super::memory::bytes_per_parameter(plan.precision, plan.optimizer);
-    let offloaded = plan.offload.optimizer != crate::plan::Tier::Device && plan.zero_stage >= 2;
-    let shards = (if plan.zero_stage >= 2 { plan.sync_degree() as f64 } else { 1.0 })
-        * plan.tp_mode.weight_shards(plan.tp) as f64;
+    let grad_bytes = super::memory::accumulated_grad_bytes(plan);
+    let tp_shards = plan.tp_mode.weight_shards(plan.tp) as f64;
     let passes = |ops: Vec<LayerOp>, params: f64| {
         let mut p = Passes::default();
         let recompute = plan.recompute == Recompute::Full;
@@ -97,8 +95,8 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
                 }
             }
         }
-        if !offloaded && params > 0.0 {
-            p.gpu_b += model.op_s(&OpSpec::grad_accumulate(params / shards, grad_bytes), true);
+        if grad_bytes > 0.0 && params > 0.0 {
+            p.gpu_b += model.op_s(&OpSpec::grad_accumulate(params / tp_shards, grad_bytes), true);
             p.host_b += host_op;
         }
         p

@@ -12,5 +12,19 @@ pub mod run;
 
 pub use run::{HostCosts, RunOptions, RunResult, run};
 
+/// Stores `value` in a free slot of `items` (or a new one) and returns its index.
+fn claim_slot<T>(items: &mut Vec<T>, free: &mut Vec<u32>, value: T) -> u32 {
+    match free.pop() {
+        Some(i) => {
+            items[i as usize] = value;
+            i
+        }
+        None => {
+            items.push(value);
+            (items.len() - 1) as u32
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -38,16 +38,7 @@ impl EventQueue {
     pub fn push(&mut self, time: u64, e: Event) {
         debug_assert!(time >= self.now, "event in the past");
         let packed = ((e.kind as u64) << 56) | ((e.id as u64) << 24) | (e.version as u64 & 0xff_ffff);
-        let slot = match self.free.pop() {
-            Some(s) => {
-                self.payload[s as usize] = packed;
-                s
-            }
-            None => {
-                self.payload.push(packed);
-                (self.payload.len() - 1) as u32
-            }
-        };
+        let slot = super::claim_slot(&mut self.payload, &mut self.free, packed);
         assert!(slot < 1 << SLOT_BITS, "more than 2^24 events pending at once");
         let key = ((time as u128) << 64) | ((self.seq as u128) << SLOT_BITS) | slot as u128;
         self.heap.push(Reverse(key));

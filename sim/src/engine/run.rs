@@ -126,8 +126,8 @@ struct Engine<'a> {
 /// Run a program. `op_ns[i]` is the duration of `Program::ops[i]` on its device.
 ///
 /// `host` (empty: no host model) is the time the device's host thread spends issuing each op
-/// and each collective (framework dispatch and kernel launch). A host issues its compute stream's tasks in
-/// order and runs ahead of the device, except that it blocks until a pipeline receive
+/// and each collective (framework dispatch and kernel launch). A host issues its compute
+/// stream's tasks in order and runs ahead of the device, except that it blocks until a pipeline receive
 /// (a transfer) or a data-parallel collective the task depends on has completed, as
 /// frameworks synchronise there. A task starts when it is ready and its host has issued it,
 /// so a stream of short kernels runs at the host's pace.
@@ -369,16 +369,7 @@ impl<'a> Engine<'a> {
                     }
                 }
                 let a = Active { task: t, collective, step: 0, pending: 0 };
-                let slot = match self.free_active.pop() {
-                    Some(i) => {
-                        self.active[i as usize] = a;
-                        i
-                    }
-                    None => {
-                        self.active.push(a);
-                        (self.active.len() - 1) as u32
-                    }
-                };
+                let slot = super::claim_slot(&mut self.active, &mut self.free_active, a);
                 let lat = self.step_latency(slot);
                 self.q
                     .push(now + self.opts.collective_launch_ns + lat, Event { kind: STEP_START, id: slot, version: 0 });

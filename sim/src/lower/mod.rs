@@ -579,7 +579,7 @@ fn lower_into(
             for st in order.iter().filter(|st| st.pass == Pass::Backward) {
                 first_bwd.entry(st.chunk).or_insert(st.micro_batch);
             }
-            let accumulate_gb = if host_opt && z >= 2 { 0.0 } else { gb / shard(2) };
+            let accumulate_gb = crate::cost::memory::accumulated_grad_bytes(plan);
             let mut bucket_pending = 0.0;
             // ZeRO-3 reduce-scatters each layer's gradients as soon as they exist.
             let bucket_bytes = if z3 { 0.0 } else { plan.bucket_bytes };
