@@ -56,37 +56,23 @@ fn reference_rate(b: &dyn executor::Backend) -> Option<f64> {
     executor::calibrate::reference_gemm_flops_per_s(dev.as_mut()).ok()
 }
 
-/// Replay `s` on `backend`; with `probe`, also the reference GEMM rate just before and just
-/// after the replay.
-fn run_replay_probed(
-    s: &Scenario,
-    backend: &str,
-    opts: ReplayOptions,
-    probe: bool,
-) -> Result<(sim::Simulation, Measured, Option<(f64, f64)>), String> {
+/// A replay: the simulation whose Program ran, what was measured, and (when probed) the
+/// reference GEMM rate just before and just after it.
+struct Replayed {
+    sim: sim::Simulation,
+    measured: Measured,
+    probe: Option<(f64, f64)>,
+}
+
+/// Replay `s` on `backend`; with `probe`, also time the reference GEMM around the replay.
+fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions, probe: bool) -> Result<Replayed, String> {
     let b = executor::backend(backend).map_err(|e| e.to_string())?;
     if b.device_count() == 0 {
         // Say why there is nothing to run on before announcing a replay.
         b.open(0).map_err(|e| format!("replay on {backend}: {e}"))?;
     }
-    let before = if probe { reference_rate(b.as_ref()) } else { None };
-    let (sim_out, m) = replay_on(s, backend, b.as_ref(), opts)?;
-    let after = if probe { reference_rate(b.as_ref()) } else { None };
-    Ok((sim_out, m, before.zip(after)))
-}
-
-fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions) -> Result<(sim::Simulation, Measured), String> {
-    let (sim_out, m, _) = run_replay_probed(s, backend, opts, false)?;
-    Ok((sim_out, m))
-}
-
-fn replay_on(
-    s: &Scenario,
-    backend: &str,
-    b: &dyn executor::Backend,
-    opts: ReplayOptions,
-) -> Result<(sim::Simulation, Measured), String> {
     let sim_out = sim::simulate(s, false);
+    let before = if probe { reference_rate(b.as_ref()) } else { None };
     eprintln!(
         "replaying {} tasks on {} device(s) of backend {backend} ({} warm-up + {} measured runs)...",
         sim_out.program.tasks.len(),
@@ -94,8 +80,10 @@ fn replay_on(
         opts.warmup,
         opts.repeats
     );
-    let m = replay(&sim_out.program, b, context(s), opts).map_err(|e| format!("replay on {backend}: {e}"))?;
-    Ok((sim_out, m))
+    let measured =
+        replay(&sim_out.program, b.as_ref(), context(s), opts).map_err(|e| format!("replay on {backend}: {e}"))?;
+    let after = if probe { reference_rate(b.as_ref()) } else { None };
+    Ok(Replayed { sim: sim_out, measured, probe: before.zip(after) })
 }
 
 #[derive(Serialize)]
@@ -139,7 +127,7 @@ pub fn replay_cmd(
     trace: Option<&Path>,
 ) -> Result<(), String> {
     let s = load_scenario(path)?;
-    let (sim_out, m) = run_replay(&s, backend, opts)?;
+    let Replayed { sim: sim_out, measured: m, .. } = run_replay(&s, backend, opts, false)?;
     if let Some(t) = trace {
         let link_name = |l: u32| format!("link{l}");
         let device_name = |d: u32| format!("dev{d} ({backend}, measured)");
@@ -279,7 +267,7 @@ pub fn validate_cmd(
     if let Some(p) = profile {
         s.calibrate(&load_profile(p)?);
     }
-    let (sim_out, m, probe) = run_replay_probed(&s, backend, opts, true)?;
+    let Replayed { sim: sim_out, measured: m, probe } = run_replay(&s, backend, opts, true)?;
     let rows = op_rows(&s, &sim_out, &m);
     let predicted = sim_out.report.iteration_s;
     let measured = m.iteration_s();
