@@ -7,9 +7,50 @@ use executor::calibrate::Profile;
 use executor::replay::{Measured, ReplayOptions, median, replay};
 use serde::Serialize;
 use sim::scenario::{MeasuredRates, Scenario};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Read a calibration profile's rates (schema trainsim-profile/1).
+/// The calibration-profile options that `simulate`, `validate` and `torch-block` share.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ProfileArgs {
+    /// Predict with a calibration profile's measured rates (from `trainsim calibrate`) for the
+    /// device and its links.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// Apply --profile even when it was measured on another kind or model of device than the
+    /// scenario's (the report's notes say so).
+    #[arg(long, requires = "profile")]
+    pub force_profile: bool,
+}
+
+impl ProfileArgs {
+    /// Calibrate `s` with the profile, if one was given.
+    pub fn apply(&self, s: &mut Scenario) -> Result<(), String> {
+        match &self.profile {
+            Some(p) => apply_profile(s, p, self.force_profile),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Calibrate `s` with the profile at `path`, refusing a profile of another device unless
+/// `force` (then the report's notes state the mismatch).
+pub fn apply_profile(s: &mut Scenario, path: &Path, force: bool) -> Result<(), String> {
+    let m = load_profile(path)?;
+    if let Some(why) = s.profile_mismatch(&m) {
+        if !force {
+            return Err(format!(
+                "profile {}: {why}; its rates would make the prediction meaningless. Calibrate on the \
+                 scenario's device, or pass --force-profile to apply it anyway",
+                path.display()
+            ));
+        }
+        s.notes.push(format!("calibration profile applied by --force-profile although {why}"));
+    }
+    s.calibrate(&m);
+    Ok(())
+}
+
 pub fn load_profile(path: &Path) -> Result<MeasuredRates, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read profile {}: {e}", path.display()))?;
     let v: serde_json::Value =
@@ -27,7 +68,13 @@ pub fn load_profile(path: &Path) -> Result<MeasuredRates, String> {
             .and_then(serde_json::Value::as_f64)
             .ok_or_else(|| format!("profile {}: missing number {p}", path.display()))
     };
+    let backend = v["backend"].as_str().unwrap_or("");
+    let device = v["device"].as_str().unwrap_or("").to_string();
+    // A CUDA backend, or torch on a CUDA device, measured a GPU; the rest ran on CPU threads.
+    let gpu = backend == "cuda" || (backend == "torch" && device.contains("cuda"));
     Ok(MeasuredRates {
+        device,
+        device_kind: if gpu { sim::hardware::DeviceKind::Gpu } else { sim::hardware::DeviceKind::Cpu },
         gemm_flops_per_s: num("/gemm/flops_per_s")?,
         mem_bytes_per_s: num("/memory/bytes_per_s")?,
         launch_s: num("/launch_s")?,
@@ -258,15 +305,13 @@ struct Validation {
 pub fn validate_cmd(
     path: &Path,
     backend: &str,
-    profile: Option<&Path>,
+    profile: &ProfileArgs,
     opts: ReplayOptions,
     json: bool,
     plot: Option<&Path>,
 ) -> Result<(), String> {
     let mut s = load_scenario(path)?;
-    if let Some(p) = profile {
-        s.calibrate(&load_profile(p)?);
-    }
+    profile.apply(&mut s)?;
     let Replayed { sim: sim_out, measured: m, probe } = run_replay(&s, backend, opts, true)?;
     let rows = op_rows(&s, &sim_out, &m);
     let predicted = sim_out.report.iteration_s;
@@ -356,15 +401,13 @@ pub fn predicted_layer_s(s: &Scenario) -> Result<f64, String> {
 /// `trainsim torch-block`: a real GPT block through PyTorch against the prediction.
 pub fn torch_block_cmd(
     path: &Path,
-    profile: Option<&Path>,
+    profile: &ProfileArgs,
     warmup: u32,
     repeats: u32,
     json: bool,
 ) -> Result<(), String> {
     let mut s = load_scenario(path)?;
-    if let Some(p) = profile {
-        s.calibrate(&load_profile(p)?);
-    }
+    profile.apply(&mut s)?;
     let predicted = predicted_layer_s(&s)?;
     let w = &s.workload.transformer;
     let measured = torch_block(&s, warmup, repeats)?;

@@ -71,9 +71,8 @@ enum Command {
         /// Interconnect model: fair (max-min fair sharing) or ideal (no contention).
         #[arg(long, value_name = "MODEL")]
         network: Option<String>,
-        /// Use a calibration profile (from `trainsim calibrate`) for the device and its links.
-        #[arg(long, value_name = "FILE")]
-        profile: Option<PathBuf>,
+        #[command(flatten)]
+        profile: exec::ProfileArgs,
     },
     /// Run a scenario's lowered plan on real devices and measure it.
     Replay {
@@ -95,9 +94,8 @@ enum Command {
     /// against the simulator's prediction for one layer (needs --features torch).
     TorchBlock {
         scenario: PathBuf,
-        /// Predict with a calibration profile's measured rates.
-        #[arg(long, value_name = "FILE")]
-        profile: Option<PathBuf>,
+        #[command(flatten)]
+        profile: exec::ProfileArgs,
         #[arg(long, default_value_t = 2)]
         warmup: u32,
         #[arg(long, default_value_t = 5)]
@@ -121,8 +119,8 @@ enum Command {
         scenario: PathBuf,
         #[arg(long, default_value = "cpu")]
         backend: String,
-        #[arg(long, value_name = "FILE")]
-        profile: Option<PathBuf>,
+        #[command(flatten)]
+        profile: exec::ProfileArgs,
         #[arg(long, default_value_t = 1)]
         warmup: u32,
         #[arg(long, default_value_t = 3)]
@@ -230,7 +228,7 @@ fn main() -> ExitCode {
         ),
         Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
         Command::TorchBlock { scenario, profile, warmup, repeats, json } => {
-            exec::torch_block_cmd(&scenario, profile.as_deref(), warmup, repeats, json)
+            exec::torch_block_cmd(&scenario, &profile, warmup, repeats, json)
         }
         Command::Slices { scenario, granularity, json } => slices(&scenario, granularity, json),
         Command::TrainRun { scenario, json, plot } => train_run(&scenario, json, plot.as_deref()),
@@ -248,7 +246,7 @@ fn main() -> ExitCode {
         Command::Validate { scenario, backend, profile, warmup, repeats, json, plot } => exec::validate_cmd(
             &scenario,
             &backend,
-            profile.as_deref(),
+            &profile,
             executor::replay::ReplayOptions { warmup, repeats },
             json,
             plot.as_deref(),
@@ -272,7 +270,7 @@ fn main() -> ExitCode {
                 memory_plot: memory_plot.as_deref(),
                 memory_device,
             };
-            simulate(&scenario, json, &outputs, full, network.as_deref(), profile.as_deref())
+            simulate(&scenario, json, &outputs, full, network.as_deref(), &profile)
         }
         Command::Presets { json } => {
             presets(json);
@@ -316,13 +314,11 @@ fn simulate(
     outputs: &Outputs,
     full: bool,
     network: Option<&str>,
-    profile: Option<&Path>,
+    profile: &exec::ProfileArgs,
 ) -> Result<(), String> {
     let (trace, gantt_path) = (outputs.trace, outputs.gantt);
     let mut s = load_scenario(path)?;
-    if let Some(p) = profile {
-        s.calibrate(&exec::load_profile(p)?);
-    }
+    profile.apply(&mut s)?;
     if full {
         s.options.symmetry = false;
     }
@@ -777,6 +773,9 @@ fn print_summary(r: &sim::report::Report) {
         r.devices,
         if r.symmetric { " (data-parallel symmetry)" } else { "" }
     );
+    for n in &r.notes {
+        println!("note:         {n}");
+    }
     if !r.defaults_applied.is_empty() {
         println!("defaults:     {}", r.defaults_applied.join("; "));
     }

@@ -19,5 +19,7 @@ mod slicing;
 mod partition;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
+// Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.
+mod honest;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
 mod workload;

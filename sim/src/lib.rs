@@ -199,7 +199,7 @@ fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Simulation {
     for st in &mut r.stages {
         st.peak_memory_bytes += extra;
     }
-    r.fits_hbm = r.stages.iter().all(|st| st.peak_memory_bytes <= r.memory_capacity_bytes);
+    r.fits_hbm = r.stages.iter().all(|st| st.peak_memory_bytes <= r.memory_capacity_bytes - r.memory_headroom_bytes);
     r.fits = r.fits_hbm && r.fits_host && r.fits_nvme;
     r.plan.schedule = "2bw";
     r.plan.micro_batches = s.plan.micro_batches;

@@ -108,7 +108,7 @@ pub fn stage_devices(s: &Scenario) -> Vec<StageDevice> {
             // Each stage's own device: its speed relative to the node's, its memory.
             let dev = s.cluster.device_of(plan.device(0, k, 0));
             let speed = dev.peak_flops.at(plan.precision) * dev.gemm_efficiency / reference;
-            let memory = dev.hbm_bytes - s.options.framework_bytes(dev);
+            let memory = s.options.usable_bytes(dev) - s.options.framework_bytes(dev);
             let (bw, lat) = if k + 1 < plan.pp {
                 let r = topo.route(plan.device(0, k, 0), plan.device(0, k + 1, 0));
                 let bw = r.links().iter().map(|&l| topo.capacities()[l as usize]).fold(f64::INFINITY, f64::min);

@@ -216,6 +216,15 @@ impl ClusterSpec {
     pub fn device_of(&self, device: u32) -> &DeviceSpec {
         self.class(self.class_of(device))
     }
+
+    /// Every device class: the node's device, then each override's.
+    pub fn classes(&self) -> impl Iterator<Item = &DeviceSpec> {
+        std::iter::once(&self.node.device).chain(self.overrides.iter().map(|o| &o.device))
+    }
+
+    pub fn has_kind(&self, kind: DeviceKind) -> bool {
+        self.classes().any(|d| d.kind == kind)
+    }
 }
 
 pub type LinkId = u32;

@@ -512,7 +512,7 @@ fn lower_into(
                     let input = gemini::StageInput {
                         eviction: dy.eviction,
                         budget_bytes: dy.budget_bytes,
-                        hbm_bytes: s.cluster.class(stage_class).hbm_bytes,
+                        hbm_bytes: s.options.usable_bytes(s.cluster.class(stage_class)),
                         weight_bytes: wb,
                         state_bytes: ob,
                         shards: sync,

@@ -83,6 +83,9 @@ pub struct Report {
     pub fits: bool,
     pub peak_memory_bytes: f64,
     pub memory_capacity_bytes: f64,
+    /// Memory kept free for the allocator on the node's device (`simulation.memory_headroom`):
+    /// a plan fits when its peak is at most `memory_capacity_bytes - memory_headroom_bytes`.
+    pub memory_headroom_bytes: f64,
     pub peak_memory_device: u32,
     /// The breakdown's buffers include this allowance for the framework (CUDA context,
     /// library workspaces); set it with `simulation.framework_overhead_bytes`.
@@ -116,6 +119,8 @@ pub struct Report {
     pub stages: Vec<StageReport>,
     pub plan: PlanSummary,
     pub defaults_applied: Vec<String>,
+    /// What to know about how this scenario was simulated (see `Scenario::notes`).
+    pub notes: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_slicing: Option<TokenSlicing>,
     /// Gemini's chunk placement per pipeline stage, when the plan's offload policy is dynamic.
@@ -149,7 +154,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let worst = (0..nd).max_by(|&a, &b| totals[a].total().total_cmp(&totals[b].total()).then(b.cmp(&a))).unwrap_or(0);
     let capacity = s.cluster.node.device.hbm_bytes;
     // Gemini fails when a unit's chunks find no room beside its non-model memory.
-    let fits_hbm = (0..nd).all(|d| totals[d].total() <= s.cluster.device_of(p.devices[d]).hbm_bytes)
+    let fits_hbm = (0..nd).all(|d| totals[d].total() <= s.options.usable_bytes(s.cluster.device_of(p.devices[d])))
         && p.chunk_placement.iter().all(|c| c.feasible);
     // Host and NVMe are per node: the node's devices' shares add up.
     let per_node = s.cluster.node.devices as f64;
@@ -202,6 +207,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         host_memory_breakdown: host_worst,
         peak_memory_bytes: totals[worst].total(),
         memory_capacity_bytes: capacity,
+        memory_headroom_bytes: capacity - s.options.usable_bytes(&s.cluster.node.device),
         peak_memory_device: p.devices[worst],
         framework_overhead_bytes: s.options.framework_bytes(&s.cluster.node.device),
         host_op_s: s.options.host_op_s(&s.cluster.node.device),
@@ -230,6 +236,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
             partition: plan.partition.clone(),
         },
         defaults_applied: s.defaults_applied.clone(),
+        notes: s.notes.clone(),
         token_slicing: None,
         chunk_placement: p.chunk_placement.clone(),
     }

@@ -10,6 +10,27 @@ fn get_u32(v: &Value, keys: &[&str]) -> Option<u32> {
     keys.iter().find_map(|k| v.get(*k)).and_then(Value::as_u64).map(|x| x as u32)
 }
 
+/// Keys by which Hugging Face configs declare routed experts (Mixtral, Qwen-MoE, DeepSeek-V2/3,
+/// Switch/NLLB-MoE, DBRX's `ffn_config`, GPT-OSS, Llama 4, OLMoE).
+const EXPERT_KEYS: [&str; 7] =
+    ["num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok", "moe_k", "expert_capacity"];
+
+/// The expert count (or routing key) of a mixture-of-experts config, if it is one: such a model
+/// is not a dense transformer, and simulating it as one would be silently wrong.
+pub fn mixture_of_experts(text: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    let nested = v.get("ffn_config").or_else(|| v.get("text_config"));
+    for obj in std::iter::once(&v).chain(nested) {
+        for k in EXPERT_KEYS {
+            if let Some(x) = obj.get(k).filter(|x| x.as_u64().is_some_and(|n| n > 1) || x.is_string()) {
+                return Some(format!("{k} = {x}"));
+            }
+        }
+    }
+    let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+    model_type.contains("moe").then(|| format!("model_type = \"{model_type}\""))
+}
+
 /// Parse a `config.json`. `name` labels the workload in reports.
 pub fn parse(name: &str, text: &str) -> Result<Workload, String> {
     let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
