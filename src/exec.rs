@@ -112,13 +112,53 @@ struct Replayed {
 }
 
 /// Replay `s` on `backend`; with `probe`, also time the reference GEMM around the replay.
-fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions, probe: bool) -> Result<Replayed, String> {
+/// Longest replay `replay` and `validate` start without `--max-seconds`.
+pub const DEFAULT_MAX_REPLAY_S: f64 = 600.0;
+
+/// Host time assumed per replayed task (dispatch, dependency wait): a floor for the estimate.
+const REPLAY_TASK_S: f64 = 10e-6;
+
+/// Estimated wall time of replaying `p` on `b`: the program's FLOPs at the rate a reference
+/// GEMM reaches on the backend's device 0 right now, plus a dispatch floor per task, for
+/// every round; devices run one after another when the backend has fewer than the program.
+fn replay_estimate_s(s: &Scenario, sim_out: &sim::Simulation, b: &dyn executor::Backend, rounds: u32) -> Option<f64> {
+    let rate = reference_rate(b)?;
+    let r = &sim_out.report;
+    let nd = sim_out.program.devices.len() as f64;
+    // The program's share of the iteration's work (one replica under symmetry).
+    let flops = r.network_flops_per_iteration * nd / s.plan.devices().max(1) as f64;
+    let parallel = if b.device_count() as f64 >= nd { nd } else { 1.0 };
+    let tasks = sim_out.program.tasks.len() as f64;
+    Some(rounds as f64 * (flops / rate / parallel + tasks * REPLAY_TASK_S / parallel))
+}
+
+fn run_replay(
+    s: &Scenario,
+    backend: &str,
+    opts: ReplayOptions,
+    probe: bool,
+    max_s: f64,
+) -> Result<Replayed, String> {
     let b = executor::backend(backend).map_err(|e| e.to_string())?;
     if b.device_count() == 0 {
         // Say why there is nothing to run on before announcing a replay.
         b.open(0).map_err(|e| format!("replay on {backend}: {e}"))?;
     }
     let sim_out = sim::simulate(s, false);
+    if let Some(est) = replay_estimate_s(s, &sim_out, b.as_ref(), opts.warmup + opts.repeats)
+        && est > max_s
+    {
+        return Err(format!(
+            "replaying {} tasks ({:.3e} FLOP per iteration) of {} device(s) on backend {backend} would take about \
+             {est:.0} s for {} runs (estimate from a reference GEMM on this machine); that is over the {max_s} s \
+             limit: replay a smaller plan (fewer layers, micro-batches or devices), or raise --max-seconds",
+            sim_out.program.tasks.len(),
+            sim_out.report.network_flops_per_iteration * sim_out.program.devices.len() as f64
+                / s.plan.devices().max(1) as f64,
+            sim_out.program.devices.len(),
+            opts.warmup + opts.repeats
+        ));
+    }
     let before = if probe { reference_rate(b.as_ref()) } else { None };
     eprintln!(
         "replaying {} tasks on {} device(s) of backend {backend} ({} warm-up + {} measured runs)...",
@@ -172,9 +212,13 @@ pub fn replay_cmd(
     opts: ReplayOptions,
     json: bool,
     trace: Option<&Path>,
+    max_s: f64,
 ) -> Result<(), String> {
     let s = load_scenario(path)?;
-    let Replayed { sim: sim_out, measured: m, .. } = run_replay(&s, backend, opts, false)?;
+    if let Some(t) = trace {
+        crate::outputs::check_writable([("--trace", t)])?;
+    }
+    let Replayed { sim: sim_out, measured: m, .. } = run_replay(&s, backend, opts, false, max_s)?;
     if let Some(t) = trace {
         let link_name = |l: u32| format!("link{l}");
         let device_name = |d: u32| format!("dev{d} ({backend}, measured)");
@@ -312,7 +356,7 @@ pub fn validate_cmd(
 ) -> Result<(), String> {
     let mut s = load_scenario(path)?;
     profile.apply(&mut s)?;
-    let Replayed { sim: sim_out, measured: m, probe } = run_replay(&s, backend, opts, true)?;
+    let Replayed { sim: sim_out, measured: m, probe } = run_replay(&s, backend, opts, true, DEFAULT_MAX_REPLAY_S)?;
     let rows = op_rows(&s, &sim_out, &m);
     let predicted = sim_out.report.iteration_s;
     let measured = m.iteration_s();

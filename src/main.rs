@@ -21,11 +21,10 @@ mod exec;
 mod figure;
 mod gantt;
 mod memory_plot;
+mod outputs;
 mod validate_plot;
 
 use clap::{Parser, Subcommand};
-use sim::hardware::Topology;
-use sim::report::trace::{TraceNames, chrome_trace};
 use sim::scenario::{self, Scenario};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -50,9 +49,8 @@ enum Command {
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
-        /// Also write a Chrome/Perfetto trace-event file.
-        #[arg(long, value_name = "FILE")]
-        trace: Option<PathBuf>,
+        #[command(flatten)]
+        trace: outputs::TraceArgs,
         /// Also draw the pipeline schedule (.png or .svg).
         #[arg(long, value_name = "FILE")]
         gantt: Option<PathBuf>,
@@ -89,6 +87,9 @@ enum Command {
         /// Write the measured timeline as a Chrome/Perfetto trace.
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
+        /// Refuse to start a replay estimated to run longer than this (seconds, all runs).
+        #[arg(long, value_name = "S", default_value_t = exec::DEFAULT_MAX_REPLAY_S)]
+        max_seconds: f64,
     },
     /// Time one real GPT block (PyTorch autograd, forward + backward) at the scenario's sizes
     /// against the simulator's prediction for one layer (needs --features torch).
@@ -219,12 +220,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Replay { scenario, backend, warmup, repeats, json, trace } => exec::replay_cmd(
+        Command::Replay { scenario, backend, warmup, repeats, json, trace, max_seconds } => exec::replay_cmd(
             &scenario,
             &backend,
             executor::replay::ReplayOptions { warmup, repeats },
             json,
             trace.as_deref(),
+            max_seconds,
         ),
         Command::Calibrate { backend, out, quick } => exec::calibrate_cmd(&backend, &out, quick),
         Command::TorchBlock { scenario, profile, warmup, repeats, json } => {
@@ -264,7 +266,7 @@ fn main() -> ExitCode {
             profile,
         } => {
             let outputs = Outputs {
-                trace: trace.as_deref(),
+                trace: &trace,
                 gantt: gantt.as_deref(),
                 memory_csv: memory_csv.as_deref(),
                 memory_plot: memory_plot.as_deref(),
@@ -301,7 +303,7 @@ pub fn load_scenario(path: &Path) -> Result<Scenario, String> {
 
 /// Files `simulate` writes besides the report.
 struct Outputs<'a> {
-    trace: Option<&'a Path>,
+    trace: &'a outputs::TraceArgs,
     gantt: Option<&'a Path>,
     memory_csv: Option<&'a Path>,
     memory_plot: Option<&'a Path>,
@@ -316,7 +318,7 @@ fn simulate(
     network: Option<&str>,
     profile: &exec::ProfileArgs,
 ) -> Result<(), String> {
-    let (trace, gantt_path) = (outputs.trace, outputs.gantt);
+    let (trace, gantt_path) = (outputs.trace.trace.as_deref(), outputs.gantt);
     let mut s = load_scenario(path)?;
     profile.apply(&mut s)?;
     if full {
@@ -327,21 +329,28 @@ fn simulate(
             format!("--network: \"{n}\" is not one of: {}", sim::network::NetworkKind::NAMES.join(", "))
         })?;
     }
+    let (trace_filter, trace_note) = outputs.trace.filter(&s)?;
+    let files = [("--trace", trace), ("--gantt", gantt_path), ("--memory", outputs.memory_csv), ("--memory-plot", outputs.memory_plot)];
+    outputs::check_writable(files.iter().filter_map(|&(what, p)| p.map(|p| (what, p))))?;
     let record =
         trace.is_some() || gantt_path.is_some() || outputs.memory_csv.is_some() || outputs.memory_plot.is_some();
-    if record && s.plan.devices() > 512 && !json {
-        eprintln!("note: recording every span of {} devices; the trace may be large", s.plan.devices());
-    }
+    let progress = outputs::spinner(format!(
+        "simulating {} devices{}",
+        s.plan.devices(),
+        if record { ", recording every span" } else { "" }
+    ));
     let out = sim::simulate(&s, record);
+    progress.finish_and_clear();
     if let Some(t) = trace {
-        let topo = Topology::new(&s.cluster);
-        let link_name = |l: u32| topo.link_name(l);
-        let device_name = |d: u32| {
-            let (r, st, x) = s.plan.coords(d);
-            format!("dev{d} (dp{r} pp{st} tp{x})")
-        };
-        let text = chrome_trace(&out.timeline, &TraceNames { link_name: &link_name, device_name: &device_name });
-        std::fs::write(t, text).map_err(|e| format!("cannot write trace {}: {e}", t.display()))?;
+        if let Some(note) = &trace_note {
+            eprintln!("{note}");
+        }
+        let progress = outputs::spinner(format!("writing trace {}", t.display()));
+        let bytes = outputs::write_trace(t, &out.timeline, &s, &trace_filter)?;
+        progress.finish_and_clear();
+        if !json {
+            eprintln!("trace: {:.1} MB written to {}", bytes as f64 / 1e6, t.display());
+        }
     }
     if let Some(g) = gantt_path {
         let opts = gantt::GanttOptions { title: s.name.clone(), max_rows: 32 };

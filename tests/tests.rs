@@ -21,5 +21,7 @@ mod partition;
 mod report;
 // Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.
 mod honest;
+// Traces (filters, Perfetto protobuf), output paths checked first, replay limits.
+mod outputs;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
 mod workload;

@@ -2,8 +2,10 @@
 //! contract of `shared/SCENARIO.md`; keys carry their units.
 
 pub mod memory;
+pub mod perfetto;
 pub mod timeline;
 pub mod trace;
+pub mod trace_filter;
 
 use crate::engine::RunResult;
 use crate::lower::Program;
