@@ -41,6 +41,43 @@ pub fn show(v: &Value) -> String {
     if s.len() > 60 { format!("{}...", &s[..57]) } else { s }
 }
 
+/// Edit distance between two strings (insertions, deletions, substitutions of characters).
+pub fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// The candidate closest to a misspelled `word`, if one is close enough to be what was meant:
+/// case is ignored, and at most a third of the word's characters (at least one, at most
+/// three) may differ. Ties go to the first candidate.
+pub fn closest<'c>(word: &str, candidates: impl IntoIterator<Item = &'c str>) -> Option<&'c str> {
+    let w = word.to_lowercase();
+    let limit = (w.chars().count() / 3).clamp(1, 3);
+    let mut best: Option<(usize, &str)> = None;
+    for c in candidates {
+        let d = levenshtein(&w, &c.to_lowercase());
+        if d <= limit && best.is_none_or(|(bd, _)| d < bd) {
+            best = Some((d, c));
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
+/// `" (did you mean `x`?)"` when a candidate is close to `word`, else nothing.
+pub fn did_you_mean<'c>(word: &str, candidates: impl IntoIterator<Item = &'c str>) -> String {
+    closest(word, candidates).map(|c| format!(" (did you mean `{c}`?)")).unwrap_or_default()
+}
+
 /// One JSON object at a key path.
 pub struct Obj<'a> {
     pub map: &'a Map<String, Value>,
@@ -63,7 +100,14 @@ impl<'a> Obj<'a> {
     pub fn only(&self, allowed: &[&str]) -> Result<()> {
         for k in self.map.keys() {
             if !allowed.contains(&k.as_str()) {
-                return Err(invalid(&self.key(k), format!("unknown key; allowed here: {}", allowed.join(", "))));
+                return Err(invalid(
+                    &self.key(k),
+                    format!(
+                        "unknown key{}; allowed here: {}",
+                        did_you_mean(k, allowed.iter().copied()),
+                        allowed.join(", ")
+                    ),
+                ));
             }
         }
         Ok(())
@@ -156,9 +200,12 @@ impl<'a> Obj<'a> {
     pub fn choice<T>(&self, k: &str, names: &[&str], parse: impl Fn(&str) -> Option<T>) -> Result<Option<T>> {
         match self.string(k)? {
             None => Ok(None),
-            Some(s) => parse(s)
-                .map(Some)
-                .ok_or_else(|| invalid(&self.key(k), format!("\"{s}\" is not one of: {}", names.join(", ")))),
+            Some(s) => parse(s).map(Some).ok_or_else(|| {
+                invalid(
+                    &self.key(k),
+                    format!("\"{s}\" is not one of: {}{}", names.join(", "), did_you_mean(s, names.iter().copied())),
+                )
+            }),
         }
     }
 }
