@@ -5,6 +5,8 @@ mod util;
 
 // The example scenarios, the report keys and the CLI's error behaviour (shared/SCENARIO.md).
 mod contract;
+// The user's reference (docs/) against the parser, the schema and the reports.
+mod docs;
 // The executor: CPU replay, calibration and validation through the CLI, the CUDA error path.
 mod executor;
 // Training runs with freezing and elastic pipelines (PipeTransformer).
