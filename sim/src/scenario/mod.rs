@@ -7,6 +7,8 @@
 
 pub mod keys;
 pub mod reader;
+#[cfg(test)]
+mod tests;
 
 use crate::hardware::{
     ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, LinkSpec, NodeSpec, PeakFlops, Precision, catalog,

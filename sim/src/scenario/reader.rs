@@ -41,20 +41,25 @@ pub fn show(v: &Value) -> String {
     if s.len() > 60 { format!("{}...", &s[..57]) } else { s }
 }
 
-/// Edit distance between two strings (insertions, deletions, substitutions of characters).
+/// Edit distance between two strings: insertions, deletions, substitutions and swaps of two
+/// neighbouring characters each count one (optimal string alignment).
 pub fn levenshtein(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diag = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let next = (diag + usize::from(ca != cb)).min(row[j] + 1).min(row[j + 1] + 1);
-            diag = row[j + 1];
-            row[j + 1] = next;
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // Rows i-2, i-1 and i of the distance table.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            row[j] = (prev[j - 1] + cost).min(prev[j] + 1).min(row[j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(before[j - 2] + 1);
+            }
         }
+        before = std::mem::replace(&mut prev, row);
     }
-    row[b.len()]
+    prev[b.len()]
 }
 
 /// The candidate closest to a misspelled `word`, if one is close enough to be what was meant:
@@ -207,5 +212,37 @@ impl<'a> Obj<'a> {
                 )
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levenshtein_counts_single_edits() {
+        assert_eq!(levenshtein("", ""), 0);
+        assert_eq!(levenshtein("abc", ""), 3);
+        assert_eq!(levenshtein("micro_bach", "micro_batch"), 1);
+        assert_eq!(levenshtein("1f1v", "1f1b"), 1);
+        assert_eq!(levenshtein("kitten", "sitting"), 3);
+        assert_eq!(levenshtein("bf61", "bf16"), 1);
+        assert_eq!(levenshtein("ab", "ba"), 1);
+        // Characters, not bytes.
+        assert_eq!(levenshtein("é", "e"), 1);
+    }
+
+    #[test]
+    fn closest_suggests_only_near_names() {
+        let names = ["dp", "tp", "pp", "schedule", "zero_stage", "micro_batch"];
+        assert_eq!(closest("shedule", names), Some("schedule"));
+        assert_eq!(closest("zero-stage", names), Some("zero_stage"));
+        assert_eq!(closest("SCHEDULE", names), Some("schedule"));
+        // One edit is allowed even for short words; ties go to the first.
+        assert_eq!(closest("xp", names), Some("dp"));
+        assert_eq!(closest("optimizer", names), None);
+        assert_eq!(closest("", ["a"]), Some("a"));
+        assert_eq!(did_you_mean("zzzzzzzz", names), "");
+        assert_eq!(did_you_mean("micro_bach", names), " (did you mean `micro_batch`?)");
     }
 }
