@@ -3,7 +3,7 @@
 // Helpers shared by the modules: running the CLI, temporary folders, scenario builders.
 mod util;
 
-// The example scenarios, the report keys and the CLI's error behaviour (shared/SCENARIO.md).
+// The example scenarios, the report keys and the CLI's error behaviour (docs/, and the contract's examples).
 mod contract;
 // The user's reference (docs/) against the parser, the schema and the reports.
 mod docs;

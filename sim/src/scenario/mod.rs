@@ -1,7 +1,7 @@
 //! The scenario file: raw JSON in, a validated [`Scenario`] out.
 //!
 //! This is the one place input is checked. Every error names the key path, the value and
-//! what is allowed (see `shared/SCENARIO.md`); keys that name features still to come give a
+//! what is allowed (every key is in `docs/scenario.md`); keys that name features still to come give a
 //! "not supported yet" error. Files the scenario points to (a Hugging Face `config.json`)
 //! are read by the caller through the `load` function, so this module does no I/O.
 
