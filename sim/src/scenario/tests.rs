@@ -13,6 +13,9 @@ fn base() -> Value {
     })
 }
 
+/// A change to the base scenario.
+type Edit = fn(&mut Value);
+
 /// The error for `base()` changed by `edit`.
 fn error(edit: impl Fn(&mut Value)) -> String {
     let mut v = base();
@@ -30,7 +33,7 @@ fn the_base_scenario_is_valid() {
 
 #[test]
 fn misspelled_keys_get_a_suggestion_in_every_section() {
-    let cases: [(&str, fn(&mut Value), &str); 6] = [
+    let cases: [(&str, Edit, &str); 6] = [
         ("shedule", |v| v["plan"]["shedule"] = json!("gpipe"), "plan.shedule"),
         ("micro_bach", |v| v["training"]["micro_bach"] = json!(1), "training.micro_bach"),
         ("nodess", |v| v["cluster"]["nodess"] = json!(1), "cluster.nodess"),
@@ -73,7 +76,7 @@ fn misspelled_presets_get_a_suggestion() {
 
 #[test]
 fn misspelled_values_get_a_suggestion() {
-    let cases: [(fn(&mut Value), &str, &str); 7] = [
+    let cases: [(Edit, &str, &str); 7] = [
         (|v| v["plan"]["schedule"] = json!("1f1v"), "plan.schedule", "1f1b"),
         (|v| v["plan"]["recompute"] = json!("ful"), "plan.recompute", "full"),
         (|v| v["training"]["precision"] = json!("bf61"), "training.precision", "bf16"),
