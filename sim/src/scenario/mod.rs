@@ -7,6 +7,7 @@
 
 pub mod keys;
 pub mod reader;
+pub mod suggest;
 #[cfg(test)]
 mod tests;
 
@@ -16,10 +17,11 @@ use crate::hardware::{
 use crate::plan::{Offload, Optimizer, PartitionPolicy, Plan, Recompute, Tier, TokenSlices, parse_schedule};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
 use crate::workload::{self, TpMode, Workload};
-use reader::{Obj, did_you_mean, invalid, show};
+use reader::{Obj, invalid, show};
 pub use reader::{Result, ScenarioError};
 use serde::Serialize;
 use serde_json::Value;
+use suggest::did_you_mean;
 
 /// How the engine models the interconnect and which devices it simulates.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
