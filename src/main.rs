@@ -24,6 +24,9 @@ mod memory_plot;
 mod outputs;
 mod validate_plot;
 
+#[cfg(test)]
+mod help_tests;
+
 use clap::{Parser, Subcommand};
 use sim::scenario::{self, Scenario};
 use std::path::{Path, PathBuf};
@@ -33,7 +36,8 @@ use std::process::ExitCode;
 #[command(
     name = "trainsim",
     version,
-    about = "Simulate distributed training of large neural networks before spending a GPU-hour"
+    about = "Simulate distributed training of large neural networks before spending a GPU-hour",
+    after_help = "The scenario format: docs/scenario.md. The JSON reports: docs/report.md. Built-in presets: trainsim presets."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -44,9 +48,9 @@ struct Cli {
 enum Command {
     /// Simulate one training iteration of a scenario file.
     Simulate {
-        /// The scenario (JSON; see shared/SCENARIO.md).
+        /// The scenario (JSON; every key is in docs/scenario.md).
         scenario: PathBuf,
-        /// Print the report as one JSON object.
+        /// Print the report as one JSON object (keys in docs/report.md).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -74,14 +78,18 @@ enum Command {
     },
     /// Run a scenario's lowered plan on real devices and measure it.
     Replay {
+        /// The scenario (JSON; docs/scenario.md).
         scenario: PathBuf,
         /// cpu (worker threads of this machine), cuda, or torch.
         #[arg(long, default_value = "cpu")]
         backend: String,
+        /// Unmeasured runs before the measured ones.
         #[arg(long, default_value_t = 1)]
         warmup: u32,
+        /// Measured runs (the report gives their median).
         #[arg(long, default_value_t = 3)]
         repeats: u32,
+        /// Print the measurement as one JSON object (docs/report.md).
         #[arg(long)]
         json: bool,
         /// Write the measured timeline as a Chrome/Perfetto trace.
@@ -94,18 +102,23 @@ enum Command {
     /// Time one real GPT block (PyTorch autograd, forward + backward) at the scenario's sizes
     /// against the simulator's prediction for one layer (needs --features torch).
     TorchBlock {
+        /// The scenario (JSON; docs/scenario.md): its model width, heads, sequence and micro-batch.
         scenario: PathBuf,
         #[command(flatten)]
         profile: exec::ProfileArgs,
+        /// Unmeasured runs before the measured ones.
         #[arg(long, default_value_t = 2)]
         warmup: u32,
+        /// Measured runs.
         #[arg(long, default_value_t = 5)]
         repeats: u32,
+        /// Print the comparison as one JSON object (docs/report.md).
         #[arg(long)]
         json: bool,
     },
     /// Microbenchmark a device and write a calibration profile (profile.json + README.md).
     Calibrate {
+        /// cpu (worker threads of this machine), cuda, or torch.
         #[arg(long, default_value = "cpu")]
         backend: String,
         /// Folder for the profile, e.g. traces/2026-11-22-cpu/.
@@ -117,15 +130,20 @@ enum Command {
     },
     /// Predict, replay, and compare per op kind and per iteration.
     Validate {
+        /// The scenario (JSON; docs/scenario.md).
         scenario: PathBuf,
+        /// cpu (worker threads of this machine), cuda, or torch.
         #[arg(long, default_value = "cpu")]
         backend: String,
         #[command(flatten)]
         profile: exec::ProfileArgs,
+        /// Unmeasured runs before the measured ones.
         #[arg(long, default_value_t = 1)]
         warmup: u32,
+        /// Measured runs (the report gives their median).
         #[arg(long, default_value_t = 3)]
         repeats: u32,
+        /// Print the comparison as one JSON object (docs/report.md).
         #[arg(long)]
         json: bool,
         /// Draw predicted vs measured (.png or .svg).
@@ -134,31 +152,40 @@ enum Command {
     },
     /// TeraPipe's token-slicing optimiser on a scenario: the candidate t_max values and the optimum.
     Slices {
+        /// The scenario (JSON; docs/scenario.md).
         scenario: PathBuf,
         /// Tokens per slicing unit (default: the scenario's token_granularity, else 8).
         #[arg(long)]
         granularity: Option<u32>,
+        /// Print the optimiser's result as one JSON object (docs/report.md).
         #[arg(long)]
         json: bool,
     },
     /// Draw a chart from a CSV (first column on x): grouped bars, or lines with --lines.
     Plot {
+        /// The data: a CSV with a header row; the first column is the x axis.
         csv: PathBuf,
-        /// Columns to draw.
+        /// Columns to draw, comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
         y: Vec<String>,
+        /// Draw lines instead of grouped bars.
         #[arg(long)]
         lines: bool,
+        /// Title above the chart.
         #[arg(long, default_value = "")]
         title: String,
+        /// Label of the y axis.
         #[arg(long, default_value = "")]
         y_label: String,
+        /// The chart to write (.png or .svg).
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
     /// Simulate a whole training run with freezing and elastic pipelines (PipeTransformer).
     TrainRun {
+        /// The scenario (JSON; docs/scenario.md), with "run" and optionally "plan.freeze".
         scenario: PathBuf,
+        /// Print the run as one JSON object (docs/report.md).
         #[arg(long)]
         json: bool,
         /// Write CSVs and plots (throughput, K and R per epoch, the speedup breakdown) here.
@@ -168,17 +195,22 @@ enum Command {
     /// Write a synthetic per-layer gradient-norm trace (epoch x layer) for plan.freeze's
     /// gradient policy: plausible, not measured (see policy::freeze::synthetic_trace).
     SyntheticTrace {
+        /// Layers of the model (one gradient norm per layer and epoch).
         #[arg(long)]
         layers: u32,
+        /// Epochs of the trace.
         #[arg(long)]
         epochs: u32,
+        /// Seed of the pseudo-random noise (the same seed gives the same trace).
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
     /// Pipeline partitions: each schedule and micro-batch size with its balanced partition,
     /// simulated, and the best (BaPipe's exploration).
     Partition {
+        /// The scenario (JSON; docs/scenario.md).
         scenario: PathBuf,
+        /// Print every candidate and the best as one JSON object (docs/report.md).
         #[arg(long)]
         json: bool,
         /// Write the best plan as a scenario file.
@@ -188,6 +220,7 @@ enum Command {
     /// The largest model of the scenario's family that fits, per memory policy (binary search
     /// on the simulated peak), with its throughput.
     Capacity {
+        /// The scenario (JSON; docs/scenario.md) whose transformer is grown.
         scenario: PathBuf,
         /// Which knob grows the model: hidden, layers or params (both).
         #[arg(long, default_value = "params")]
@@ -195,6 +228,7 @@ enum Command {
         /// Also sweep data parallelism over these GPU counts (one node) for plots.
         #[arg(long, value_delimiter = ',')]
         gpus: Vec<u32>,
+        /// Print the result as one JSON object (docs/report.md).
         #[arg(long)]
         json: bool,
         /// Write CSVs and plots (max model vs GPUs) here.
@@ -203,6 +237,7 @@ enum Command {
     },
     /// List every built-in device, link, node and workload preset.
     Presets {
+        /// Print every preset with all its numbers and sources as one JSON object.
         #[arg(long)]
         json: bool,
     },

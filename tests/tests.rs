@@ -3,8 +3,10 @@
 // Helpers shared by the modules: running the CLI, temporary folders, scenario builders.
 mod util;
 
-// The example scenarios, the report keys and the CLI's error behaviour (shared/SCENARIO.md).
+// The example scenarios, the report keys and the CLI's error behaviour (docs/, and the contract's examples).
 mod contract;
+// The user's reference (docs/) against the parser, the schema and the reports.
+mod docs;
 // The executor: CPU replay, calibration and validation through the CLI, the CUDA error path.
 mod executor;
 // Training runs with freezing and elastic pipelines (PipeTransformer).

@@ -111,7 +111,7 @@ fn gpt_layer_gemm_flops() {
 }
 
 /// Per-layer activation bytes against Korthikanti et al. 2022 (16-bit activations, 1-byte
-/// dropout masks), `shared/reference/activation_memory_korthikanti2022.json`.
+/// dropout masks), `docs/reference/activation_memory_korthikanti2022.json`.
 #[test]
 fn layer_activation_memory_matches_korthikanti() {
     // 22B, 175B, 530B and 1T of Table 3, and two small ones.

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Predict every A100 record of shared/reference/fsdp_llmfoundry_a100.json (MosaicML llm-foundry,
-PyTorch FSDP) and print predicted against measured MFU.
+"""Predict every A100 record of data/fsdp_llmfoundry_a100.json (MosaicML llm-foundry, PyTorch
+FSDP; the file names its source) and print predicted against measured MFU.
 
 Usage, from the repository root after cargo build --release:
     experiments/validation/fsdp_a100.py flash    # or: naive
 """
 import json, os, subprocess, sys, tempfile
 tmp = os.path.join(tempfile.mkdtemp(), "s.json")
-recs=json.load(open(os.path.join(os.path.dirname(__file__), '../../../shared/reference/fsdp_llmfoundry_a100.json')))['records']
+recs=json.load(open(os.path.join(os.path.dirname(__file__), 'data', 'fsdp_llmfoundry_a100.json')))['records']
 cfg={'125m':(12,768),'350m':(24,1024),'760m':(24,1536),'1b':(24,2048),'3b':(32,2560),'7b':(32,4096),'13b':(40,5120),'30b':(48,7168),'70b':(80,8192)}
 attn=sys.argv[1]
 errs=[]

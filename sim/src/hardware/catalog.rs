@@ -11,7 +11,7 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 const GB: f64 = 1e9;
 const T: f64 = 1e12;
 
-const SPECS: &str = "shared/reference/hardware_specs.json";
+const SPECS: &str = "docs/reference/hardware_specs.json";
 
 fn gpu(
     name: &str,
@@ -175,7 +175,7 @@ fn link(name: &str, bandwidth: f64, latency_s: f64, efficiency: f64, source: &st
 /// Every link preset. Bandwidths per direction; an NVLink entry is a GPU's whole NVLink port
 /// (all its links) to the NVSwitch or mesh.
 pub fn links() -> Vec<LinkSpec> {
-    let nccl = "shared/reference/nccl_measurements.json";
+    let nccl = "docs/reference/nccl_measurements.json";
     vec![
         // 6 links x 25 GB/s. Efficiency as measured on A100/H100 NVLink by NCCL (~80%).
         link("nvlink2", 150.0 * GB, 2e-6, 0.8, "V100 datasheet; NCCL per-step latency ~2 us (nccl-tests #123)"),

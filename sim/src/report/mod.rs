@@ -1,5 +1,5 @@
 //! The report: the numbers a user asks for, from a run. Its JSON form is the public
-//! contract of `shared/SCENARIO.md`; keys carry their units.
+//! contract documented in `docs/report.md`; keys carry their units.
 
 pub mod memory;
 pub mod perfetto;

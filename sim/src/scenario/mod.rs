@@ -1,11 +1,15 @@
 //! The scenario file: raw JSON in, a validated [`Scenario`] out.
 //!
 //! This is the one place input is checked. Every error names the key path, the value and
-//! what is allowed (see `shared/SCENARIO.md`); keys that name features still to come give a
+//! what is allowed (every key is in `docs/scenario.md`); keys that name features still to come give a
 //! "not supported yet" error. Files the scenario points to (a Hugging Face `config.json`)
 //! are read by the caller through the `load` function, so this module does no I/O.
 
+pub mod keys;
 pub mod reader;
+pub mod suggest;
+#[cfg(test)]
+mod tests;
 
 use crate::hardware::{
     ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, LinkSpec, NodeSpec, PeakFlops, Precision, catalog,
@@ -17,6 +21,7 @@ use reader::{Obj, invalid, show};
 pub use reader::{Result, ScenarioError};
 use serde::Serialize;
 use serde_json::Value;
+use suggest::did_you_mean;
 
 /// How the engine models the interconnect and which devices it simulates.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -232,11 +237,11 @@ pub fn parse(text: &str, load: &dyn Fn(&str) -> std::result::Result<String, Stri
 
 pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Scenario> {
     let root = Obj::new(v, "")?;
-    root.only(&["name", "description", "workload", "cluster", "training", "plan", "simulation", "run"])?;
+    root.only(keys::ROOT)?;
     let run = match root.obj("run")? {
         None => None,
         Some(r) => {
-            r.only(&["dataset_samples", "epochs"])?;
+            r.only(keys::RUN)?;
             let samples = match r.get("dataset_samples") {
                 Some(v) => v.as_u64().filter(|n| *n > 0).ok_or_else(|| {
                     invalid(&r.key("dataset_samples"), format!("expected a positive integer, got {}", show(v)))
@@ -309,7 +314,7 @@ fn check_fp8(cluster: &ClusterSpec, training: &Training) -> Result<()> {
 fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
     let mut opts = SimOptions::default();
     if let Some(o) = o {
-        o.only(&["network", "symmetry", "framework_overhead_bytes", "host_op_s", "memory_headroom"])?;
+        o.only(keys::SIMULATION)?;
         if let Some(h) = o.non_negative("memory_headroom")? {
             if h >= 0.9 {
                 return Err(invalid(
@@ -336,7 +341,7 @@ fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
 }
 
 fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Workload> {
-    o.only(&["preset", "transformer", "hf_config", "name"])?;
+    o.only(keys::WORKLOAD)?;
     let given = ["preset", "transformer", "hf_config"].iter().filter(|k| o.has(k)).count();
     if given != 1 {
         return Err(invalid(&o.path, "give exactly one of: preset, transformer, hf_config"));
@@ -345,7 +350,11 @@ fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result<String, St
         return workload::catalog::workload(p).ok_or_else(|| {
             invalid(
                 &o.key("preset"),
-                format!("\"{p}\" is not a workload preset; presets: {}", workload::catalog::names().join(", ")),
+                format!(
+                    "\"{p}\" is not a workload preset{}; presets: {}",
+                    did_you_mean(p, workload::catalog::names()),
+                    workload::catalog::names().join(", ")
+                ),
             )
         });
     }
@@ -364,21 +373,7 @@ fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result<String, St
         return workload::hf::parse(name, &text).map_err(|e| invalid(&o.key("hf_config"), format!("\"{path}\": {e}")));
     }
     let t = o.req("transformer", Obj::obj)?;
-    t.only(&[
-        "layers",
-        "hidden",
-        "heads",
-        "vocab",
-        "ffn_hidden",
-        "kv_heads",
-        "causal",
-        "max_positions",
-        "mlp",
-        "norm",
-        "bias",
-        "dropout",
-        "tied_embeddings",
-    ])?;
+    t.only(keys::TRANSFORMER)?;
     let layers = t.req("layers", Obj::uint)?;
     let hidden = t.req("hidden", Obj::uint)?;
     let heads = t.req("heads", Obj::uint)?;
@@ -404,14 +399,14 @@ fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result<String, St
         cfg.kv_heads = kv;
     }
     use workload::transformer::{Mlp, Norm};
-    if let Some(m) = t.choice("mlp", &["gelu", "swiglu"], |s| match s {
+    if let Some(m) = t.choice("mlp", keys::MLP, |s| match s {
         "gelu" => Some(Mlp::Gelu),
         "swiglu" => Some(Mlp::SwiGlu),
         _ => None,
     })? {
         cfg.mlp = m;
     }
-    if let Some(n) = t.choice("norm", &["layernorm", "rmsnorm"], |s| match s {
+    if let Some(n) = t.choice("norm", keys::NORM, |s| match s {
         "layernorm" => Some(Norm::LayerNorm),
         "rmsnorm" => Some(Norm::RmsNorm),
         _ => None,
@@ -430,11 +425,12 @@ fn parse_link(v: &Value, path: &str) -> Result<LinkSpec> {
     if let Value::String(name) = v {
         return catalog::link_preset(name).ok_or_else(|| {
             let names: Vec<String> = catalog::links().into_iter().map(|l| l.name).collect();
-            invalid(path, format!("\"{name}\" is not a link preset; presets: {}", names.join(", ")))
+            let hint = did_you_mean(name, names.iter().map(String::as_str));
+            invalid(path, format!("\"{name}\" is not a link preset{hint}; presets: {}", names.join(", ")))
         });
     }
     let o = Obj::new(v, path)?;
-    o.only(&["name", "preset", "bandwidth_bytes_per_s", "latency_s", "efficiency"])?;
+    o.only(keys::LINK)?;
     let mut link = match o.string("preset")? {
         Some(p) => parse_link(&Value::String(p.into()), &o.key("preset"))?,
         None => LinkSpec {
@@ -464,27 +460,12 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
     if let Value::String(name) = v {
         return catalog::device(name).ok_or_else(|| {
             let names: Vec<String> = catalog::devices().into_iter().map(|d| d.name).collect();
-            invalid(path, format!("\"{name}\" is not a device preset; presets: {}", names.join(", ")))
+            let hint = did_you_mean(name, names.iter().map(String::as_str));
+            invalid(path, format!("\"{name}\" is not a device preset{hint}; presets: {}", names.join(", ")))
         });
     }
     let o = Obj::new(v, path)?;
-    o.only(&[
-        "name",
-        "preset",
-        "kind",
-        "peak_flops",
-        "hbm_bytes",
-        "mem_bandwidth_bytes_per_s",
-        "compute_units",
-        "gemm_efficiency",
-        "mem_efficiency",
-        "kernel_launch_s",
-        "dsp_count",
-        "clock_hz",
-        "ops_per_dsp_per_cycle",
-        "sram_bytes",
-        "op_efficiency",
-    ])?;
+    o.only(keys::DEVICE)?;
     let mut d = match o.string("preset")? {
         Some(p) => parse_device(&Value::String(p.into()), &o.key("preset"))?,
         None => DeviceSpec {
@@ -502,7 +483,7 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
             source: "scenario file".into(),
         },
     };
-    if let Some(k) = o.choice("kind", &["gpu", "fpga", "cpu"], |s| match s {
+    if let Some(k) = o.choice("kind", keys::DEVICE_KINDS, |s| match s {
         "gpu" => Some(DeviceKind::Gpu),
         "fpga" => Some(DeviceKind::Fpga),
         "cpu" => Some(DeviceKind::Cpu),
@@ -530,7 +511,7 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
         }
         Some(_) => {
             let po = o.req("peak_flops", Obj::obj)?;
-            po.only(&["fp32", "fp16", "bf16", "fp8"])?;
+            po.only(keys::PEAK_FLOPS)?;
             d.peak_flops = PeakFlops {
                 fp32: po.positive("fp32")?,
                 fp16: po.positive("fp16")?,
@@ -580,11 +561,12 @@ fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
     if let Value::String(name) = v {
         return catalog::node_preset(name).ok_or_else(|| {
             let names: Vec<String> = catalog::nodes().into_iter().map(|n| n.name).collect();
-            invalid(path, format!("\"{name}\" is not a node preset; presets: {}", names.join(", ")))
+            let hint = did_you_mean(name, names.iter().map(String::as_str));
+            invalid(path, format!("\"{name}\" is not a node preset{hint}; presets: {}", names.join(", ")))
         });
     }
     let o = Obj::new(v, path)?;
-    o.only(&["name", "preset", "devices", "device", "intra_node", "nics", "nic", "host_dram_bytes", "pcie"])?;
+    o.only(keys::NODE)?;
     let mut n = match o.string("preset")? {
         Some(p) => parse_node(&Value::String(p.into()), &o.key("preset"))?,
         None => NodeSpec {
@@ -643,7 +625,7 @@ fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
 }
 
 fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
-    o.only(&["node", "nodes", "inter_node", "device_overrides"])?;
+    o.only(keys::CLUSTER)?;
     let node_v = o
         .get("node")
         .ok_or_else(|| invalid(&o.key("node"), "required key is missing (a node preset or a node description)"))?;
@@ -668,7 +650,7 @@ fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
         })?;
         for (i, it) in items.iter().enumerate() {
             let io = Obj::new(it, &format!("{key}[{i}]"))?;
-            io.only(&["devices", "device"])?;
+            io.only(keys::DEVICE_OVERRIDE)?;
             let range = io
                 .get("devices")
                 .and_then(Value::as_array)
@@ -694,7 +676,7 @@ fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
 }
 
 fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<Training> {
-    o.only(&["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "attention"])?;
+    o.only(keys::TRAINING)?;
     let global_batch = o.req("global_batch", Obj::uint)?;
     let micro_batch = o.uint("micro_batch")?.unwrap_or_else(|| {
         defaults.push("training.micro_batch = 1".into());
@@ -722,7 +704,7 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
             format!("{micro_batch} is larger than global_batch {global_batch}"),
         ));
     }
-    let flash_attention = match o.choice("attention", &["flash", "naive"], |s| match s {
+    let flash_attention = match o.choice("attention", keys::ATTENTION, |s| match s {
         "flash" => Some(true),
         "naive" => Some(false),
         _ => None,
@@ -752,7 +734,7 @@ fn parse_freeze(
             format!("freezing is modelled for transformers; \"{}\" is a network of distinct layers", w.name),
         ));
     }
-    f.only(&["policy", "alpha", "trace", "frozen_layers", "auto_pipe", "auto_dp", "auto_cache"])?;
+    f.only(keys::FREEZE)?;
     let layers = w.transformer.layers;
     let policy = match f.req("policy", Obj::string)? {
         "autofreeze" => {
@@ -797,7 +779,10 @@ fn parse_freeze(
         other => {
             return Err(invalid(
                 &f.key("policy"),
-                format!("\"{other}\" is not one of: autofreeze, gradient, schedule"),
+                format!(
+                    "\"{other}\" is not one of: autofreeze, gradient, schedule{}",
+                    did_you_mean(other, keys::FREEZE_POLICIES.iter().copied())
+                ),
             ));
         }
     };
@@ -841,7 +826,10 @@ fn parse_tp_mode(o: &Obj, tp: u32, dflt: &mut dyn FnMut(&str, &str)) -> Result<T
             Some(q) => TpMode::ThreeD { q },
             None => return Err(invalid(&o.key("tp"), format!("{tp} is not a cube; \"3d\" needs tp = q x q x q"))),
         },
-        Some(m) => return Err(invalid(&o.key("tp_mode"), format!("\"{m}\" is not one of: 1d, 2d, 2.5d, 3d"))),
+        Some(m) => {
+            let hint = did_you_mean(m, keys::TP_MODES.iter().copied());
+            return Err(invalid(&o.key("tp_mode"), format!("\"{m}\" is not one of: 1d, 2d, 2.5d, 3d{hint}")));
+        }
     };
     if o.has("tp_depth") && !matches!(mode, TpMode::TwoPointFiveD { .. }) {
         return Err(invalid(&o.key("tp_depth"), "only with \"tp_mode\": \"2.5d\""));
@@ -957,14 +945,15 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
                 return Err(invalid(
                     &key,
                     format!(
-                        "\"{other}\" is not one of: none, gemini, gemini-lru, const, zero-offload, zero-infinity, or an object {{\"optimizer\": tier, \"params\": tier}}"
+                        "\"{other}\" is not one of: none, gemini, gemini-lru, const, zero-offload, zero-infinity, or an object {{\"optimizer\": tier, \"params\": tier}}{}",
+                        did_you_mean(other, keys::OFFLOAD_POLICIES.iter().copied())
                     ),
                 ));
             }
         },
         Some(v) => {
             let oo = Obj::new(v, &key)?;
-            oo.only(&["optimizer", "params", "activations", "policy", "budget_bytes"])?;
+            oo.only(keys::OFFLOAD)?;
             if let Some(p) = oo.string("policy")? {
                 let budget = oo.positive("budget_bytes")?;
                 if oo.has("optimizer") || oo.has("params") {
@@ -983,7 +972,8 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
                     _ => Err(invalid(
                         &oo.key("policy"),
                         format!(
-                            "\"{p}\" is not one of: none, gemini, gemini-lru, const, zero-offload, zero-infinity (with zero_stage 3)"
+                            "\"{p}\" is not one of: none, gemini, gemini-lru, const, zero-offload, zero-infinity (with zero_stage 3){}",
+                            did_you_mean(p, keys::OFFLOAD_POLICIES.iter().copied())
                         ),
                     )),
                 };
@@ -1020,26 +1010,7 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
 }
 
 fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &mut Vec<String>) -> Result<Plan> {
-    o.only(&[
-        "dp",
-        "tp",
-        "pp",
-        "schedule",
-        "virtual_stages",
-        "tp_mode",
-        "tp_depth",
-        "sequence_parallel",
-        "zero_stage",
-        "recompute",
-        "offload",
-        "partition",
-        "token_slices",
-        "token_granularity",
-        "freeze",
-        "bucket_bytes",
-        "rank_order",
-        "p2p",
-    ])?;
+    o.only(keys::PLAN)?;
     let mut dflt = |k: &str, v: &str| defaults.push(format!("plan.{k} = {v}"));
     let dp = o.uint("dp")?.unwrap_or_else(|| {
         dflt("dp", "1");
@@ -1109,7 +1080,11 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             false
         }
         Some(v) => {
-            return Err(invalid(&sp_key, format!("{} is not one of: true, false, \"megatron\", \"ring\"", show(v))));
+            let hint = v.as_str().map(|x| did_you_mean(x, keys::SEQUENCE_PARALLEL.iter().copied())).unwrap_or_default();
+            return Err(invalid(
+                &sp_key,
+                format!("{} is not one of: true, false, \"megatron\", \"ring\"{hint}", show(v)),
+            ));
         }
     };
     if sequence_parallel && tp_mode != TpMode::OneD {
@@ -1128,7 +1103,7 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
     if !tf.heads.is_multiple_of(tp) && tp_mode != TpMode::Ring {
         return Err(invalid(&o.key("tp"), format!("{tp} does not divide the workload's {} attention heads", tf.heads)));
     }
-    let schedule = match o.choice("schedule", &["gpipe", "1f1b", "interleaved", "2bw", "flush"], parse_schedule)? {
+    let schedule = match o.choice("schedule", keys::SCHEDULES, parse_schedule)? {
         Some(s) => s,
         None => {
             dflt("schedule", "1f1b");
@@ -1258,8 +1233,9 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             return Err(invalid(
                 &o.key("partition"),
                 format!(
-                    "{} is not \"uniform\", \"balanced\", \"parameters\", \"explore\" or a list of layers per stage",
-                    show(v)
+                    "{} is not \"uniform\", \"balanced\", \"parameters\", \"explore\" or a list of layers per stage{}",
+                    show(v),
+                    v.as_str().map(|x| did_you_mean(x, keys::PARTITION_POLICIES.iter().copied())).unwrap_or_default()
                 ),
             ));
         }

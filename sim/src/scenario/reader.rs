@@ -1,6 +1,7 @@
 //! A JSON object reader that remembers where it is, so every error names its key path, the
 //! value found and what is allowed.
 
+use super::suggest::did_you_mean;
 use serde_json::{Map, Value};
 use std::fmt;
 
@@ -63,7 +64,14 @@ impl<'a> Obj<'a> {
     pub fn only(&self, allowed: &[&str]) -> Result<()> {
         for k in self.map.keys() {
             if !allowed.contains(&k.as_str()) {
-                return Err(invalid(&self.key(k), format!("unknown key; allowed here: {}", allowed.join(", "))));
+                return Err(invalid(
+                    &self.key(k),
+                    format!(
+                        "unknown key{}; allowed here: {}",
+                        did_you_mean(k, allowed.iter().copied()),
+                        allowed.join(", ")
+                    ),
+                ));
             }
         }
         Ok(())
@@ -156,9 +164,12 @@ impl<'a> Obj<'a> {
     pub fn choice<T>(&self, k: &str, names: &[&str], parse: impl Fn(&str) -> Option<T>) -> Result<Option<T>> {
         match self.string(k)? {
             None => Ok(None),
-            Some(s) => parse(s)
-                .map(Some)
-                .ok_or_else(|| invalid(&self.key(k), format!("\"{s}\" is not one of: {}", names.join(", ")))),
+            Some(s) => parse(s).map(Some).ok_or_else(|| {
+                invalid(
+                    &self.key(k),
+                    format!("\"{s}\" is not one of: {}{}", names.join(", "), did_you_mean(s, names.iter().copied())),
+                )
+            }),
         }
     }
 }

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Each op declares what it keeps for backward, following Korthikanti et al. 2022 (the
-//! breakdown in `shared/reference/activation_memory_korthikanti2022.json`): summed over a GPT
+//! breakdown in `docs/reference/activation_memory_korthikanti2022.json`): summed over a GPT
 //! layer this gives `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes.
 
 use super::{Axis, Comm, LayerOp, LayerShape, OpClass, OpSpec, Saved};

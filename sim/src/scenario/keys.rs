@@ -1,0 +1,134 @@
+//! The keys a scenario file may hold, per section: the one list the parser checks against
+//! (`Obj::only`), the user's reference (`docs/scenario.md`) and the JSON Schema
+//! (`docs/scenario.schema.json`) are tested against.
+//!
+//! A section is named as in the docs: a key path, with `[]` for a list item. A device, a link
+//! and a node may each appear at several places; they are documented once under `device`,
+//! `link` and `node`.
+
+/// The top level of a scenario file.
+pub const ROOT: &[&str] = &["name", "description", "workload", "cluster", "training", "plan", "simulation", "run"];
+
+/// `run`: a whole training run (`trainsim train-run`).
+pub const RUN: &[&str] = &["dataset_samples", "epochs"];
+
+/// `simulation`: how the engine models the run.
+pub const SIMULATION: &[&str] = &["network", "symmetry", "framework_overhead_bytes", "host_op_s", "memory_headroom"];
+
+/// `workload`: exactly one of `preset`, `transformer`, `hf_config`.
+pub const WORKLOAD: &[&str] = &["preset", "transformer", "hf_config", "name"];
+
+/// `workload.transformer`: a custom decoder or encoder stack.
+pub const TRANSFORMER: &[&str] = &[
+    "layers",
+    "hidden",
+    "heads",
+    "vocab",
+    "ffn_hidden",
+    "kv_heads",
+    "causal",
+    "max_positions",
+    "mlp",
+    "norm",
+    "bias",
+    "dropout",
+    "tied_embeddings",
+];
+
+/// A link given as an object (`intra_node`, `nic`, `pcie`, `cluster.inter_node`).
+pub const LINK: &[&str] = &["name", "preset", "bandwidth_bytes_per_s", "latency_s", "efficiency"];
+
+/// A device given as an object (`cluster.node.device`, `cluster.device_overrides[].device`).
+pub const DEVICE: &[&str] = &[
+    "name",
+    "preset",
+    "kind",
+    "peak_flops",
+    "hbm_bytes",
+    "mem_bandwidth_bytes_per_s",
+    "compute_units",
+    "gemm_efficiency",
+    "mem_efficiency",
+    "kernel_launch_s",
+    "dsp_count",
+    "clock_hz",
+    "ops_per_dsp_per_cycle",
+    "sram_bytes",
+    "op_efficiency",
+];
+
+/// A device's `peak_flops` given per precision.
+pub const PEAK_FLOPS: &[&str] = &["fp32", "fp16", "bf16", "fp8"];
+
+/// A node given as an object (`cluster.node`).
+pub const NODE: &[&str] =
+    &["name", "preset", "devices", "device", "intra_node", "nics", "nic", "host_dram_bytes", "pcie"];
+
+/// `cluster`.
+pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "device_overrides"];
+
+/// `cluster.device_overrides[]`: devices of another kind.
+pub const DEVICE_OVERRIDE: &[&str] = &["devices", "device"];
+
+/// `training`.
+pub const TRAINING: &[&str] = &["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "attention"];
+
+/// `plan`.
+pub const PLAN: &[&str] = &[
+    "dp",
+    "tp",
+    "pp",
+    "schedule",
+    "virtual_stages",
+    "tp_mode",
+    "tp_depth",
+    "sequence_parallel",
+    "zero_stage",
+    "recompute",
+    "offload",
+    "partition",
+    "token_slices",
+    "token_granularity",
+    "freeze",
+    "bucket_bytes",
+    "rank_order",
+    "p2p",
+];
+
+/// `plan.offload` given as an object.
+pub const OFFLOAD: &[&str] = &["optimizer", "params", "activations", "policy", "budget_bytes"];
+
+/// `plan.freeze`: a freezing policy over a training run.
+pub const FREEZE: &[&str] = &["policy", "alpha", "trace", "frozen_layers", "auto_pipe", "auto_dp", "auto_cache"];
+
+/// Every section with its keys, named as in `docs/scenario.md`.
+pub const SECTIONS: &[(&str, &[&str])] = &[
+    ("(top level)", ROOT),
+    ("workload", WORKLOAD),
+    ("workload.transformer", TRANSFORMER),
+    ("cluster", CLUSTER),
+    ("node", NODE),
+    ("device", DEVICE),
+    ("device.peak_flops", PEAK_FLOPS),
+    ("link", LINK),
+    ("cluster.device_overrides[]", DEVICE_OVERRIDE),
+    ("training", TRAINING),
+    ("plan", PLAN),
+    ("plan.offload", OFFLOAD),
+    ("plan.freeze", FREEZE),
+    ("run", RUN),
+    ("simulation", SIMULATION),
+];
+
+/// Values of string-valued keys that are a closed set, where the parser spells them out
+/// itself rather than through a type's `NAMES` (kept here so the docs test sees them).
+pub const SCHEDULES: &[&str] = &["gpipe", "1f1b", "interleaved", "2bw", "flush"];
+pub const TP_MODES: &[&str] = &["1d", "2d", "2.5d", "3d"];
+pub const ATTENTION: &[&str] = &["flash", "naive"];
+pub const MLP: &[&str] = &["gelu", "swiglu"];
+pub const NORM: &[&str] = &["layernorm", "rmsnorm"];
+pub const DEVICE_KINDS: &[&str] = &["gpu", "fpga", "cpu"];
+pub const PARTITION_POLICIES: &[&str] = &["uniform", "balanced", "parameters", "explore"];
+pub const OFFLOAD_POLICIES: &[&str] = &["none", "gemini", "gemini-lru", "const", "zero-offload", "zero-infinity"];
+pub const FREEZE_POLICIES: &[&str] = &["autofreeze", "gradient", "schedule"];
+pub const SEQUENCE_PARALLEL: &[&str] = &["megatron", "ring"];

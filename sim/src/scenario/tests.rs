@@ -1,0 +1,92 @@
+//! Error messages of the scenario parser: misspelled keys, presets and values get a
+//! "did you mean" suggestion; names far from every candidate get none.
+
+use super::parse;
+use serde_json::{Value, json};
+
+fn base() -> Value {
+    json!({
+        "workload": {"preset": "gpt3-1.3b"},
+        "cluster": {"node": "dgx-a100-80gb", "nodes": 1},
+        "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 1024},
+        "plan": {"dp": 2, "tp": 2, "pp": 2}
+    })
+}
+
+/// A change to the base scenario.
+type Edit = fn(&mut Value);
+
+/// The error for `base()` changed by `edit`.
+fn error(edit: impl Fn(&mut Value)) -> String {
+    let mut v = base();
+    edit(&mut v);
+    match parse(&v.to_string(), &|_| Err("no files".into())) {
+        Ok(_) => panic!("accepted: {v}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn the_base_scenario_is_valid() {
+    parse(&base().to_string(), &|_| Err("no files".into())).expect("valid");
+}
+
+#[test]
+fn misspelled_keys_get_a_suggestion_in_every_section() {
+    let cases: [(&str, Edit, &str); 6] = [
+        ("shedule", |v| v["plan"]["shedule"] = json!("gpipe"), "plan.shedule"),
+        ("micro_bach", |v| v["training"]["micro_bach"] = json!(1), "training.micro_bach"),
+        ("nodess", |v| v["cluster"]["nodess"] = json!(1), "cluster.nodess"),
+        ("tarining", |v| v["tarining"] = json!({}), "tarining"),
+        (
+            "hiden",
+            |v| {
+                v["workload"] =
+                    json!({"transformer": {"layers": 2, "hidden": 64, "hiden": 64, "heads": 2, "vocab": 10}})
+            },
+            "workload.transformer.hiden",
+        ),
+        ("symetry", |v| v["simulation"] = json!({"symetry": false}), "simulation.symetry"),
+    ];
+    let wanted = ["schedule", "micro_batch", "nodes", "training", "hidden", "symmetry"];
+    for ((word, edit, path), want) in cases.into_iter().zip(wanted) {
+        let e = error(edit);
+        assert!(e.contains(&format!("{path}: unknown key")), "{word}: {e}");
+        assert!(e.contains(&format!("did you mean `{want}`?")), "{word}: {e}");
+        assert!(e.contains("allowed here:"), "{word}: {e}");
+    }
+    // Far from every allowed key: no guess.
+    let e = error(|v| v["plan"]["colour"] = json!("red"));
+    assert!(e.contains("unknown key") && !e.contains("did you mean"), "{e}");
+}
+
+#[test]
+fn misspelled_presets_get_a_suggestion() {
+    let e = error(|v| v["workload"]["preset"] = json!("gpt3-1.3B"));
+    assert!(e.contains("workload.preset") && e.contains("did you mean `gpt3-1.3b`?"), "{e}");
+    let e = error(|v| v["cluster"]["node"] = json!("dgx-a100-80g"));
+    assert!(e.contains("cluster.node") && e.contains("did you mean `dgx-a100-80gb`?"), "{e}");
+    let e = error(|v| v["cluster"]["node"] = json!({"preset": "dgx-a100-80gb", "device": "h100-sxn"}));
+    assert!(e.contains("cluster.node.device") && e.contains("did you mean `h100-sxm`?"), "{e}");
+    let e = error(|v| v["cluster"]["inter_node"] = json!("ib-ndr2"));
+    assert!(e.contains("cluster.inter_node") && e.contains("did you mean `ib-ndr`?"), "{e}");
+    let e = error(|v| v["workload"]["preset"] = json!("my-own-model"));
+    assert!(e.contains("is not a workload preset") && !e.contains("did you mean"), "{e}");
+}
+
+#[test]
+fn misspelled_values_get_a_suggestion() {
+    let cases: [(Edit, &str, &str); 7] = [
+        (|v| v["plan"]["schedule"] = json!("1f1v"), "plan.schedule", "1f1b"),
+        (|v| v["plan"]["recompute"] = json!("ful"), "plan.recompute", "full"),
+        (|v| v["training"]["precision"] = json!("bf61"), "training.precision", "bf16"),
+        (|v| v["plan"]["tp_mode"] = json!("2.5"), "plan.tp_mode", "2.5d"),
+        (|v| v["plan"]["offload"] = json!("zero_offload"), "plan.offload", "zero-offload"),
+        (|v| v["plan"]["partition"] = json!("balance"), "plan.partition", "balanced"),
+        (|v| v["simulation"] = json!({"network": "fiar"}), "simulation.network", "fair"),
+    ];
+    for (edit, path, want) in cases {
+        let e = error(edit);
+        assert!(e.contains(path) && e.contains(&format!("did you mean `{want}`?")), "{path}: {e}");
+    }
+}
