@@ -133,7 +133,7 @@ struct Engine<'a> {
 /// so a stream of short kernels runs at the host's pace.
 pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host: &HostCosts, opts: RunOptions) -> RunResult {
     let nt = p.tasks.len();
-    let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams as u32).collect();
+    let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams).collect();
     for &(_, b) in &p.deps {
         remaining[b as usize] += 1;
     }

@@ -38,7 +38,7 @@ fn push(p: &mut Program, kind: TaskKind, payload: u32, streams: &[u32], mb: u32)
     let id = p.tasks.len() as u32;
     p.tasks.push(Task {
         kind,
-        streams: streams.len() as u8,
+        streams: streams.len() as u32,
         payload,
         label: 0,
         micro_batch: mb,

@@ -198,7 +198,7 @@ impl Builder {
         let id = self.p.tasks.len() as u32;
         self.p.tasks.push(Task {
             kind,
-            streams: streams.len() as u8,
+            streams: u32::try_from(streams.len()).expect("streams bounded by the device limit"),
             payload,
             label,
             micro_batch: mb,
