@@ -71,7 +71,7 @@ fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions, probe: bool) -> 
         // Say why there is nothing to run on before announcing a replay.
         b.open(0).map_err(|e| format!("replay on {backend}: {e}"))?;
     }
-    let sim_out = sim::simulate(s, false);
+    let sim_out = sim::try_simulate(s, false).map_err(|e| e.to_string())?;
     let before = if probe { reference_rate(b.as_ref()) } else { None };
     eprintln!(
         "replaying {} tasks on {} device(s) of backend {backend} ({} warm-up + {} measured runs)...",

@@ -11,6 +11,7 @@
 //! engine maps their links onto replica 0's mirror links.
 
 pub mod program;
+pub mod size;
 
 mod gemini;
 pub use program::*;

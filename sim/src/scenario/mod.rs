@@ -5,6 +5,7 @@
 //! "not supported yet" error. Files the scenario points to (a Hugging Face `config.json`)
 //! are read by the caller through the `load` function, so this module does no I/O.
 
+pub mod limits;
 pub mod reader;
 
 use crate::hardware::{
@@ -203,7 +204,7 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     let plan = parse_plan(&plan_obj, &workload, &cluster, &training, &mut defaults)?;
     let freeze = parse_freeze(&plan_obj, &workload, run.as_ref(), load)?;
     let options = parse_options(root.obj("simulation")?)?;
-    Ok(Scenario {
+    let scenario = Scenario {
         name,
         workload,
         cluster,
@@ -214,7 +215,9 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
         op_rates: Vec::new(),
         run,
         freeze,
-    })
+    };
+    limits::check(&scenario)?;
+    Ok(scenario)
 }
 
 fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
@@ -542,12 +545,15 @@ fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
         .ok_or_else(|| invalid(&o.key("node"), "required key is missing (a node preset or a node description)"))?;
     let mut node = parse_node(node_v, &o.key("node"))?;
     let nodes = o.req("nodes", Obj::uint)?;
+    limits::device_count(nodes, node.devices, &o.key("nodes"))?;
     if let Some(l) = o.get("inter_node") {
         node.nic = parse_link(l, &o.key("inter_node"))?;
         if let Some(k) =
             Obj::new(l, &o.key("inter_node")).ok().and_then(|lo| lo.map.get("nics").and_then(Value::as_u64))
         {
-            node.nics = k as u32;
+            node.nics = u32::try_from(k).ok().filter(|k| (1..=limits::MAX_NICS).contains(k)).ok_or_else(|| {
+                invalid(&format!("{}.nics", o.key("inter_node")), format!("{k}; allowed: 1 to {}", limits::MAX_NICS))
+            })?;
         }
     }
     let mut cluster = ClusterSpec::new(node, nodes);
@@ -597,8 +603,8 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
     if let Some(fixed) = w.fixed_seq_len()
         && fixed != seq_len
     {
-        defaults
-            .push(format!("training.seq_len = {fixed} (the workload's patches + class token; {seq_len} was given)"));
+        let why = if w.net.is_some() { "tokens per sample of the workload" } else { "the workload's patches + class token" };
+        defaults.push(format!("training.seq_len = {fixed} ({why}; {seq_len} was given)"));
         seq_len = fixed;
     }
     let precision = o.choice("precision", &Precision::NAMES, Precision::parse)?.unwrap_or_else(|| {
@@ -779,9 +785,21 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
             TokenSlices::Auto { granularity: g }
         }
         Value::Array(items) if items.iter().all(Value::is_u64) => {
-            let slices: Vec<u32> = items.iter().filter_map(Value::as_u64).map(|x| x as u32).collect();
+            let slices: Vec<u32> =
+                items.iter().filter_map(Value::as_u64).map(|x| u32::try_from(x).unwrap_or(u32::MAX)).collect();
             tokens_ok(&slices, &key)?;
             let n = per_replica / t.micro_batch;
+            if n as u64 * slices.len() as u64 > crate::lower::size::MAX_TASKS {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "{n} micro-batches x {} slices = {} units; allowed: at most {} (raise training.micro_batch or use longer slices)",
+                        slices.len(),
+                        n as u64 * slices.len() as u64,
+                        crate::lower::size::MAX_TASKS
+                    ),
+                ));
+            }
             TokenSlices::Explicit(vec![SlicedBatch { sequences: t.micro_batch, slices }; n as usize])
         }
         Value::Array(items) => {
@@ -790,17 +808,18 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
                 let path = format!("{key}[{i}]");
                 let pair = it.as_array().filter(|a| a.len() == 2);
                 let (Some(b), Some(sl)) =
-                    (pair.and_then(|a| a[0].as_u64()).filter(|b| *b > 0), pair.and_then(|a| a[1].as_array()))
+                    (pair.and_then(|a| a[0].as_u64()).filter(|b| (1..=u32::MAX as u64).contains(b)), pair.and_then(|a| a[1].as_array()))
                 else {
                     return Err(invalid(&path, format!("expected [sequences, [slice lengths]], got {}", show(it))));
                 };
-                let slices: Option<Vec<u32>> = sl.iter().map(|x| x.as_u64().map(|y| y as u32)).collect();
+                let slices: Option<Vec<u32>> =
+                    sl.iter().map(|x| x.as_u64().and_then(|y| u32::try_from(y).ok())).collect();
                 let slices = slices.ok_or_else(|| invalid(&path, "slice lengths must be positive integers"))?;
                 tokens_ok(&slices, &path)?;
                 subs.push(SlicedBatch { sequences: b as u32, slices });
             }
-            let total: u32 = subs.iter().map(|s| s.sequences).sum();
-            if total != per_replica {
+            let total: u64 = subs.iter().map(|s| s.sequences as u64).sum();
+            if total != per_replica as u64 {
                 return Err(invalid(
                     &key,
                     format!(
@@ -1141,9 +1160,10 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             Plan::uniform_partition(tf.layers, chunks)
         }
         Some(Value::Array(a)) => {
-            let layers: Option<Vec<u32>> = a.iter().map(|x| x.as_u64().filter(|n| *n >= 1).map(|n| n as u32)).collect();
+            let layers: Option<Vec<u32>> =
+                a.iter().map(|x| x.as_u64().filter(|n| *n >= 1).and_then(|n| u32::try_from(n).ok())).collect();
             match layers {
-                Some(l) if l.len() == chunks as usize && l.iter().sum::<u32>() == tf.layers => l,
+                Some(l) if l.len() == chunks as usize && l.iter().map(|&n| n as u64).sum::<u64>() == tf.layers as u64 => l,
                 _ => {
                     return Err(invalid(
                         &o.key("partition"),

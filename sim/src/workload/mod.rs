@@ -48,7 +48,9 @@ impl Workload {
     }
 
     /// Model FLOPs of one sample as the report's contract defines them (the MFU numerator):
-    /// 6 x parameters x tokens plus attention's 12 x layers x h x s per token. For a CNN this
+    /// 6 x parameters x tokens plus attention's 12 x layers x h x s per token, where the
+    /// parameters are those in matrix products ([`TransformerConfig::flop_parameters`]; a
+    /// net's tokens are its own, see [`Workload::fixed_seq_len`]). For a CNN this
     /// undercounts (convolutions reuse each weight at every pixel): see
     /// [`Workload::network_flops_per_sample`].
     pub fn model_flops_per_sample(&self, seq_len: u32) -> f64 {
@@ -67,9 +69,13 @@ impl Workload {
         }
     }
 
-    /// Sequence length the workload imposes (ViT: patches + class token), if any.
+    /// Sequence length the workload imposes (ViT: patches + class token; a net: its tokens
+    /// per sample, one per image), if any.
     pub fn fixed_seq_len(&self) -> Option<u32> {
-        self.transformer.fixed_seq_len()
+        match &self.net {
+            Some(n) => Some(n.tokens_per_sample()),
+            None => self.transformer.fixed_seq_len(),
+        }
     }
 }
 
