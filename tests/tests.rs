@@ -21,3 +21,6 @@ mod partition;
 mod report;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
 mod workload;
+// Inputs that once crashed or gave impossible numbers (tests/data/regressions): each ends in a
+// clear error or a physically possible report.
+mod regressions;

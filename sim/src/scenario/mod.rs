@@ -1210,7 +1210,8 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         ));
     }
     let shape = ScheduleShape { stages: pp, micro_batches, virtual_stages };
-    if let Err(e) = schedule::table(schedule, shape) {
+    // Validation only: the table itself holds 2 x micro-batches steps per stage.
+    if let Err(e) = schedule::validate(schedule, shape) {
         return Err(invalid(
             &o.key("schedule"),
             format!("{e} (micro-batches per replica = global_batch / (dp x micro_batch) = {micro_batches})"),
