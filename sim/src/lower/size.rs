@@ -65,16 +65,14 @@ impl ProgramSize {
 }
 
 /// Units each replica pipelines, without building them (see `Plan::units`). With `auto`
-/// token slicing, the most the optimiser can choose: one slice per granule of every sequence.
+/// token slicing, the fewest the optimiser can choose (one whole sequence each): the slices it
+/// does choose are sized again, exactly, before they are lowered.
 fn units(s: &Scenario) -> u64 {
     let plan = &s.plan;
     match &plan.token_slices {
         None => plan.micro_batches as u64,
         Some(TokenSlices::Explicit(subs)) => subs.iter().map(|sb| sb.slices.len() as u64).sum(),
-        Some(TokenSlices::Auto { granularity }) => {
-            let per_replica = (s.training.global_batch / plan.dp.max(1)) as u64;
-            per_replica * (plan.seq_len as u64).div_ceil((*granularity).max(1) as u64)
-        }
+        Some(TokenSlices::Auto { .. }) => (s.training.global_batch / plan.dp.max(1)) as u64,
     }
 }
 

@@ -138,7 +138,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let plan = &s.plan;
     let iteration_s = r.iteration_ns as f64 * 1e-9;
     let devices = plan.devices();
-    let model_flops = s.training.global_batch as f64 * s.workload.model_flops_per_sample(plan.seq_len);
+    let model_flops = s.training.global_batch as f64 * s.workload.trained_flops_per_sample(plan.seq_len, &plan.frozen);
     let network_flops = s.training.global_batch as f64 * s.workload.network_flops_per_sample(plan.seq_len);
     // Peak of the whole cluster (devices may differ).
     let cluster_peak: f64 = (0..devices).map(|d| s.cluster.device_of(d).peak_flops.at(plan.precision)).sum();
