@@ -144,7 +144,7 @@ fn run_replay(
         // Say why there is nothing to run on before announcing a replay.
         b.open(0).map_err(|e| format!("replay on {backend}: {e}"))?;
     }
-    let sim_out = sim::simulate(s, false);
+    let sim_out = sim::try_simulate(s, false).map_err(|e| e.to_string())?;
     if let Some(est) = replay_estimate_s(s, &sim_out, b.as_ref(), opts.warmup + opts.repeats)
         && est > max_s
     {

@@ -374,8 +374,9 @@ fn simulate(
         s.plan.devices(),
         if record { ", recording every span" } else { "" }
     ));
-    let out = sim::simulate(&s, record);
+    let out = sim::try_simulate(&s, record);
     progress.finish_and_clear();
+    let out = out.map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(t) = trace {
         if let Some(note) = &trace_note {
             eprintln!("{note}");
@@ -663,6 +664,13 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
     if g == 0 || g > s.plan.seq_len {
         return Err(format!("--granularity: {g} must be between 1 and seq_len {}", s.plan.seq_len));
     }
+    let problem = sim::policy::token_slicing::SliceProblem {
+        seq_len: s.plan.seq_len,
+        batch: s.training.global_batch / s.plan.dp,
+        stages: s.plan.pp,
+        granularity: g,
+    };
+    problem.check_size().map_err(|e| format!("{}: {e}", path.display()))?;
     let p = sim::choose_token_slices(&s, g);
     if json {
         println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);

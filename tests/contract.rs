@@ -63,7 +63,7 @@ fn check_report(path: &Path, r: &Value) {
     assert_eq!(r["devices"].as_u64(), Some(devices as u64), "devices");
     let tf = &scen.workload.transformer;
     let (l, h) = (tf.layers as f64, tf.hidden as f64);
-    let per_sample = 6.0 * scen.workload.parameters() * seq_len + 12.0 * l * h * seq_len * seq_len;
+    let per_sample = 6.0 * scen.workload.flop_parameters() * seq_len + 12.0 * l * h * seq_len * seq_len;
     let model_flops = num(r, "/model_flops_per_iteration");
     assert_close(model_flops, global_batch * per_sample, 1e-9, "model_flops_per_iteration");
     let peak = scen.cluster.node.device.peak_flops.at(scen.training.precision);

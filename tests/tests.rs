@@ -27,3 +27,6 @@ mod honest;
 mod outputs;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
 mod workload;
+// Inputs that once crashed or gave impossible numbers (tests/data/regressions): each ends in a
+// clear error or a physically possible report.
+mod regressions;

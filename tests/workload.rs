@@ -168,8 +168,21 @@ fn model_flops_per_sample() {
         for s in [512u32, 2048, 4096] {
             let sf = s as f64;
             let (l, h) = (tf.layers as f64, tf.hidden as f64);
-            let want = 6.0 * tf.parameters() * sf + 12.0 * l * h * sf * sf;
+            let want = 6.0 * tf.flop_parameters() * sf + 12.0 * l * h * sf * sf;
             assert_close(tf.model_flops_per_sample(s), want, 1e-12, &format!("{name} s={s}"));
+        }
+        // Lookup tables are not matrix products: a longer position table, or an input
+        // embedding untied from the head, leaves the model FLOPs as they were.
+        use sim::workload::transformer::Input;
+        let mut long = tf.clone();
+        if let Input::Tokens { token_types, .. } = tf.input {
+            long.input = Input::Tokens { positions: 1_000_000, token_types };
+        }
+        let mut untied = tf.clone();
+        untied.tied_embeddings = !tf.tied_embeddings;
+        for (what, other) in [("a million positions", long), ("the embedding (un)tied", untied)] {
+            assert_close(other.model_flops_per_sample(2048), tf.model_flops_per_sample(2048), 1e-12, &format!("{name} with {what}"));
+            assert!(other.parameters() != tf.parameters(), "{name} with {what}: the parameters did change");
         }
     }
     // Korthikanti et al. eq. 7 (per sample): 72Lsh^2 (1 + s/(6h) + v/(12hL)), which ignores

@@ -33,7 +33,7 @@ fn gpt3_175b(c: &mut Criterion) {
     let host = sim::host_issue_ns(&s, &program);
     let opts = sim::run_options(&s, false);
     g.bench_function("engine", |b| {
-        b.iter(|| black_box(sim::engine::run(&program, &topo, &op_ns, &host, opts).iteration_ns))
+        b.iter(|| black_box(sim::engine::run(&program, &topo, &op_ns, &host, opts).expect("runs").iteration_ns))
     });
     g.finish();
 }

@@ -31,6 +31,44 @@ pub struct Simulation {
     pub timeline: report::timeline::Timeline,
 }
 
+/// Why a simulation has no report.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SimError {
+    /// The lowered program would exceed `lower::size::MAX_TASKS`: the key to change and why.
+    TooLarge { key: &'static str, message: String },
+    /// The engine stopped (the clock's range, the event queue's).
+    Run(engine::RunError),
+    /// The report broke a physical bound (`Report::check_invariants`): a modelling error.
+    Impossible(String),
+}
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SimError::TooLarge { key, message } => write!(f, "plan too large to simulate: {key}: {message}"),
+            SimError::Run(e) => write!(f, "cannot simulate: {e}"),
+            SimError::Impossible(e) => {
+                write!(f, "internal error: the simulated report is physically impossible ({e}); please report this scenario")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+/// Seconds as the engine's nanoseconds: past the clock's range (or not a number) it is
+/// `engine::MAX_TIME_NS`, which the engine refuses with an error instead of wrapping.
+pub fn duration_ns(seconds: f64) -> u64 {
+    let ns = (seconds * 1e9).round();
+    if ns.is_nan() || ns >= engine::MAX_TIME_NS as f64 {
+        engine::MAX_TIME_NS
+    } else if ns <= 0.0 {
+        0
+    } else {
+        ns as u64
+    }
+}
+
 /// Durations of a program's ops on the scenario's device, in nanoseconds.
 pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: Option<cost::Calibration>) -> Vec<u64> {
     let node = &s.cluster.node;
@@ -62,7 +100,7 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
             } else {
                 models[o.class as usize].op_s(&o.spec, o.backward)
             };
-            (seconds * 1e9).round() as u64
+            duration_ns(seconds)
         })
         .collect()
 }
@@ -75,7 +113,7 @@ pub fn host_issue_ns(s: &scenario::Scenario, p: &lower::Program) -> engine::Host
     if per_class.iter().all(|&h| h == 0.0) {
         return engine::HostCosts::default();
     }
-    let ns = |seconds: f64| (seconds * 1e9).round() as u64;
+    let ns = duration_ns;
     let per_op = p
         .ops
         .iter()
@@ -87,10 +125,27 @@ pub fn host_issue_ns(s: &scenario::Scenario, p: &lower::Program) -> engine::Host
 
 /// Simulate one training iteration. `record` keeps every span for traces and plots.
 ///
+/// Panics where [`try_simulate`] returns an error (a plan too large to lower, an iteration
+/// beyond the clock's range); commands that take a user's scenario call [`try_simulate`].
+pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
+    try_simulate(s, record).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Simulate one training iteration, or say why it cannot be. `record` keeps every span for
+/// traces and plots.
+///
 /// PipeDream-2BW never flushes its pipeline: batch k+1's micro-batches enter while batch k
 /// drains, and updates use double-buffered weights. Its steady-state iteration is measured
 /// as T(2m) - T(m): two runs of 1F1B without a flush, of 2m and m micro-batches.
-pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
+pub fn try_simulate(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
+    let sim = dispatch(s, record)?;
+    // A report outside the physical bounds is a modelling error: refuse it rather than print it.
+    sim.report.check_invariants().map_err(SimError::Impossible)?;
+    Ok(sim)
+}
+
+/// The simulation of the scenario's plan: its policies resolved, then the schedule's way.
+fn dispatch(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
     if s.plan.partition_policy == Some(plan::PartitionPolicy::Explore) {
         // BaPipe: take the fastest fitting (schedule, micro-batch, balanced partition).
         let e = partition::explore(s);
@@ -102,7 +157,7 @@ pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
             r.training.micro_batch = best.micro_batch;
             r.plan.micro_batches = best.micro_batches;
         }
-        return simulate(&r, record);
+        return try_simulate(&r, record);
     }
     if s.plan.partition_policy.is_some() {
         // Resolve the partition policy first; with no fitting partition the uniform one stays
@@ -112,7 +167,7 @@ pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
             r.plan.partition = parts;
         }
         r.plan.partition_policy = None;
-        return simulate(&r, record);
+        return try_simulate(&r, record);
     }
     if s.plan.token_slices.is_some() {
         return simulate_sliced(s, record);
@@ -138,7 +193,7 @@ pub fn choose_token_slices(s: &scenario::Scenario, granularity: u32) -> policy::
     policy::token_slicing::optimize(&problem, &cost)
 }
 
-fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Simulation {
+fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
     use plan::{SlicedBatch, TokenSlices};
     let mut sliced = s.clone();
     let mut chosen = None;
@@ -151,7 +206,7 @@ fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Simulation {
     }
     sliced.plan.schedule = schedule::ScheduleKind::GPipe;
     sliced.plan.micro_batches = sliced.plan.units().len() as u32;
-    let mut out = simulate_once(&sliced, record);
+    let mut out = simulate_once(&sliced, record)?;
     // The same pipeline without token slicing, as TeraPipe compares: whole sequences, with the
     // batch still split into sub-batches by the same optimiser (one unit per sequence).
     let mut plain = s.clone();
@@ -161,7 +216,7 @@ fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Simulation {
     ));
     plain.plan.schedule = schedule::ScheduleKind::GPipe;
     plain.plan.micro_batches = plain.plan.units().len() as u32;
-    let without = simulate_once(&plain, false).report.iteration_s;
+    let without = simulate_once(&plain, false)?.report.iteration_s;
     let Some(plan::TokenSlices::Explicit(subs)) = &sliced.plan.token_slices else { unreachable!("resolved above") };
     out.report.plan.schedule = "gpipe (token slices)";
     out.report.token_slicing = Some(report::TokenSlicing {
@@ -171,27 +226,43 @@ fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Simulation {
         estimated_latency_s: chosen.as_ref().map(|p| p.latency_s),
         t_max_s: chosen.as_ref().map(|p| p.t_max_s),
     });
-    out
+    Ok(out)
 }
 
-fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Simulation {
+fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
     let mut one = s.clone();
     one.plan.schedule = schedule::ScheduleKind::OneFOneB;
     let mut two = one.clone();
     two.plan.micro_batches *= 2;
-    let a = simulate_once(&one, false);
-    let mut b = simulate_once(&two, record);
-    let iteration_s = b.report.iteration_s - a.report.iteration_s;
+    let a = simulate_once(&one, false)?;
+    let mut b = simulate_once(&two, record)?;
+    // One batch's work on each stage: its m micro-batches and its optimizer step, which 2BW
+    // runs every batch (the m-micro-batch run holds exactly that). The steady state cannot
+    // turn over faster than its busiest stage works.
+    let busiest = a.report.stages.iter().map(|st| st.compute_busy_s).fold(0.0, f64::max);
+    let iteration_s = (b.report.iteration_s - a.report.iteration_s).max(busiest);
     let idle = |r: &report::Report| r.bubble_fraction * r.iteration_s;
     let extra_idle = idle(&b.report) - idle(&a.report);
+    let two_bubble: Vec<f64> = b.report.stages.iter().map(|st| st.bubble_s).collect();
     let r = &mut b.report;
     r.iteration_s = iteration_s;
     r.samples_per_s = s.training.global_batch as f64 / iteration_s;
     r.tokens_per_s = r.samples_per_s * s.plan.seq_len as f64;
     r.model_flops_per_iteration = a.report.model_flops_per_iteration;
+    r.compute_lower_bound_s = a.report.compute_lower_bound_s;
     r.mfu = a.report.mfu * a.report.iteration_s / iteration_s;
     r.model_flops_per_s_per_device = a.report.model_flops_per_s_per_device * a.report.iteration_s / iteration_s;
+    r.network_flops_utilization = a.report.network_flops_utilization * a.report.iteration_s / iteration_s;
     r.bubble_fraction = (extra_idle / iteration_s).clamp(0.0, 1.0);
+    // Per stage, one batch's share of the doubled run: its work, and the pipeline idle time
+    // the extra batch added (at most what the iteration leaves).
+    for (st, (one, two)) in r.stages.iter_mut().zip(a.report.stages.iter().zip(two_bubble)) {
+        st.compute_busy_s = one.compute_busy_s;
+        st.bubble_s = (two - one.bubble_s).clamp(0.0, iteration_s - one.compute_busy_s);
+    }
+    r.compute_idle_fraction = (1.0
+        - r.stages.iter().map(|st| st.compute_busy_s).sum::<f64>() / (r.stages.len().max(1) as f64 * iteration_s))
+        .clamp(0.0, 1.0);
     // Two weight versions (the shadow copy finishes in-flight micro-batches).
     let extra = r.memory_breakdown.weights;
     r.memory_breakdown.weights += extra;
@@ -204,7 +275,7 @@ fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Simulation {
     r.plan.schedule = "2bw";
     r.plan.micro_batches = s.plan.micro_batches;
     r.events += a.report.events;
-    b
+    Ok(b)
 }
 
 /// The engine's options for a scenario (`record`: keep every span for traces and plots).
@@ -212,21 +283,26 @@ pub fn run_options(s: &scenario::Scenario, record: bool) -> RunOptions {
     RunOptions {
         network: s.options.network,
         record,
-        collective_launch_ns: (s.cluster.node.device.kernel_launch_s * 1e9).round() as u64,
+        collective_launch_ns: duration_ns(s.cluster.node.device.kernel_launch_s),
     }
 }
 
-fn simulate_once(s: &scenario::Scenario, record: bool) -> Simulation {
+fn simulate_once(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
+    let size = lower::size::estimate(s, None);
+    if size.too_large() {
+        let (key, message) = size.explain();
+        return Err(SimError::TooLarge { key, message });
+    }
     let program = lower::lower(s);
     let topo = Topology::new(&s.cluster);
     let op_ns = op_durations_ns(s, &program, None);
     let host_ns = host_issue_ns(s, &program);
-    let mut result = engine::run(&program, &topo, &op_ns, &host_ns, run_options(s, record));
+    let mut result = engine::run(&program, &topo, &op_ns, &host_ns, run_options(s, record)).map_err(SimError::Run)?;
     let report = report::build(s, &program, &result);
     let mut timeline = std::mem::take(&mut result.timeline);
     timeline.static_hbm = program.static_memory.clone();
     timeline.static_host = program.host_memory.clone();
     timeline.hbm_capacity_bytes = s.cluster.node.device.hbm_bytes;
     timeline.host_capacity_bytes = s.cluster.node.host.dram_bytes / s.cluster.node.devices as f64;
-    Simulation { report, program, timeline }
+    Ok(Simulation { report, program, timeline })
 }

@@ -10,7 +10,7 @@ pub mod collective;
 pub mod queue;
 pub mod run;
 
-pub use run::{HostCosts, RunOptions, RunResult, run};
+pub use run::{HostCosts, MAX_TIME_NS, RunError, RunOptions, RunResult, run};
 
 /// Stores `value` in a free slot of `items` (or a new one) and returns its index.
 fn claim_slot<T>(items: &mut Vec<T>, free: &mut Vec<u32>, value: T) -> u32 {

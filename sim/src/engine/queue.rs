@@ -15,6 +15,10 @@ pub struct Event {
 
 /// Bits of a key below the sequence number: the slot of the event's payload.
 const SLOT_BITS: u32 = 24;
+/// Events pending at once (slots), and events pushed in all (sequence numbers), that a key
+/// can tell apart.
+const MAX_PENDING: usize = 1 << SLOT_BITS;
+const MAX_SEQUENCE: u64 = 1 << (64 - SLOT_BITS);
 
 #[derive(Default)]
 pub struct EventQueue {
@@ -27,6 +31,9 @@ pub struct EventQueue {
     seq: u64,
     now: u64,
     processed: u64,
+    /// A push found no room (more than 2^24 events pending, or 2^40 pushed): the event was
+    /// dropped and the run is invalid.
+    overflowed: bool,
 }
 
 impl EventQueue {
@@ -38,8 +45,12 @@ impl EventQueue {
     pub fn push(&mut self, time: u64, e: Event) {
         debug_assert!(time >= self.now, "event in the past");
         let packed = ((e.kind as u64) << 56) | ((e.id as u64) << 24) | (e.version as u64 & 0xff_ffff);
+        if self.payload.len() - self.free.len() >= MAX_PENDING || self.seq >= MAX_SEQUENCE {
+            // The key has no room for more: refuse (the engine stops with an error).
+            self.overflowed = true;
+            return;
+        }
         let slot = super::claim_slot(&mut self.payload, &mut self.free, packed);
-        assert!(slot < 1 << SLOT_BITS, "more than 2^24 events pending at once");
         let key = ((time as u128) << 64) | ((self.seq as u128) << SLOT_BITS) | slot as u128;
         self.heap.push(Reverse(key));
         self.seq += 1;
@@ -62,6 +73,11 @@ impl EventQueue {
                 version: (packed & 0xff_ffff) as u32,
             },
         ))
+    }
+
+    /// Whether a push was refused (see `overflowed`).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
     }
 
     pub fn now(&self) -> u64 {

@@ -16,6 +16,36 @@ pub struct RunOptions {
     pub collective_launch_ns: u64,
 }
 
+/// The latest time the engine's clock counts: 2^62 ns, about 146 years. A run that would go
+/// past it stops with [`RunError::TimeOverflow`] instead of wrapping.
+pub const MAX_TIME_NS: u64 = 1 << 62;
+
+/// Why a run stopped without a result.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunError {
+    /// A task, flow or latency would end after [`MAX_TIME_NS`].
+    TimeOverflow,
+    /// More events pending at once than the queue can tell apart.
+    TooManyEvents,
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::TimeOverflow => write!(
+                f,
+                "the simulated iteration would last longer than {:.0} years, beyond the simulator's clock; an op, link or latency is far too slow for this workload (check the device's peak_flops and bandwidths, and seq_len)",
+                MAX_TIME_NS as f64 * 1e-9 / (365.25 * 86400.0)
+            ),
+            RunError::TooManyEvents => {
+                write!(f, "more than 2^24 events pending at once; the plan is too large to simulate (use fewer devices or micro-batches)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
 /// The host issue model's costs (both empty: no host model).
 #[derive(Clone, Debug, Default)]
 pub struct HostCosts {
@@ -121,6 +151,8 @@ struct Engine<'a> {
     done_at: Vec<u64>,
     gate_start: Vec<u32>,
     gate: Vec<u32>,
+    /// A time went past [`MAX_TIME_NS`].
+    overflow: bool,
 }
 
 /// Run a program. `op_ns[i]` is the duration of `Program::ops[i]` on its device.
@@ -131,9 +163,15 @@ struct Engine<'a> {
 /// (a transfer) or a data-parallel collective the task depends on has completed, as
 /// frameworks synchronise there. A task starts when it is ready and its host has issued it,
 /// so a stream of short kernels runs at the host's pace.
-pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host: &HostCosts, opts: RunOptions) -> RunResult {
+pub fn run(
+    p: &Program,
+    topo: &Topology,
+    op_ns: &[u64],
+    host: &HostCosts,
+    opts: RunOptions,
+) -> Result<RunResult, RunError> {
     let nt = p.tasks.len();
-    let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams as u32).collect();
+    let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams).collect();
     for &(_, b) in &p.deps {
         remaining[b as usize] += 1;
     }
@@ -193,6 +231,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host: &HostCosts, opts: 
         done_at: vec![0; if host.is_empty() { 0 } else { nt }],
         gate_start,
         gate,
+        overflow: false,
     };
     e.res.timeline.devices = p.devices.clone();
     e.res.timeline.stages = p.stages.clone();
@@ -212,6 +251,15 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host: &HostCosts, opts: 
             _ => unreachable!("unknown event kind"),
         }
         e.drain_ready(now);
+        if e.overflow {
+            return Err(RunError::TimeOverflow);
+        }
+        if e.q.overflowed() {
+            return Err(RunError::TooManyEvents);
+        }
+    }
+    if e.overflow {
+        return Err(RunError::TimeOverflow);
     }
     let unfinished = e.pos.iter().zip(&p.streams).filter(|(pos, s)| (**pos as usize) < s.len()).count();
     assert_eq!(unfinished, 0, "deadlock: {unfinished} streams did not finish (a lowering bug)");
@@ -221,7 +269,7 @@ pub fn run(p: &Program, topo: &Topology, op_ns: &[u64], host: &HostCosts, opts: 
         e.res.compute_busy_ns[d] = e.stream_busy[d * STREAMS];
     }
     e.res.timeline.iteration_ns = e.res.iteration_ns;
-    e.res
+    Ok(e.res)
 }
 
 /// Compressed adjacency of `n` nodes from (from, to) pairs: the targets of node `i` are
@@ -244,6 +292,17 @@ fn adjacency(n: usize, pairs: impl Iterator<Item = (u32, u32)> + Clone) -> (Vec<
 }
 
 impl<'a> Engine<'a> {
+    /// `now + d`, or (past [`MAX_TIME_NS`]) the clock's end with the run marked overflowed.
+    fn after(&mut self, now: u64, d: u64) -> u64 {
+        match now.checked_add(d) {
+            Some(t) if t <= MAX_TIME_NS => t,
+            _ => {
+                self.overflow = true;
+                MAX_TIME_NS
+            }
+        }
+    }
+
     fn dec(&mut self, t: u32) {
         let r = &mut self.remaining[t as usize];
         *r -= 1;
@@ -343,7 +402,7 @@ impl<'a> Engine<'a> {
         self.for_streams(t, |e, s| {
             let d = Program::stream_device(s) as usize;
             let cost = op_cost.unwrap_or_else(|| e.host.per_collective.get(d).copied().unwrap_or(0));
-            let end = e.host_free[d].max(gate) + cost;
+            let end = e.after(e.host_free[d].max(gate), cost);
             e.host_free[d] = end;
             issued = issued.max(end);
         });
@@ -356,7 +415,7 @@ impl<'a> Engine<'a> {
         let task = self.p.tasks[t as usize];
         match task.kind {
             TaskKind::Compute => {
-                let end = now + self.op_ns[task.payload as usize];
+                let end = self.after(now, self.op_ns[task.payload as usize]);
                 self.q.push(end, Event { kind: TASK_END, id: t, version: 0 });
             }
             TaskKind::Transfer | TaskKind::Collective | TaskKind::HostCopy => {
@@ -371,8 +430,8 @@ impl<'a> Engine<'a> {
                 let a = Active { task: t, collective, step: 0, pending: 0 };
                 let slot = super::claim_slot(&mut self.active, &mut self.free_active, a);
                 let lat = self.step_latency(slot);
-                self.q
-                    .push(now + self.opts.collective_launch_ns + lat, Event { kind: STEP_START, id: slot, version: 0 });
+                let at = self.after(now, self.opts.collective_launch_ns.saturating_add(lat));
+                self.q.push(at, Event { kind: STEP_START, id: slot, version: 0 });
             }
         }
     }
@@ -479,9 +538,12 @@ impl<'a> Engine<'a> {
 
     fn push_changes(&mut self) {
         self.net.drain_changes(&mut self.changes);
-        for c in self.changes.drain(..) {
-            self.q.push(c.finish_ns, Event { kind: FLOW_END, id: c.id, version: c.version & VERSION_MASK });
+        for i in 0..self.changes.len() {
+            let c = self.changes[i];
+            let at = self.after(c.finish_ns, 0);
+            self.q.push(at, Event { kind: FLOW_END, id: c.id, version: c.version & VERSION_MASK });
         }
+        self.changes.clear();
     }
 
     fn step_start(&mut self, slot: u32, now: u64) {
@@ -535,7 +597,8 @@ impl<'a> Engine<'a> {
             && (a.step as usize) < self.expanded[a.collective as usize].as_ref().expect("expanded").steps.len();
         if more {
             let lat = self.step_latency(slot);
-            self.q.push(now + lat, Event { kind: STEP_START, id: slot, version: 0 });
+            let at = self.after(now, lat);
+            self.q.push(at, Event { kind: STEP_START, id: slot, version: 0 });
         } else {
             let t = a.task;
             self.free_active.push(slot);

@@ -38,7 +38,7 @@ fn push(p: &mut Program, kind: TaskKind, payload: u32, streams: &[u32], mb: u32)
     let id = p.tasks.len() as u32;
     p.tasks.push(Task {
         kind,
-        streams: streams.len() as u8,
+        streams: streams.len() as u32,
         payload,
         label: 0,
         micro_batch: mb,
@@ -62,7 +62,7 @@ fn lone_collective(kind: CollectiveKind, per_node: u32, nodes: u32, bytes: f64, 
     p.collectives.push(Collective { kind, members: (0..n).collect(), bytes });
     let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
     push(&mut p, TaskKind::Collective, 0, &streams, 0);
-    run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).iteration_ns
+    run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).expect("runs").iteration_ns
 }
 
 #[test]
@@ -109,11 +109,11 @@ fn concurrent_transfers_share_a_nic() {
         p.transfers.push(Transfer { source: s, target: t, bytes: 1e9 });
         push(&mut p, TaskKind::Transfer, i as u32, &[Program::stream_index(s, StreamKind::PipelineSend)], 0);
     }
-    let r = run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts());
+    let r = run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).expect("runs");
     assert_eq!(r.iteration_ns, 200_000_000);
     let mut ideal = opts();
     ideal.network = NetworkKind::Ideal;
-    assert_eq!(run(&p, &Topology::new(&c), &[], &HostCosts::default(), ideal).iteration_ns, 100_000_000);
+    assert_eq!(run(&p, &Topology::new(&c), &[], &HostCosts::default(), ideal).expect("runs").iteration_ns, 100_000_000);
 }
 
 /// A pipeline built straight from a schedule table: each (stage, step) one compute task of
@@ -150,7 +150,7 @@ fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResu
         }
     }
     let c = cluster(pp, 1, link(1e12, 0.0), link(1e12, 0.0));
-    run(&p, &Topology::new(&c), &op_ns, &HostCosts::default(), opts())
+    run(&p, &Topology::new(&c), &op_ns, &HostCosts::default(), opts()).expect("runs")
 }
 
 fn op() -> OpSpec {
@@ -224,7 +224,7 @@ fn host_chain(n: u32, gpu: u64, host: u64, recv: Option<f64>) -> u64 {
         let t = push(&mut p, TaskKind::Transfer, 0, &[Program::stream_index(1, StreamKind::PipelineSend)], 0);
         p.deps.push((t, first));
     }
-    run(&p, &Topology::new(&c), &[gpu], &HostCosts { per_op: vec![host], per_collective: vec![host; 2] }, opts())
+    run(&p, &Topology::new(&c), &[gpu], &HostCosts { per_op: vec![host], per_collective: vec![host; 2] }, opts()).expect("runs")
         .iteration_ns
 }
 
@@ -264,7 +264,7 @@ fn a_collective_waits_for_each_member_s_own_host() {
         p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: vec![0, 1], bytes: 1e3 });
         let streams: Vec<u32> = (0..2).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
         push(&mut p, TaskKind::Collective, 0, &streams, 0);
-        run(&p, &Topology::new(&c), &[0], &HostCosts { per_op: vec![0], per_collective }, opts()).iteration_ns
+        run(&p, &Topology::new(&c), &[0], &HostCosts { per_op: vec![0], per_collective }, opts()).expect("runs").iteration_ns
     };
     let free = run_with(vec![0, 0]);
     assert_eq!(run_with(vec![0, 50_000]), free + 50_000);
@@ -283,8 +283,43 @@ fn repeated_ring_steps_run_as_one_flow_per_pair() {
         p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: (0..n).collect(), bytes: 1e8 });
         let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
         push(&mut p, TaskKind::Collective, 0, &streams, 0);
-        run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).flows
+        run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).expect("runs").flows
     };
     assert_eq!(flows(8, 1), 8);
     assert_eq!(flows(2, 2), 12);
+}
+
+/// Two ops in a row, each a bit over half the clock's range: the run stops with an error
+/// instead of wrapping the time; one of them alone fits.
+#[test]
+fn a_run_past_the_clock_is_an_error_not_a_wrapped_time() {
+    let c = cluster(1, 1, link(1e12, 0.0), link(1e12, 0.0));
+    let half = MAX_TIME_NS / 2 + 1;
+    for (ops, want) in [(1usize, Ok(half)), (2, Err(RunError::TimeOverflow))] {
+        let mut p = empty_program(1);
+        p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0, class: 0 });
+        let s = Program::stream_index(0, StreamKind::Compute);
+        for _ in 0..ops {
+            push(&mut p, TaskKind::Compute, 0, &[s], 0);
+        }
+        let r = run(&p, &Topology::new(&c), &[half], &HostCosts::default(), opts()).map(|r| r.iteration_ns);
+        assert_eq!(r, want, "{ops} ops of {half} ns");
+    }
+    // A transfer over a link too slow for the clock saturates into the same error.
+    let slow = cluster(2, 1, link(1e-12, 0.0), link(1e-12, 0.0));
+    let mut p = empty_program(2);
+    p.transfers.push(Transfer { source: 0, target: 1, bytes: 1e9 });
+    push(&mut p, TaskKind::Transfer, 0, &[Program::stream_index(0, StreamKind::Compute)], 0);
+    assert_eq!(run(&p, &Topology::new(&slow), &[], &HostCosts::default(), opts()).err(), Some(RunError::TimeOverflow));
+}
+
+/// A collective over 256, 300 and 512 members (more than a u8 counts) completes, and takes
+/// longer with more members on the same links (a ring all-reduce's latency term grows).
+#[test]
+fn collectives_over_256_members_complete_and_grow_with_members() {
+    let times: Vec<u64> = [248u32, 256, 264, 512]
+        .iter()
+        .map(|&n| lone_collective(CollectiveKind::AllReduce, 8, n / 8, 1e6, link(1e11, 1e-6), link(1e10, 5e-6)))
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
 }

@@ -199,8 +199,10 @@ impl ClusterSpec {
         ClusterSpec { node, nodes, overrides: Vec::new() }
     }
 
+    /// Devices in the cluster; bounded when the scenario is read
+    /// (`scenario::limits::MAX_DEVICES`), so it fits a u32.
     pub fn device_count(&self) -> u32 {
-        self.node.devices * self.nodes
+        u32::try_from(self.node.devices as u64 * self.nodes as u64).expect("device count bounded at read time")
     }
 
     /// Device class of a device: 0 for the node's device, i + 1 for override i.

@@ -11,6 +11,7 @@
 //! engine maps their links onto replica 0's mirror links.
 
 pub mod program;
+pub mod size;
 
 mod gemini;
 pub use program::*;
@@ -198,7 +199,7 @@ impl Builder {
         let id = self.p.tasks.len() as u32;
         self.p.tasks.push(Task {
             kind,
-            streams: streams.len() as u8,
+            streams: u32::try_from(streams.len()).expect("streams bounded by the device limit"),
             payload,
             label,
             micro_batch: mb,

@@ -30,8 +30,9 @@ pub const STREAMS: usize = StreamKind::ALL.len();
 #[derive(Clone, Copy, Debug)]
 pub struct Task {
     pub kind: TaskKind,
-    /// Number of streams the task sits on.
-    pub streams: u8,
+    /// Number of streams the task sits on (a collective: one per simulated member, so as many
+    /// as the cluster has devices).
+    pub streams: u32,
     pub payload: u32,
     pub label: u32,
     pub micro_batch: u32,

@@ -77,7 +77,8 @@ fn finish_ns(now: u64, remaining: f64, rate: f64) -> u64 {
         return now;
     }
     let dt = (remaining / rate * 1e9).ceil();
-    now + dt as u64
+    // A float beyond u64 (or a zero rate) saturates: the engine refuses times past its clock.
+    now.saturating_add(dt as u64)
 }
 
 impl Network {

@@ -93,6 +93,21 @@ pub const DEFAULT_CANDIDATE_TOLERANCE: f64 = 1e-5;
 /// Batches up to this size consider every sub-batch size; larger ones `1..=8` and divisors.
 pub const ALL_SUB_BATCH_SIZES_UP_TO: u32 = 32;
 
+/// The most slice costs the optimiser tabulates (8 bytes each, plus the sort's copy).
+pub const MAX_TABLE_ENTRIES: u64 = 50_000_000;
+
+/// The most sequences per replica the optimiser cuts into sub-batches.
+pub const MAX_BATCH: u32 = 1 << 20;
+
+/// The least granularity whose tables fit [`MAX_TABLE_ENTRIES`].
+fn min_granularity(seq_len: u32, batch: u32) -> u32 {
+    let mut g = 1u32;
+    while (SliceProblem { seq_len, batch, stages: 1, granularity: g }).table_entries() > MAX_TABLE_ENTRIES && g < seq_len {
+        g = g.saturating_mul(2);
+    }
+    g.min(seq_len)
+}
+
 /// The slicing problem for one pipeline: `batch` sequences of `seq_len` tokens through `stages` stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SliceProblem {
@@ -118,6 +133,40 @@ impl SliceProblem {
     /// Token position of unit boundary `i` (`0..=units()`).
     fn boundary(&self, i: usize) -> u32 {
         (i as u64 * self.granularity as u64).min(self.seq_len as u64) as u32
+    }
+
+    /// An upper bound on the cost-table entries the optimiser keeps (one triangular table of
+    /// `units() x (units() + 1) / 2` per sub-batch size; a batch above
+    /// [`ALL_SUB_BATCH_SIZES_UP_TO`] has at most `8 + 2 sqrt(batch)` sizes).
+    pub fn table_entries(&self) -> u64 {
+        let n = self.units() as u64;
+        let sizes = if self.batch <= ALL_SUB_BATCH_SIZES_UP_TO {
+            self.batch as u64
+        } else {
+            8 + 2 * (self.batch as f64).sqrt().ceil() as u64
+        };
+        sizes.saturating_mul(n * (n + 1) / 2)
+    }
+
+    /// Refuse a problem whose tables exceed [`MAX_TABLE_ENTRIES`] (memory) or whose batch is
+    /// too large to enumerate sub-batch sizes for, naming what to change.
+    pub fn check_size(&self) -> Result<(), String> {
+        if self.batch > MAX_BATCH {
+            return Err(format!(
+                "{} sequences per replica to cut into sub-batches; the optimiser allows at most {MAX_BATCH} (raise plan.dp or lower training.global_batch)",
+                self.batch
+            ));
+        }
+        if self.table_entries() > MAX_TABLE_ENTRIES {
+            return Err(format!(
+                "{} units of {} tokens per sequence need about {:.3e} slice costs (limit {MAX_TABLE_ENTRIES:.0e}); raise the granularity (plan.token_granularity or --granularity) to at least {}",
+                self.units(),
+                self.granularity,
+                self.table_entries() as f64,
+                min_granularity(self.seq_len, self.batch)
+            ));
+        }
+        Ok(())
     }
 
     fn validate(&self) {

@@ -19,7 +19,9 @@ pub struct StageReport {
     /// A representative device of the stage.
     pub device: u32,
     pub layers: u32,
+    /// Time the device's compute stream was busy in one iteration (within `[0, iteration_s]`).
     pub compute_busy_s: f64,
+    /// Time it waited in the pipeline (0 without pipeline parallelism).
     pub bubble_s: f64,
     pub peak_memory_bytes: f64,
 }
@@ -77,11 +79,20 @@ pub struct Report {
     /// Achieved model FLOP/s per device.
     pub model_flops_per_s_per_device: f64,
     pub mfu: f64,
+    /// The least time the model FLOPs could take: `model_flops_per_iteration` over the
+    /// cluster's summed peak at the training precision (the iteration at MFU 1). Every
+    /// report's `iteration_s` is at least this.
+    pub compute_lower_bound_s: f64,
     /// FLOPs the network's forward and backward run per iteration (for CNNs far more than
     /// 6 x parameters x samples), and the utilisation they give.
     pub network_flops_per_iteration: f64,
     pub network_flops_utilization: f64,
+    /// Share of the iteration the average device's compute stream waits in the pipeline (0
+    /// with `pp` = 1: there is no pipeline to wait in).
     pub bubble_fraction: f64,
+    /// Share of the iteration the average device's compute stream is idle for any reason
+    /// (the pipeline, communication, copies to and from the host).
+    pub compute_idle_fraction: f64,
     pub fits: bool,
     pub peak_memory_bytes: f64,
     pub memory_capacity_bytes: f64,
@@ -134,7 +145,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let plan = &s.plan;
     let iteration_s = r.iteration_ns as f64 * 1e-9;
     let devices = plan.devices();
-    let model_flops = s.training.global_batch as f64 * s.workload.model_flops_per_sample(plan.seq_len);
+    let model_flops = s.training.global_batch as f64 * s.workload.trained_flops_per_sample(plan.seq_len, &plan.frozen);
     let network_flops = s.training.global_batch as f64 * s.workload.network_flops_per_sample(plan.seq_len);
     // Peak of the whole cluster (devices may differ).
     let cluster_peak: f64 = (0..devices).map(|d| s.cluster.device_of(d).peak_flops.at(plan.precision)).sum();
@@ -142,9 +153,15 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let nd = p.devices.len();
     // Bubble: idle time of each compute stream until the last device ends its pipeline part
     // (before gradient sync and optimizer), averaged over devices.
+    // Without pipeline parallelism nothing waits in a pipeline: a single stage's idle time is
+    // communication or host copies (`compute_idle_fraction`).
     let pipeline_end = r.pipeline_end_ns.iter().copied().max().unwrap_or(0);
-    let bubble_ns: Vec<f64> = (0..nd).map(|d| pipeline_end.saturating_sub(r.pipeline_busy_ns[d]) as f64).collect();
+    let bubble_ns: Vec<f64> = (0..nd)
+        .map(|d| if plan.pp > 1 { pipeline_end.saturating_sub(r.pipeline_busy_ns[d]) as f64 } else { 0.0 })
+        .collect();
     let bubble_fraction = bubble_ns.iter().sum::<f64>() / nd as f64 / r.iteration_ns.max(1) as f64;
+    let idle_ns: f64 = (0..nd).map(|d| r.iteration_ns.saturating_sub(r.compute_busy_ns[d]) as f64).sum();
+    let compute_idle_fraction = idle_ns / nd.max(1) as f64 / r.iteration_ns.max(1) as f64;
     let totals: Vec<MemoryBreakdown> = (0..nd)
         .map(|d| MemoryBreakdown {
             activations: r.peak_activations[d],
@@ -195,9 +212,11 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         model_flops_per_iteration: model_flops,
         model_flops_per_s_per_device: model_flops / iteration_s / devices as f64,
         mfu: model_flops / iteration_s / cluster_peak,
+        compute_lower_bound_s: model_flops / cluster_peak,
         network_flops_per_iteration: network_flops,
         network_flops_utilization: network_flops / iteration_s / cluster_peak,
         bubble_fraction,
+        compute_idle_fraction,
         fits: fits_hbm && fits_host && fits_nvme,
         fits_hbm,
         host_memory_bytes: host_node,
@@ -241,5 +260,60 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         notes: s.notes.clone(),
         token_slicing: None,
         chunk_placement: p.chunk_placement.clone(),
+    }
+}
+
+impl Report {
+    /// The physical bounds every report keeps: numbers finite, `0 < mfu <= 1`, the iteration
+    /// no shorter than [`Report::compute_lower_bound_s`], per-stage times within the
+    /// iteration, fractions within `[0, 1]`. `Err` names the first one broken.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let tolerance = 1e-9;
+        let finite = [
+            ("iteration_s", self.iteration_s),
+            ("samples_per_s", self.samples_per_s),
+            ("tokens_per_s", self.tokens_per_s),
+            ("model_flops_per_iteration", self.model_flops_per_iteration),
+            ("model_flops_per_s_per_device", self.model_flops_per_s_per_device),
+            ("mfu", self.mfu),
+            ("compute_lower_bound_s", self.compute_lower_bound_s),
+            ("network_flops_per_iteration", self.network_flops_per_iteration),
+            ("network_flops_utilization", self.network_flops_utilization),
+            ("bubble_fraction", self.bubble_fraction),
+            ("compute_idle_fraction", self.compute_idle_fraction),
+            ("peak_memory_bytes", self.peak_memory_bytes),
+            ("host_memory_bytes", self.host_memory_bytes),
+            ("nvme_bytes", self.nvme_bytes),
+        ];
+        if let Some((k, v)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(format!("{k} is {v}"));
+        }
+        if self.iteration_s <= 0.0 {
+            return Err(format!("iteration_s {} is not positive", self.iteration_s));
+        }
+        if !(self.mfu > 0.0 && self.mfu <= 1.0 + tolerance) {
+            return Err(format!("mfu {} is outside (0, 1]", self.mfu));
+        }
+        if self.iteration_s < self.compute_lower_bound_s * (1.0 - tolerance) {
+            return Err(format!(
+                "iteration_s {} is shorter than the compute lower bound {}",
+                self.iteration_s, self.compute_lower_bound_s
+            ));
+        }
+        for (k, v) in [("bubble_fraction", self.bubble_fraction), ("compute_idle_fraction", self.compute_idle_fraction)] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{k} {v} is outside [0, 1]"));
+            }
+        }
+        let within = |x: f64| x.is_finite() && x >= 0.0 && x <= self.iteration_s * (1.0 + tolerance);
+        for st in &self.stages {
+            if !within(st.compute_busy_s) || !within(st.bubble_s) {
+                return Err(format!(
+                    "stage {}: compute_busy_s {} or bubble_s {} is outside [0, iteration_s = {}]",
+                    st.stage, st.compute_busy_s, st.bubble_s, self.iteration_s
+                ));
+            }
+        }
+        Ok(())
     }
 }

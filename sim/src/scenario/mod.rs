@@ -6,6 +6,7 @@
 //! are read by the caller through the `load` function, so this module does no I/O.
 
 pub mod keys;
+pub mod limits;
 pub mod reader;
 pub mod suggest;
 #[cfg(test)]
@@ -277,7 +278,7 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
             "simulation.memory_headroom = {DEFAULT_GPU_MEMORY_HEADROOM} (GPU memory kept free for the caching allocator)"
         ));
     }
-    Ok(Scenario {
+    let scenario = Scenario {
         name,
         workload,
         cluster,
@@ -289,7 +290,9 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
         op_rates: Vec::new(),
         run,
         freeze,
-    })
+    };
+    limits::check(&scenario)?;
+    Ok(scenario)
 }
 
 /// fp8 training needs fp8 matrix units on every device class: a device without them would
@@ -631,12 +634,15 @@ fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
         .ok_or_else(|| invalid(&o.key("node"), "required key is missing (a node preset or a node description)"))?;
     let mut node = parse_node(node_v, &o.key("node"))?;
     let nodes = o.req("nodes", Obj::uint)?;
+    limits::device_count(nodes, node.devices, &o.key("nodes"))?;
     if let Some(l) = o.get("inter_node") {
         node.nic = parse_link(l, &o.key("inter_node"))?;
         if let Some(k) =
             Obj::new(l, &o.key("inter_node")).ok().and_then(|lo| lo.map.get("nics").and_then(Value::as_u64))
         {
-            node.nics = k as u32;
+            node.nics = u32::try_from(k).ok().filter(|k| (1..=limits::MAX_NICS).contains(k)).ok_or_else(|| {
+                invalid(&format!("{}.nics", o.key("inter_node")), format!("{k}; allowed: 1 to {}", limits::MAX_NICS))
+            })?;
         }
     }
     let mut cluster = ClusterSpec::new(node, nodes);
@@ -686,8 +692,8 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
     if let Some(fixed) = w.fixed_seq_len()
         && fixed != seq_len
     {
-        defaults
-            .push(format!("training.seq_len = {fixed} (the workload's patches + class token; {seq_len} was given)"));
+        let why = if w.net.is_some() { "tokens per sample of the workload" } else { "the workload's patches + class token" };
+        defaults.push(format!("training.seq_len = {fixed} ({why}; {seq_len} was given)"));
         seq_len = fixed;
     }
     let precision = o.choice("precision", &Precision::NAMES, Precision::parse)?.unwrap_or_else(|| {
@@ -874,9 +880,21 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
             TokenSlices::Auto { granularity: g }
         }
         Value::Array(items) if items.iter().all(Value::is_u64) => {
-            let slices: Vec<u32> = items.iter().filter_map(Value::as_u64).map(|x| x as u32).collect();
+            let slices: Vec<u32> =
+                items.iter().filter_map(Value::as_u64).map(|x| u32::try_from(x).unwrap_or(u32::MAX)).collect();
             tokens_ok(&slices, &key)?;
             let n = per_replica / t.micro_batch;
+            if n as u64 * slices.len() as u64 > crate::lower::size::MAX_TASKS {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "{n} micro-batches x {} slices = {} units; allowed: at most {} (raise training.micro_batch or use longer slices)",
+                        slices.len(),
+                        n as u64 * slices.len() as u64,
+                        crate::lower::size::MAX_TASKS
+                    ),
+                ));
+            }
             TokenSlices::Explicit(vec![SlicedBatch { sequences: t.micro_batch, slices }; n as usize])
         }
         Value::Array(items) => {
@@ -885,17 +903,18 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
                 let path = format!("{key}[{i}]");
                 let pair = it.as_array().filter(|a| a.len() == 2);
                 let (Some(b), Some(sl)) =
-                    (pair.and_then(|a| a[0].as_u64()).filter(|b| *b > 0), pair.and_then(|a| a[1].as_array()))
+                    (pair.and_then(|a| a[0].as_u64()).filter(|b| (1..=u32::MAX as u64).contains(b)), pair.and_then(|a| a[1].as_array()))
                 else {
                     return Err(invalid(&path, format!("expected [sequences, [slice lengths]], got {}", show(it))));
                 };
-                let slices: Option<Vec<u32>> = sl.iter().map(|x| x.as_u64().map(|y| y as u32)).collect();
+                let slices: Option<Vec<u32>> =
+                    sl.iter().map(|x| x.as_u64().and_then(|y| u32::try_from(y).ok())).collect();
                 let slices = slices.ok_or_else(|| invalid(&path, "slice lengths must be positive integers"))?;
                 tokens_ok(&slices, &path)?;
                 subs.push(SlicedBatch { sequences: b as u32, slices });
             }
-            let total: u32 = subs.iter().map(|s| s.sequences).sum();
-            if total != per_replica {
+            let total: u64 = subs.iter().map(|s| s.sequences as u64).sum();
+            if total != per_replica as u64 {
                 return Err(invalid(
                     &key,
                     format!(
@@ -1214,9 +1233,10 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             Plan::uniform_partition(tf.layers, chunks)
         }
         Some(Value::Array(a)) => {
-            let layers: Option<Vec<u32>> = a.iter().map(|x| x.as_u64().filter(|n| *n >= 1).map(|n| n as u32)).collect();
+            let layers: Option<Vec<u32>> =
+                a.iter().map(|x| x.as_u64().filter(|n| *n >= 1).and_then(|n| u32::try_from(n).ok())).collect();
             match layers {
-                Some(l) if l.len() == chunks as usize && l.iter().sum::<u32>() == tf.layers => l,
+                Some(l) if l.len() == chunks as usize && l.iter().map(|&n| n as u64).sum::<u64>() == tf.layers as u64 => l,
                 _ => {
                     return Err(invalid(
                         &o.key("partition"),
@@ -1264,7 +1284,8 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         ));
     }
     let shape = ScheduleShape { stages: pp, micro_batches, virtual_stages };
-    if let Err(e) = schedule::table(schedule, shape) {
+    // Validation only: the table itself holds 2 x micro-batches steps per stage.
+    if let Err(e) = schedule::validate(schedule, shape) {
         return Err(invalid(
             &o.key("schedule"),
             format!("{e} (micro-batches per replica = global_batch / (dp x micro_batch) = {micro_batches})"),

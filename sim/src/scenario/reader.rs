@@ -36,10 +36,27 @@ pub fn unsupported(path: &str, message: impl Into<String>) -> ScenarioError {
     ScenarioError { path: path.to_string(), message: message.into(), unsupported: true }
 }
 
-/// A short rendering of a value for messages.
+/// A short rendering of a value for messages: at most 60 characters (cut on a character
+/// boundary, never inside a multi-byte one).
 pub fn show(v: &Value) -> String {
     let s = v.to_string();
-    if s.len() > 60 { format!("{}...", &s[..57]) } else { s }
+    if s.chars().count() > 60 { format!("{}...", s.chars().take(57).collect::<String>()) } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::show;
+
+    #[test]
+    fn show_cuts_long_values_on_character_boundaries() {
+        for text in ["a".repeat(100), "é".repeat(100), format!("a{}", "é".repeat(100)), "日本".repeat(40)] {
+            let shown = show(&serde_json::Value::String(text.clone()));
+            assert!(shown.ends_with("..."), "{shown}");
+            assert_eq!(shown.chars().count(), 60, "{shown}");
+            assert!(text.starts_with(&shown[1..shown.len() - 3]), "{shown} is not a prefix of the value");
+        }
+        assert_eq!(show(&serde_json::json!("short é")), "\"short é\"");
+    }
 }
 
 /// One JSON object at a key path.

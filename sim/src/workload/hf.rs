@@ -7,7 +7,7 @@ use super::transformer::{Input, Mlp, Norm, TransformerConfig};
 use serde_json::Value;
 
 fn get_u32(v: &Value, keys: &[&str]) -> Option<u32> {
-    keys.iter().find_map(|k| v.get(*k)).and_then(Value::as_u64).map(|x| x as u32)
+    keys.iter().find_map(|k| v.get(*k)).and_then(Value::as_u64).and_then(|x| u32::try_from(x).ok())
 }
 
 /// Keys by which Hugging Face configs declare routed experts (Mixtral, Qwen-MoE, DeepSeek-V2/3,

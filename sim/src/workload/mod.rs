@@ -47,15 +47,42 @@ impl Workload {
         }
     }
 
+    /// Parameters in matrix products, the `parameters` of the MFU numerator: a net's all, a
+    /// transformer's [`TransformerConfig::flop_parameters`].
+    pub fn flop_parameters(&self) -> f64 {
+        match &self.net {
+            Some(n) => n.parameters(),
+            None => self.transformer.flop_parameters(),
+        }
+    }
+
     /// Model FLOPs of one sample as the report's contract defines them (the MFU numerator):
-    /// 6 x parameters x tokens plus attention's 12 x layers x h x s per token. For a CNN this
+    /// 6 x parameters x tokens plus attention's 12 x layers x h x s per token, where the
+    /// parameters are those in matrix products ([`TransformerConfig::flop_parameters`]; a
+    /// net's tokens are its own, see [`Workload::fixed_seq_len`]). For a CNN this
     /// undercounts (convolutions reuse each weight at every pixel): see
     /// [`Workload::network_flops_per_sample`].
     pub fn model_flops_per_sample(&self, seq_len: u32) -> f64 {
         match &self.net {
-            Some(_) => 6.0 * self.parameters() * seq_len as f64,
+            Some(_) => 6.0 * self.flop_parameters() * seq_len as f64,
             None => self.transformer.model_flops_per_sample(seq_len),
         }
+    }
+
+    /// [`Workload::model_flops_per_sample`] when the first `frozen.layers` layers are frozen
+    /// (PipeTransformer): a frozen layer runs forward only (a third of its FLOPs), a cached
+    /// one not at all. The MFU of a partly frozen model counts only the work it must do.
+    pub fn trained_flops_per_sample(&self, seq_len: u32, frozen: &crate::plan::Frozen) -> f64 {
+        let all = self.model_flops_per_sample(seq_len);
+        if frozen.layers == 0 || self.net.is_some() {
+            return all;
+        }
+        let t = &self.transformer;
+        let s = seq_len as f64;
+        let per_layer = 6.0 * t.layer_parameters() * s + 12.0 * t.hidden as f64 * s * s;
+        let cached = frozen.cached_layers.min(frozen.layers) as f64;
+        let forward_only = frozen.layers as f64 - cached;
+        all - per_layer * (forward_only * 2.0 / 3.0 + cached)
     }
 
     /// FLOPs one sample's forward and backward actually run (three times the forward's
@@ -67,9 +94,13 @@ impl Workload {
         }
     }
 
-    /// Sequence length the workload imposes (ViT: patches + class token), if any.
+    /// Sequence length the workload imposes (ViT: patches + class token; a net: its tokens
+    /// per sample, one per image), if any.
     pub fn fixed_seq_len(&self) -> Option<u32> {
-        self.transformer.fixed_seq_len()
+        match &self.net {
+            Some(n) => Some(n.tokens_per_sample()),
+            None => self.transformer.fixed_seq_len(),
+        }
     }
 }
 

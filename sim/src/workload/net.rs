@@ -161,6 +161,19 @@ impl Net {
     pub fn parameters(&self) -> f64 {
         self.layers.iter().map(NetLayer::parameters).sum()
     }
+
+    /// Tokens one sample holds: a recurrent net's time steps, one for an image.
+    pub fn tokens_per_sample(&self) -> u32 {
+        self.layers
+            .iter()
+            .flat_map(|l| &l.ops)
+            .filter_map(|o| match *o {
+                NetOp::Lstm { steps, .. } => Some(steps),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(1)
+    }
 }
 
 fn layer(name: &str, ops: Vec<NetOp>) -> NetLayer {

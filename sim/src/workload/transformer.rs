@@ -180,12 +180,30 @@ impl TransformerConfig {
         }
     }
 
+    /// Parameters that take part in every token's matrix products: all but the lookup
+    /// tables (position and token-type embeddings, ViT's position embeddings and class token,
+    /// and an untied input embedding, whose output head is counted instead). A lookup reads one
+    /// row per token; counting a table of a million positions as 6 FLOPs per entry per token
+    /// would put MFU above 1.
+    pub fn flop_parameters(&self) -> f64 {
+        let h = self.hidden as f64;
+        let lookups = match self.input {
+            Input::Tokens { positions, token_types } => {
+                let untied_input = if self.tied_embeddings { 0.0 } else { self.vocab as f64 * h };
+                (positions + token_types) as f64 * h + untied_input
+            }
+            Input::Patches { image, patch, .. } => ((image / patch) * (image / patch) + 1) as f64 * h + h,
+        };
+        self.parameters() - lookups
+    }
+
     /// Model FLOPs of one sample of `s` tokens, forward + backward, no recomputation:
     /// 6 x parameters x tokens plus attention's 12 x layers x h x s per token (the MFU
-    /// numerator of Chowdhery et al. and MosaicML).
+    /// numerator of Chowdhery et al. and MosaicML), the parameters being those in matrix
+    /// products ([`TransformerConfig::flop_parameters`]).
     pub fn model_flops_per_sample(&self, s: u32) -> f64 {
         let s = s as f64;
-        6.0 * self.parameters() * s + 12.0 * self.layers as f64 * self.hidden as f64 * s * s
+        6.0 * self.flop_parameters() * s + 12.0 * self.layers as f64 * self.hidden as f64 * s * s
     }
 
     /// The ops of one layer at `shape`.
