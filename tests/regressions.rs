@@ -103,7 +103,7 @@ fn check_report(r: &Value) -> Result<(), String> {
     let iteration = get("iteration_s")?;
     let mfu = get("mfu")?;
     let bound = get("compute_lower_bound_s")?;
-    if !(iteration > 0.0) {
+    if iteration.is_nan() || iteration <= 0.0 {
         return Err(format!("iteration_s {iteration}"));
     }
     if !(mfu > 0.0 && mfu <= 1.0) {

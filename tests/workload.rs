@@ -181,7 +181,12 @@ fn model_flops_per_sample() {
         let mut untied = tf.clone();
         untied.tied_embeddings = !tf.tied_embeddings;
         for (what, other) in [("a million positions", long), ("the embedding (un)tied", untied)] {
-            assert_close(other.model_flops_per_sample(2048), tf.model_flops_per_sample(2048), 1e-12, &format!("{name} with {what}"));
+            assert_close(
+                other.model_flops_per_sample(2048),
+                tf.model_flops_per_sample(2048),
+                1e-12,
+                &format!("{name} with {what}"),
+            );
             assert!(other.parameters() != tf.parameters(), "{name} with {what}: the parameters did change");
         }
     }

@@ -48,7 +48,10 @@ impl std::fmt::Display for SimError {
             SimError::TooLarge { key, message } => write!(f, "plan too large to simulate: {key}: {message}"),
             SimError::Run(e) => write!(f, "cannot simulate: {e}"),
             SimError::Impossible(e) => {
-                write!(f, "internal error: the simulated report is physically impossible ({e}); please report this scenario")
+                write!(
+                    f,
+                    "internal error: the simulated report is physically impossible ({e}); please report this scenario"
+                )
             }
         }
     }

@@ -38,7 +38,10 @@ impl std::fmt::Display for RunError {
                 MAX_TIME_NS as f64 * 1e-9 / (365.25 * 86400.0)
             ),
             RunError::TooManyEvents => {
-                write!(f, "more than 2^24 events pending at once; the plan is too large to simulate (use fewer devices or micro-batches)")
+                write!(
+                    f,
+                    "more than 2^24 events pending at once; the plan is too large to simulate (use fewer devices or micro-batches)"
+                )
             }
         }
     }

@@ -224,7 +224,8 @@ fn host_chain(n: u32, gpu: u64, host: u64, recv: Option<f64>) -> u64 {
         let t = push(&mut p, TaskKind::Transfer, 0, &[Program::stream_index(1, StreamKind::PipelineSend)], 0);
         p.deps.push((t, first));
     }
-    run(&p, &Topology::new(&c), &[gpu], &HostCosts { per_op: vec![host], per_collective: vec![host; 2] }, opts()).expect("runs")
+    run(&p, &Topology::new(&c), &[gpu], &HostCosts { per_op: vec![host], per_collective: vec![host; 2] }, opts())
+        .expect("runs")
         .iteration_ns
 }
 
@@ -264,7 +265,9 @@ fn a_collective_waits_for_each_member_s_own_host() {
         p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: vec![0, 1], bytes: 1e3 });
         let streams: Vec<u32> = (0..2).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
         push(&mut p, TaskKind::Collective, 0, &streams, 0);
-        run(&p, &Topology::new(&c), &[0], &HostCosts { per_op: vec![0], per_collective }, opts()).expect("runs").iteration_ns
+        run(&p, &Topology::new(&c), &[0], &HostCosts { per_op: vec![0], per_collective }, opts())
+            .expect("runs")
+            .iteration_ns
     };
     let free = run_with(vec![0, 0]);
     assert_eq!(run_with(vec![0, 50_000]), free + 50_000);

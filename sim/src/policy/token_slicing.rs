@@ -102,7 +102,9 @@ pub const MAX_BATCH: u32 = 1 << 20;
 /// The least granularity whose tables fit [`MAX_TABLE_ENTRIES`].
 fn min_granularity(seq_len: u32, batch: u32) -> u32 {
     let mut g = 1u32;
-    while (SliceProblem { seq_len, batch, stages: 1, granularity: g }).table_entries() > MAX_TABLE_ENTRIES && g < seq_len {
+    while (SliceProblem { seq_len, batch, stages: 1, granularity: g }).table_entries() > MAX_TABLE_ENTRIES
+        && g < seq_len
+    {
         g = g.saturating_mul(2);
     }
     g.min(seq_len)

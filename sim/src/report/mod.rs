@@ -300,7 +300,8 @@ impl Report {
                 self.iteration_s, self.compute_lower_bound_s
             ));
         }
-        for (k, v) in [("bubble_fraction", self.bubble_fraction), ("compute_idle_fraction", self.compute_idle_fraction)] {
+        for (k, v) in [("bubble_fraction", self.bubble_fraction), ("compute_idle_fraction", self.compute_idle_fraction)]
+        {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{k} {v} is outside [0, 1]"));
             }

@@ -55,7 +55,10 @@ pub fn check(s: &Scenario) -> Result<()> {
     if s.plan.bucket_bytes < MIN_BUCKET_BYTES {
         return Err(invalid(
             "plan.bucket_bytes",
-            format!("{}; allowed: at least {MIN_BUCKET_BYTES} bytes (each bucket is a collective)", s.plan.bucket_bytes),
+            format!(
+                "{}; allowed: at least {MIN_BUCKET_BYTES} bytes (each bucket is a collective)",
+                s.plan.bucket_bytes
+            ),
         ));
     }
     check_program_size(s)
@@ -131,7 +134,10 @@ fn check_cluster(c: &ClusterSpec, precision: Precision) -> Result<()> {
     check_link(&c.node.nic, "cluster.inter_node")?;
     check_link(&c.node.host.pcie, "cluster.node.pcie")?;
     if c.node.host.dram_bytes > MAX_BYTES {
-        return Err(invalid("cluster.node.host_dram_bytes", format!("{}; allowed: at most 2^60", c.node.host.dram_bytes)));
+        return Err(invalid(
+            "cluster.node.host_dram_bytes",
+            format!("{}; allowed: at most 2^60", c.node.host.dram_bytes),
+        ));
     }
     Ok(())
 }
@@ -145,11 +151,16 @@ fn out_of(x: f64, min: f64, max: f64) -> bool {
 fn check_device(d: &DeviceSpec, precision: Precision, path: &str) -> Result<()> {
     let peak = d.peak_flops.at(precision);
     if peak <= 0.0 {
-        let has: Vec<&str> = [("fp32", d.peak_flops.fp32), ("fp16", d.peak_flops.fp16), ("bf16", d.peak_flops.bf16), ("fp8", d.peak_flops.fp8)]
-            .iter()
-            .filter(|(_, v)| v.is_some())
-            .map(|(n, _)| *n)
-            .collect();
+        let has: Vec<&str> = [
+            ("fp32", d.peak_flops.fp32),
+            ("fp16", d.peak_flops.fp16),
+            ("bf16", d.peak_flops.bf16),
+            ("fp8", d.peak_flops.fp8),
+        ]
+        .iter()
+        .filter(|(_, v)| v.is_some())
+        .map(|(n, _)| *n)
+        .collect();
         return Err(invalid(
             &format!("{path}.peak_flops"),
             format!(

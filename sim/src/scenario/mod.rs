@@ -692,7 +692,8 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
     if let Some(fixed) = w.fixed_seq_len()
         && fixed != seq_len
     {
-        let why = if w.net.is_some() { "tokens per sample of the workload" } else { "the workload's patches + class token" };
+        let why =
+            if w.net.is_some() { "tokens per sample of the workload" } else { "the workload's patches + class token" };
         defaults.push(format!("training.seq_len = {fixed} ({why}; {seq_len} was given)"));
         seq_len = fixed;
     }
@@ -902,9 +903,10 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
             for (i, it) in items.iter().enumerate() {
                 let path = format!("{key}[{i}]");
                 let pair = it.as_array().filter(|a| a.len() == 2);
-                let (Some(b), Some(sl)) =
-                    (pair.and_then(|a| a[0].as_u64()).filter(|b| (1..=u32::MAX as u64).contains(b)), pair.and_then(|a| a[1].as_array()))
-                else {
+                let (Some(b), Some(sl)) = (
+                    pair.and_then(|a| a[0].as_u64()).filter(|b| (1..=u32::MAX as u64).contains(b)),
+                    pair.and_then(|a| a[1].as_array()),
+                ) else {
                     return Err(invalid(&path, format!("expected [sequences, [slice lengths]], got {}", show(it))));
                 };
                 let slices: Option<Vec<u32>> =
@@ -1236,7 +1238,11 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             let layers: Option<Vec<u32>> =
                 a.iter().map(|x| x.as_u64().filter(|n| *n >= 1).and_then(|n| u32::try_from(n).ok())).collect();
             match layers {
-                Some(l) if l.len() == chunks as usize && l.iter().map(|&n| n as u64).sum::<u64>() == tf.layers as u64 => l,
+                Some(l)
+                    if l.len() == chunks as usize && l.iter().map(|&n| n as u64).sum::<u64>() == tf.layers as u64 =>
+                {
+                    l
+                }
                 _ => {
                     return Err(invalid(
                         &o.key("partition"),

@@ -43,22 +43,6 @@ pub fn show(v: &Value) -> String {
     if s.chars().count() > 60 { format!("{}...", s.chars().take(57).collect::<String>()) } else { s }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::show;
-
-    #[test]
-    fn show_cuts_long_values_on_character_boundaries() {
-        for text in ["a".repeat(100), "é".repeat(100), format!("a{}", "é".repeat(100)), "日本".repeat(40)] {
-            let shown = show(&serde_json::Value::String(text.clone()));
-            assert!(shown.ends_with("..."), "{shown}");
-            assert_eq!(shown.chars().count(), 60, "{shown}");
-            assert!(text.starts_with(&shown[1..shown.len() - 3]), "{shown} is not a prefix of the value");
-        }
-        assert_eq!(show(&serde_json::json!("short é")), "\"short é\"");
-    }
-}
-
 /// One JSON object at a key path.
 pub struct Obj<'a> {
     pub map: &'a Map<String, Value>,
@@ -188,5 +172,21 @@ impl<'a> Obj<'a> {
                 )
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::show;
+
+    #[test]
+    fn show_cuts_long_values_on_character_boundaries() {
+        for text in ["a".repeat(100), "é".repeat(100), format!("a{}", "é".repeat(100)), "日本".repeat(40)] {
+            let shown = show(&serde_json::Value::String(text.clone()));
+            assert!(shown.ends_with("..."), "{shown}");
+            assert_eq!(shown.chars().count(), 60, "{shown}");
+            assert!(text.starts_with(&shown[1..shown.len() - 3]), "{shown} is not a prefix of the value");
+        }
+        assert_eq!(show(&serde_json::json!("short é")), "\"short é\"");
     }
 }
