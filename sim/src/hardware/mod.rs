@@ -83,6 +83,17 @@ impl PeakFlops {
     /// The rate used for matrix math at `p`, falling back to the next wider format the
     /// device supports (a V100 runs bf16 workloads at its fp16 tensor rate would be wrong:
     /// it has no bf16, so it falls back to fp32).
+    /// Set the rate at `p`.
+    pub fn set(&mut self, p: Precision, flops_per_s: f64) {
+        let slot = match p {
+            Precision::Fp8 => &mut self.fp8,
+            Precision::Bf16 => &mut self.bf16,
+            Precision::Fp16 => &mut self.fp16,
+            Precision::Fp32 => &mut self.fp32,
+        };
+        *slot = Some(flops_per_s);
+    }
+
     pub fn at(&self, p: Precision) -> f64 {
         let chain: &[Option<f64>] = match p {
             Precision::Fp8 => &[self.fp8, self.bf16, self.fp16, self.fp32],

@@ -208,7 +208,19 @@ impl Scenario {
     /// Replace the device's and intra-node link's defaults by measured rates.
     pub fn calibrate(&mut self, m: &MeasuredRates) {
         let d = &mut self.cluster.node.device;
-        let peak = d.peak_flops.at(self.training.precision);
+        let precision = self.training.precision;
+        let peak = d.peak_flops.at(precision);
+        // A machine that measures faster than its preset's peak (a CPU preset is a guess at
+        // a class of machines) gets the measured rate as its peak: MFU stays below 1.
+        if m.gemm_flops_per_s > peak {
+            d.peak_flops.set(precision, m.gemm_flops_per_s);
+            self.notes.push(format!(
+                "the device's {} peak was raised to the profile's measured GEMM rate, {:.3e} FLOP/s (the preset said {peak:.3e})",
+                precision.name(),
+                m.gemm_flops_per_s
+            ));
+        }
+        let peak = d.peak_flops.at(precision);
         if peak > 0.0 {
             d.gemm_efficiency = m.gemm_flops_per_s / peak;
         }
