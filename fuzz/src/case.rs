@@ -21,6 +21,8 @@ pub struct Case {
     pub tags: Vec<String>,
     /// Arguments of each run (the scenario file last).
     pub runs: Vec<Vec<String>>,
+    /// A file of a corpus: run where it lies (its side files beside it), not in a temp folder.
+    pub corpus_dir: Option<PathBuf>,
 }
 
 /// How often `capacity` joins the commands of a case (it runs many simulations).
@@ -59,7 +61,53 @@ pub fn build(seed: u64, id: u64, cat: &Catalog, mix: Mix) -> Case {
     if kind != "valid" {
         tags.push(kind.to_string());
     }
-    Case { id, kind, text, files: base.files, tags, runs }
+    Case { id, kind, text, files: base.files, tags, runs, corpus_dir: None }
+}
+
+/// Cases for the scenario files (`*.json`) under `root`, numbered from `first`: every
+/// command on each, `capacity` included.
+pub fn corpus(root: &Path, first: u64) -> Vec<Case> {
+    let mut files = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if d.is_file() {
+            files.push(d);
+            continue;
+        }
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "json") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    let mut cases = Vec::new();
+    for p in files {
+        let Ok(text) = std::fs::read(&p) else { continue };
+        // Only scenarios: a JSON object with a workload.
+        let is_scenario = serde_json::from_slice::<serde_json::Value>(&text).is_ok_and(|v| v.get("workload").is_some());
+        if !is_scenario {
+            continue;
+        }
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let runs = ["simulate", "train-run", "partition", "slices", "capacity"]
+            .iter()
+            .map(|c| vec![c.to_string(), "--json".to_string(), name.clone()])
+            .collect();
+        cases.push(Case {
+            id: first + cases.len() as u64,
+            kind: "corpus",
+            text,
+            files: Vec::new(),
+            tags: vec![format!("file:{}", p.display())],
+            runs,
+            corpus_dir: p.parent().map(Path::to_path_buf),
+        });
+    }
+    cases
 }
 
 /// Write the case's input into `dir`.
@@ -86,9 +134,11 @@ pub fn context(text: &[u8], cat: &Catalog) -> Context {
 
 /// Run every command of `case` in a fresh folder under `tmp`.
 pub fn execute(case: &Case, bin: &Path, tmp: &Path, cat: &Catalog, limits: Limits) -> Vec<RunResult> {
-    let dir: PathBuf = tmp.join(format!("case-{}", case.id));
+    let dir: PathBuf = case.corpus_dir.clone().unwrap_or_else(|| tmp.join(format!("case-{}", case.id)));
     let mut out = Vec::new();
-    if let Err(e) = write_input(&dir, &case.text, &case.files) {
+    if case.corpus_dir.is_none()
+        && let Err(e) = write_input(&dir, &case.text, &case.files)
+    {
         eprintln!("scenario-fuzz: cannot write case {} to {}: {e}", case.id, dir.display());
         return out;
     }
@@ -104,6 +154,8 @@ pub fn execute(case: &Case, bin: &Path, tmp: &Path, cat: &Catalog, limits: Limit
         let verdict = classify(&args[0], &outcome, &ctx);
         out.push(RunResult { args: args.clone(), verdict, outcome });
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if case.corpus_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     out
 }

@@ -148,11 +148,11 @@ pub fn classify(command: &str, o: &Outcome, ctx: &Context) -> Verdict {
     if o.timed_out {
         return Verdict::new(Class::Timeout, "");
     }
-    if stderr.contains("panicked") || stderr.contains("RUST_BACKTRACE") {
+    let oom_text = stderr.contains("memory allocation of") || stderr.contains("out of memory");
+    if stderr.contains("panicked") || stderr.contains("RUST_BACKTRACE") && !oom_text {
         let site = panic_site(&stderr).unwrap_or_else(|| "(no location)".into());
         return Verdict::new(Class::Panic, site);
     }
-    let oom_text = stderr.contains("memory allocation of") || stderr.contains("out of memory");
     if oom_text || o.signal == Some(9) {
         return Verdict::new(Class::Oom, "");
     }
@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn allocation_failure_and_signals() {
-        let oom = outcome(None, Some(6), "", "memory allocation of 8589934592 bytes failed\n");
+        let oom = outcome(None, Some(6), "", "memory allocation of 8589934592 bytes failed\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n");
         assert_eq!(classify("simulate", &oom, &Context::default()).class, Class::Oom);
         let seg = outcome(None, Some(11), "", "");
         assert_eq!(classify("simulate", &seg, &Context::default()), Verdict::new(Class::Signal, "SIGSEGV"));

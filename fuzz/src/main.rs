@@ -53,13 +53,24 @@ struct Args {
     /// Fraction of cases that also run `capacity`
     #[arg(long, default_value_t = 0.03)]
     capacity_fraction: f64,
+    /// Also run every scenario file (*.json with a workload) under these folders or files
+    #[arg(long)]
+    corpus: Vec<PathBuf>,
     /// After the run, shrink each distinct failure's input (at most this many runs each; 0 = off)
     #[arg(long, default_value_t = 0)]
     shrink: usize,
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    // Runs start in their case's folder: the binary's path must not be relative.
+    args.bin = match std::fs::canonicalize(&args.bin) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("scenario-fuzz: {}: {e}\n(build it first: cargo build --release, or pass --bin)", args.bin.display());
+            return ExitCode::from(2);
+        }
+    };
     let cat = match presets::Catalog::load(&args.bin) {
         Ok(c) => c,
         Err(e) => {
@@ -91,13 +102,25 @@ fn main() -> ExitCode {
     let start = Instant::now();
     let next = AtomicU64::new(args.first);
     let end = args.first + args.cases;
+    let corpus: Vec<case::Case> = args.corpus.iter().flat_map(|d| case::corpus(d, u64::MAX / 2)).collect();
+    let corpus: Vec<case::Case> =
+        corpus.into_iter().enumerate().map(|(i, c)| case::Case { id: u64::MAX / 2 + i as u64, ..c }).collect();
+    let total = args.cases + corpus.len() as u64;
+    let next_corpus = AtomicU64::new(0);
     let (tx, rx) = mpsc::channel::<(case::Case, Vec<case::RunResult>)>();
     let mut kinds = std::collections::BTreeMap::<&str, u64>::new();
     std::thread::scope(|s| {
         for _ in 0..jobs {
             let tx = tx.clone();
             let (next, cat, bin, tmp) = (&next, &cat, &args.bin, &tmp);
+            let (next_corpus, corpus) = (&next_corpus, &corpus);
             s.spawn(move || {
+                while let Some(c) = corpus.get(next_corpus.fetch_add(1, Ordering::Relaxed) as usize) {
+                    let results = case::execute(c, bin, tmp, cat, limits);
+                    if tx.send((c.clone(), results)).is_err() {
+                        return;
+                    }
+                }
                 loop {
                     let id = next.fetch_add(1, Ordering::Relaxed);
                     if id >= end {
@@ -119,17 +142,17 @@ fn main() -> ExitCode {
             *kinds.entry(c.kind).or_default() += 1;
             for r in &results {
                 if let Some(sig) = store.add(&c, r) {
-                    eprintln!("  new: {sig}   (case {}, trainsim {})", c.id, r.args.join(" "));
+                    let what = if c.kind == "corpus" { c.tags.join(" ") } else { format!("case {}", c.id) };
+                    eprintln!("  new: {sig}   ({what}, trainsim {})", r.args.join(" "));
                 }
                 if r.outcome.wall_s > 10.0 {
                     eprintln!("  slow: case {} {} took {:.1} s", c.id, r.args[0], r.outcome.wall_s);
                 }
             }
-            if done == args.cases || last_report.elapsed() > Duration::from_secs(15) {
+            if done == total || last_report.elapsed() > Duration::from_secs(15) {
                 last_report = Instant::now();
                 eprintln!(
-                    "[{done}/{}] {} runs, {} failed, {} distinct; {:.0} s",
-                    args.cases,
+                    "[{done}/{total}] {} runs, {} failed, {} distinct; {:.0} s",
                     store.runs,
                     store.failures(),
                     store.signatures.len(),
