@@ -133,7 +133,9 @@ fn clear_error(stderr: &str) -> Result<(), &'static str> {
     if !t.lines().any(|l| l.starts_with("error:")) {
         return Err("no \"error:\" line");
     }
-    for debug in ["Os {", "Error {", "kind: ", "Some(", "Err(", "Ok(", "\\\"", "RUST_BACKTRACE"] {
+    // Rust's Debug output of an error or an option: `Os { code: 2, kind: NotFound, .. }`,
+    // `Some(3)`, `Err(..)`. (A key path such as `device.kind: ` is fine.)
+    for debug in ["{ code:", "Error {", "kind: NotFound", "kind: InvalidData", "Some(", "Err(", "Ok(", "RUST_BACKTRACE"] {
         if t.contains(debug) {
             return Err("debug formatting in the message");
         }
@@ -217,8 +219,12 @@ mod tests {
     #[test]
     fn errors_are_clear_only_as_one_paragraph_with_an_error_line() {
         let ctx = Context::default();
-        let clear = outcome(Some(2), None, "", "error: s.json: invalid scenario: plan.tp: 3 does not divide 8\n");
-        assert_eq!(classify("simulate", &clear, &ctx).class, Class::ClearError);
+        for msg in [
+            "error: s.json: invalid scenario: plan.tp: 3 does not divide 8\n",
+            "error: s.json: invalid scenario: cluster.node.device.kind: expected a string, got {\"value\":\"cpu\"}\n",
+        ] {
+            assert_eq!(classify("simulate", &outcome(Some(2), None, "", msg), &ctx).class, Class::ClearError, "{msg}");
+        }
         let progress = "simulating 3 epochs...\nerror: s.json: invalid scenario: run.epochs: expected a positive integer, got 0\n";
         assert_eq!(classify("train-run", &outcome(Some(2), None, "", progress), &ctx).class, Class::ClearError);
         for (bad, why) in [
