@@ -129,6 +129,10 @@ impl Context {
             h.zip(heads).map(|(h, n)| (h, n, g("kv_heads").unwrap_or(n), g("ffn_hidden").unwrap_or(4.0 * h)))
         } else if let Some(p) = w.and_then(|w| w.get("preset")).and_then(Value::as_str).and_then(|p| cat.workload(p)) {
             c.layers = Some(p.layers as u64);
+            if !p.tokens {
+                // Image patches fix the sequence (ViT: patches + class token), whatever was given.
+                c.seq_len = None;
+            }
             (p.tokens && p.heads > 0).then(|| {
                 (p.hidden as f64, p.heads as f64, p.kv_heads.max(1) as f64, p.ffn_hidden as f64)
             })
@@ -162,6 +166,9 @@ mod tests {
         let per_layer = 2.0 * 768.0 * 768.0 * 2.0 + 2.0 * 768.0 * 3072.0;
         assert_eq!(c.min_flops, Some(6.0 * per_layer * 12.0 * 8.0 * 2048.0));
         assert_eq!((c.dp, c.pp, c.micro_batches), (Some(24), Some(1), None));
+        // A CNN preset: the given seq_len is not the one simulated.
+        let cnn = json!({"workload": {"preset": "vgg16"}, "training": {"global_batch": 8, "seq_len": 8}});
+        assert_eq!(Context::of(&cnn, &cat).seq_len, None);
     }
 
     #[test]
