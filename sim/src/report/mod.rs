@@ -36,8 +36,10 @@ pub struct TokenSlicing {
     pub speedup: f64,
     /// The optimiser's objective at its optimum (per pipeline, its own cost estimate: every
     /// stage charged the slowest one's time, so above the simulated time when stages differ),
-    /// if it chose.
+    /// if it chose (absent for slices the scenario gave).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub estimated_latency_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub t_max_s: Option<f64>,
 }
 
