@@ -583,6 +583,12 @@ fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String>
         return Ok(());
     }
     println!("{}", s.name);
+    if r.plan_changes.is_empty() {
+        println!("plan:         as written (no policy changed it)");
+    }
+    for c in &r.plan_changes {
+        println!("plan change:  {} {} -> {} ({})", c.key, c.from, c.to, c.why);
+    }
     println!("epoch  frozen  K   R   M   cached  iteration_s  samples/s  epoch_s");
     for e in &r.epochs {
         println!(
@@ -600,7 +606,7 @@ fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String>
         );
     }
     println!(
-        "total:        {:.1} s ({:.2} h); baseline GPipe + DDP {:.1} s; speedup {:.2}x",
+        "total:        {:.1} s ({:.2} h); baseline (the plan as written, nothing frozen) {:.1} s; speedup {:.2}x",
         r.total_s,
         r.total_s / 3600.0,
         r.baseline_total_s,

@@ -36,8 +36,42 @@ fn ops_s(model: &ComputeModel, ops: &[LayerOp], recompute: bool) -> f64 {
         .sum()
 }
 
-/// One profile per layer (the embedding folded into the first, the head into the last).
+/// Forward seconds of `ops` only (a frozen layer takes no backward).
+fn forward_s(model: &ComputeModel, ops: &[LayerOp]) -> f64 {
+    ops.iter().filter_map(LayerOp::compute).map(|op| model.op_s(op, false)).sum()
+}
+
+/// One profile per layer the pipeline's partition covers (the embedding folded into the
+/// first, the head into the last). A frozen prefix (`plan.frozen`) is outside the partition:
+/// it runs forward only on the first stage and keeps only its weights there, so its cost is
+/// folded into the first active layer's profile.
 pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
+    let mut all = all_layer_profiles(s);
+    let frozen = &s.plan.frozen;
+    let f = (frozen.layers as usize).min(all.len().saturating_sub(1));
+    if f == 0 || s.workload.net.is_some() {
+        return all;
+    }
+    let w = &s.workload.transformer;
+    let plan = &s.plan;
+    let sh = shape(s);
+    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates);
+    let (wb, _, _) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let t = plan.tp_mode.weight_shards(plan.tp) as f64;
+    let head_params = if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 };
+    let embed_params = w.embedding_parameters() - head_params;
+    // The layers frozen since the cache was written run forward; the cached ones are read back.
+    let recomputed = f.saturating_sub(frozen.cached_layers as usize) as f64;
+    let prefix_s = forward_s(&model, &w.embedding_ops(sh)) + recomputed * forward_s(&model, &w.layer_ops(sh));
+    let prefix_weight_bytes = (embed_params / plan.tp as f64 + f as f64 * w.layer_parameters() / t) * wb;
+    // Layer `f` (f > 0) is a plain layer (or the last, with the head): add the prefix.
+    let mut active = all.split_off(f);
+    active[0].compute_s += prefix_s;
+    active[0].weight_bytes += prefix_weight_bytes;
+    active
+}
+
+fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let w = &s.workload.transformer;
     let plan = &s.plan;
     let sh = shape(s);
@@ -144,7 +178,7 @@ pub fn resolve(s: &Scenario) -> Result<Vec<u32>, String> {
             .ok_or_else(|| {
                 format!(
                     "no partition of {} layers into {} stages fits the devices' memory",
-                    s.workload.layers(),
+                    active_layers(s),
                     plan.pp
                 )
             })?;
@@ -164,6 +198,11 @@ pub fn resolve(s: &Scenario) -> Result<Vec<u32>, String> {
             Ok(g.units)
         }
     }
+}
+
+/// The layers a pipeline partition covers: all but a frozen prefix.
+pub fn active_layers(s: &Scenario) -> u32 {
+    s.workload.layers() - s.plan.frozen.layers
 }
 
 pub fn counts(p: &PartitionPlan) -> Vec<u32> {
@@ -255,7 +294,7 @@ pub fn explore(s: &Scenario) -> Exploration {
         c.plan.pp = 1;
         c.plan.tp = 1;
         c.plan.schedule = ScheduleKind::OneFOneB;
-        c.plan.partition = vec![s.workload.layers()];
+        c.plan.partition = vec![active_layers(s)];
         c.plan.partition_policy = None;
         let ok = s.training.global_batch.is_multiple_of(n);
         if ok {
@@ -272,7 +311,7 @@ pub fn explore(s: &Scenario) -> Exploration {
         let mut c = s.clone();
         c.plan.schedule = ScheduleKind::GPipe;
         c.plan.virtual_stages = 1;
-        c.plan.partition = crate::plan::Plan::uniform_partition(s.workload.layers(), s.plan.pp);
+        c.plan.partition = crate::plan::Plan::uniform_partition(active_layers(s), s.plan.pp);
         c.plan.partition_policy = None;
         Some(per_sample(&c).0)
     };

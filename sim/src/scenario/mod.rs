@@ -202,6 +202,9 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     let plan_obj = root.req("plan", Obj::obj)?;
     let plan = parse_plan(&plan_obj, &workload, &cluster, &training, &mut defaults)?;
     let freeze = parse_freeze(&plan_obj, &workload, run.as_ref(), load)?;
+    if freeze.is_some() {
+        check_elastic(&plan_obj, &plan, &cluster)?;
+    }
     let options = parse_options(root.obj("simulation")?)?;
     Ok(Scenario {
         name,
@@ -706,6 +709,39 @@ fn parse_freeze(
         auto_dp: f.boolean("auto_dp")?.unwrap_or(true),
         auto_cache: f.boolean("auto_cache")?.unwrap_or(true),
     }))
+}
+
+/// What PipeTransformer's elastic pipelines (`policy::freeze::elastic_schedule`) need of the
+/// plan: the initial pipeline length K0 = pp a power of two whose pipelines (pp x tp devices)
+/// fit inside one node, one chunk per stage, and no token slicing.
+fn check_elastic(o: &Obj, plan: &Plan, c: &ClusterSpec) -> Result<()> {
+    let (pp, tp, per_node) = (plan.pp, plan.tp, c.node.devices);
+    if !pp.is_power_of_two() {
+        return Err(invalid(
+            &o.key("pp"),
+            format!("{pp}: with \"freeze\", AutoPipe halves the pipeline length; allowed: a power of two (1, 2, 4, ...)"),
+        ));
+    }
+    if u64::from(pp) * u64::from(tp) > u64::from(per_node) {
+        return Err(invalid(
+            &o.key("pp"),
+            format!(
+                "{pp}: with \"freeze\", each pipeline (pp x tp = {} devices) stays inside one node of {per_node} devices; allowed: pp a power of two <= {}",
+                u64::from(pp) * u64::from(tp),
+                per_node / tp.max(1)
+            ),
+        ));
+    }
+    if plan.virtual_stages > 1 {
+        return Err(invalid(
+            &o.key("schedule"),
+            "\"interleaved\" with \"freeze\": AutoPipe re-cuts the pipeline each epoch into one chunk per stage; allowed: gpipe, 1f1b, flush, 2bw",
+        ));
+    }
+    if plan.token_slices.is_some() {
+        return Err(invalid(&o.key("token_slices"), "token slicing with \"freeze\" is not modelled; use one or the other"));
+    }
+    Ok(())
 }
 
 /// `tp_mode` and, for 2.5D, `tp_depth`: the grid must use exactly `tp` devices.
