@@ -386,26 +386,36 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
     let s = load_scenario(path)?;
     eprintln!("exploring schedules and micro-batch sizes with balanced partitions...");
     let e = sim::partition::explore(&s);
+    let no_plan = || {
+        format!(
+            "no plan fits: none of the {} explored plans (schedules, micro-batch sizes, partitions) fits the devices' memory{}",
+            e.candidates.len(),
+            if write.is_some() { "; nothing written" } else { "" }
+        )
+    };
     if let (Some(out), Some(best)) = (write, e.best.as_ref()) {
         let text = std::fs::read_to_string(path).map_err(|err| err.to_string())?;
         let mut v: serde_json::Value = serde_json::from_str(&text).map_err(|err| err.to_string())?;
-        let counts: Vec<u32> = best.stages.iter().map(|st| st.last_layer - st.first_layer + 1).collect();
         v["plan"]["schedule"] = best.schedule.into();
-        v["plan"]["partition"] = serde_json::json!(counts);
+        v["plan"]["partition"] = serde_json::json!(best.partition);
         v["training"]["micro_batch"] = best.micro_batch.into();
         if let Some(o) = v["plan"].as_object_mut() {
-            o.remove("virtual_stages");
+            if best.virtual_stages > 1 {
+                o.insert("virtual_stages".into(), best.virtual_stages.into());
+            } else {
+                o.remove("virtual_stages");
+            }
         }
         std::fs::write(out, serde_json::to_string_pretty(&v).map_err(|err| err.to_string())?)
             .map_err(|err| format!("cannot write {}: {err}", out.display()))?;
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&e).map_err(|err| err.to_string())?);
-        return Ok(());
+        return if e.best.is_some() { Ok(()) } else { Err(no_plan()) };
     }
     println!("{}", s.name);
     println!(
-        "schedule     micro_batch  micro_batches  fits  s/sample     stages (first-last layer: time ms, memory GiB)"
+        "schedule         micro_batch  micro_batches  fits  s/sample     chunks (first-last layer: time ms, simulated memory GiB)"
     );
     for c in &e.candidates {
         let stages: Vec<String> = c
@@ -422,8 +432,8 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
             })
             .collect();
         println!(
-            "{:<12} {:<12} {:<14} {:<5} {:<12.6} {}",
-            c.schedule,
+            "{:<16} {:<12} {:<14} {:<5} {:<12.6} {}",
+            if c.virtual_stages > 1 { format!("{} v={}", c.schedule, c.virtual_stages) } else { c.schedule.to_string() },
             c.micro_batch,
             c.micro_batches,
             if c.fits { "yes" } else { "no" },
@@ -436,7 +446,7 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
             "best:        {} with micro-batches of {} ({:.6} s per sample)",
             b.schedule, b.micro_batch, b.time_per_sample_s
         ),
-        None => println!("best:        no plan fits"),
+        None => return Err(no_plan()),
     }
     if let Some(x) = e.speedup_vs_data_parallel {
         println!("             {x:.2}x data parallelism over all devices");
@@ -445,6 +455,7 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
         println!("             {x:.2}x GPipe with uniform stages");
     }
     if let Some(w) = write {
+        // Reached only with a best plan, which was written above.
         println!("written:      {}", w.display());
     }
     Ok(())

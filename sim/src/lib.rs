@@ -93,14 +93,19 @@ pub fn host_issue_ns(s: &scenario::Scenario, p: &lower::Program) -> engine::Host
 pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
     if s.plan.partition_policy == Some(plan::PartitionPolicy::Explore) {
         // BaPipe: take the fastest fitting (schedule, micro-batch, balanced partition).
+        // With none that fits, the balanced partition of the plan as written, reported as
+        // not fitting.
         let e = partition::explore(s);
         let mut r = s.clone();
         r.plan.partition_policy = Some(plan::PartitionPolicy::Balanced);
         if let Some(best) = e.best {
             r.plan.schedule = plan::parse_schedule(best.schedule).expect("explored schedule");
+            r.plan.virtual_stages = best.virtual_stages;
             r.plan.micro_batch = best.micro_batch;
             r.training.micro_batch = best.micro_batch;
             r.plan.micro_batches = best.micro_batches;
+            r.plan.partition = best.partition;
+            r.plan.partition_policy = None;
         }
         return simulate(&r, record);
     }

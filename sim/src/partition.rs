@@ -163,24 +163,50 @@ pub fn stash_rule(kind: ScheduleKind) -> StashRule {
     }
 }
 
+/// Per stage, the bytes the simulator's memory model holds beyond the partition's estimate
+/// (transient buffers, the head's logits, gradient accumulation, ...): the simulated peak of
+/// the uniform partition less [`partition::evaluate`]'s memory for it, never negative. The
+/// balanced partition's memory caps are lowered by these so that what it calls fitting is
+/// what the simulation calls fitting. Zero when no uniform partition exists.
+fn memory_offsets(s: &Scenario, layers: &[LayerProfile], devices: &[StageDevice], rule: StashRule) -> Vec<f64> {
+    let pp = s.plan.pp;
+    let n = layers.len() as u32;
+    if pp == 0 || n < pp {
+        return vec![0.0; pp as usize];
+    }
+    let uniform = crate::plan::Plan::uniform_partition(n, pp);
+    let mut u = s.clone();
+    u.plan.partition = uniform.clone();
+    u.plan.partition_policy = None;
+    u.plan.virtual_stages = 1;
+    let sim = crate::simulate(&u, false).report;
+    let (estimate, _) = partition::evaluate(layers, devices, s.plan.micro_batches, rule, &uniform);
+    estimate
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(k, st)| {
+            let peak = sim.stages.iter().find(|r| r.stage == k as u32).map_or(0.0, |r| r.peak_memory_bytes);
+            (peak - st.memory_bytes).max(0.0)
+        })
+        .collect()
+}
+
 /// Layers per stage under the scenario's partition policy; `Err` when no partition fits.
 pub fn resolve(s: &Scenario) -> Result<Vec<u32>, String> {
     let plan = &s.plan;
     match plan.partition_policy {
         None => Ok(plan.partition.clone()),
         Some(PartitionPolicy::Balanced) => {
-            let p = partition::balanced(
-                &layer_profiles(s),
-                &stage_devices(s),
-                plan.micro_batches,
-                stash_rule(plan.schedule),
-            )
-            .ok_or_else(|| {
-                format!(
-                    "no partition of {} layers into {} stages fits the devices' memory",
-                    active_layers(s),
-                    plan.pp
-                )
+            let layers = layer_profiles(s);
+            let mut devices = stage_devices(s);
+            let rule = stash_rule(plan.schedule);
+            let offsets = memory_offsets(s, &layers, &devices, rule);
+            for (d, extra) in devices.iter_mut().zip(offsets) {
+                d.memory_bytes -= extra;
+            }
+            let p = partition::balanced(&layers, &devices, plan.micro_batches, rule).ok_or_else(|| {
+                format!("no partition of {} layers into {} stages fits the devices' memory", active_layers(s), plan.pp)
             })?;
             Ok(counts(&p))
         }
@@ -213,9 +239,17 @@ pub fn counts(p: &PartitionPlan) -> Vec<u32> {
 #[derive(Clone, Debug, Serialize)]
 pub struct Candidate {
     pub schedule: &'static str,
+    /// Chunks per stage (above 1 only for the interleaved schedule).
+    pub virtual_stages: u32,
     pub micro_batch: u32,
     pub micro_batches: u32,
+    /// Layers of each chunk, in model order (pp x virtual_stages entries): the scenario's
+    /// `plan.partition`.
+    pub partition: Vec<u32>,
+    /// Per chunk: its layers, its time under the partition's objective, and the simulated
+    /// peak memory of the device that holds it.
     pub stages: Vec<crate::policy::partition::StagePlan>,
+    /// Whether the simulation fits every memory.
     pub fits: bool,
     pub iteration_s: f64,
     pub time_per_sample_s: f64,
@@ -238,46 +272,98 @@ fn per_sample(s: &Scenario) -> (f64, bool) {
     (r.iteration_s / s.training.global_batch as f64, r.fits)
 }
 
+/// A candidate from a scenario whose plan is fully resolved (partition policy none).
+fn candidate(c: &Scenario) -> Candidate {
+    let r = crate::simulate(c, false).report;
+    let plan = &c.plan;
+    // The objective per chunk, each chunk on its stage's device.
+    let devices = stage_devices(c);
+    let chunk_devices: Vec<StageDevice> = (0..plan.chunks()).map(|k| devices[(k % plan.pp) as usize].clone()).collect();
+    let (mut est, _) = partition::evaluate(
+        &layer_profiles(c),
+        &chunk_devices,
+        plan.micro_batches,
+        stash_rule(plan.schedule),
+        &plan.partition,
+    );
+    for (k, st) in est.stages.iter_mut().enumerate() {
+        let stage = k as u32 % plan.pp;
+        st.memory_bytes = r.stages.iter().find(|x| x.stage == stage).map_or(0.0, |x| x.peak_memory_bytes);
+    }
+    let t = r.iteration_s / c.training.global_batch as f64;
+    Candidate {
+        schedule: crate::plan::schedule_name(plan.schedule),
+        virtual_stages: plan.virtual_stages,
+        micro_batch: plan.micro_batch,
+        micro_batches: plan.micro_batches,
+        partition: plan.partition.clone(),
+        stages: est.stages,
+        fits: r.fits,
+        iteration_s: r.iteration_s,
+        time_per_sample_s: t,
+    }
+}
+
 /// BaPipe's exploration: every schedule in {GPipe, 1F1B, 2BW}, every micro-batch size that
-/// divides a replica's batch, the balanced partition for it, simulated; the best time per
-/// sample among the plans that fit.
+/// divides a replica's batch, the balanced partition for it (its memory caps lowered to agree
+/// with the simulator's, see [`memory_offsets`]), simulated; the uniform partition where the
+/// balanced one does not fit the simulation. The scenario's own schedule (interleaved, flush)
+/// and partition are explored as well, so a plan the simulator accepts is always found. The
+/// best time per sample among the plans that fit.
 pub fn explore(s: &Scenario) -> Exploration {
     let per_replica = s.training.global_batch / s.plan.dp;
+    let layers = active_layers(s);
+    let sizes: Vec<u32> = (1..=per_replica).filter(|b| per_replica.is_multiple_of(*b)).collect();
+    let with = |kind: ScheduleKind, v: u32, mb: u32, partition: Vec<u32>| {
+        let mut c = s.clone();
+        c.plan.schedule = kind;
+        c.plan.virtual_stages = v;
+        c.plan.micro_batch = mb;
+        c.training.micro_batch = mb;
+        c.plan.micro_batches = per_replica / mb;
+        c.plan.partition = partition;
+        c.plan.partition_policy = None;
+        c
+    };
     let mut candidates = Vec::new();
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::TwoBW] {
-        for mb in (1..=per_replica).filter(|b| per_replica.is_multiple_of(*b)) {
+        for &mb in &sizes {
             // PipeDream-2BW accumulates over at least as many micro-batches as stages.
             if kind == ScheduleKind::TwoBW && per_replica / mb < s.plan.pp {
                 continue;
             }
-            let mut c = s.clone();
-            c.plan.schedule = kind;
-            c.plan.virtual_stages = 1;
-            c.plan.micro_batch = mb;
-            c.training.micro_batch = mb;
-            c.plan.micro_batches = per_replica / mb;
+            let mut c = with(kind, 1, mb, Vec::new());
             c.plan.partition_policy = Some(PartitionPolicy::Balanced);
-            let Ok(parts) = resolve(&c) else { continue };
-            c.plan.partition = parts;
-            c.plan.partition_policy = None;
-            let plan = partition::evaluate(
-                &layer_profiles(&c),
-                &stage_devices(&c),
-                c.plan.micro_batches,
-                stash_rule(kind),
-                &c.plan.partition,
-            )
-            .0;
-            let (t, fits) = per_sample(&c);
-            candidates.push(Candidate {
-                schedule: crate::plan::schedule_name(kind),
-                micro_batch: mb,
+            let balanced = resolve(&c).ok().map(|parts| candidate(&with(kind, 1, mb, parts)));
+            let chosen = match balanced {
+                Some(b) if b.fits => b,
+                b if layers >= s.plan.pp => {
+                    let u = candidate(&with(kind, 1, mb, crate::plan::Plan::uniform_partition(layers, s.plan.pp)));
+                    if u.fits { u } else { b.unwrap_or(u) }
+                }
+                Some(b) => b,
+                None => continue,
+            };
+            candidates.push(chosen);
+        }
+    }
+    // The scenario's own schedule and partition, where the loop above did not cover them.
+    let uneven = s.plan.partition != crate::plan::Plan::uniform_partition(layers, s.plan.chunks());
+    let own = s.plan.partition_policy.is_none()
+        && (uneven || s.plan.virtual_stages > 1 || !matches!(s.plan.schedule, ScheduleKind::GPipe | ScheduleKind::OneFOneB));
+    if own && s.plan.token_slices.is_none() {
+        for &mb in &sizes {
+            let c = with(s.plan.schedule, s.plan.virtual_stages, mb, s.plan.partition.clone());
+            let shape = crate::schedule::ScheduleShape {
+                stages: c.plan.pp,
                 micro_batches: c.plan.micro_batches,
-                stages: plan.stages,
-                fits,
-                iteration_s: t * s.training.global_batch as f64,
-                time_per_sample_s: t,
-            });
+                virtual_stages: c.plan.virtual_stages,
+            };
+            let two_bw_short = c.plan.schedule == ScheduleKind::TwoBW && c.plan.micro_batches < c.plan.pp;
+            if crate::schedule::validate(c.plan.schedule, shape).is_err() || two_bw_short {
+                continue;
+            }
+            candidates.push(candidate(&c));
         }
     }
     let best = candidates
@@ -288,18 +374,14 @@ pub fn explore(s: &Scenario) -> Exploration {
     // Baselines: data parallelism over every device; the scenario's micro-batching under
     // GPipe with uniform stages.
     let dp = {
-        let mut c = s.clone();
         let n = s.plan.devices();
-        c.plan.dp = n;
-        c.plan.pp = 1;
-        c.plan.tp = 1;
-        c.plan.schedule = ScheduleKind::OneFOneB;
-        c.plan.partition = vec![active_layers(s)];
-        c.plan.partition_policy = None;
-        let ok = s.training.global_batch.is_multiple_of(n);
-        if ok {
-            c.plan.micro_batch = s.training.global_batch / n;
-            c.training.micro_batch = c.plan.micro_batch;
+        if s.training.global_batch.is_multiple_of(n) {
+            let mut c = with(ScheduleKind::OneFOneB, 1, s.training.global_batch / n, vec![layers]);
+            c.plan.dp = n;
+            c.plan.pp = 1;
+            c.plan.tp = 1;
+            c.plan.tp_mode = crate::workload::TpMode::OneD;
+            c.plan.sequence_parallel = false;
             c.plan.micro_batches = 1;
             let (t, fits) = per_sample(&c);
             fits.then_some(t)
@@ -307,14 +389,15 @@ pub fn explore(s: &Scenario) -> Exploration {
             None
         }
     };
-    let uniform = {
-        let mut c = s.clone();
-        c.plan.schedule = ScheduleKind::GPipe;
-        c.plan.virtual_stages = 1;
-        c.plan.partition = crate::plan::Plan::uniform_partition(active_layers(s), s.plan.pp);
-        c.plan.partition_policy = None;
-        Some(per_sample(&c).0)
-    };
+    let uniform = (layers >= s.plan.pp).then(|| {
+        let c = with(
+            ScheduleKind::GPipe,
+            1,
+            s.plan.micro_batch,
+            crate::plan::Plan::uniform_partition(layers, s.plan.pp),
+        );
+        per_sample(&c).0
+    });
     let speedup = |base: Option<f64>| base.zip(best.as_ref()).map(|(b, c)| b / c.time_per_sample_s);
     Exploration {
         speedup_vs_data_parallel: speedup(dp),
