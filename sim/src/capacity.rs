@@ -142,6 +142,8 @@ fn sized(s: &Scenario, vary: Vary, v: u32) -> Scenario {
             t.layers = ((128.0 * v as f64) / ratio).round().max(1.0) as u32;
         }
     }
+    // Never fewer layers than the pipeline has chunks.
+    t.layers = t.layers.max(s.plan.chunks());
     let layers = t.layers;
     s.workload.name =
         format!("{} ({} layers, h={})", s.workload.name.split(" (").next().unwrap_or(""), layers, t.hidden);
@@ -157,14 +159,37 @@ fn knob(s: &Scenario, vary: Vary) -> u32 {
     }
 }
 
-/// The largest knob value (>= the pipeline's chunk count for layers) whose model fits.
+/// The knob's step: the width knobs keep the head count (one head per 128 of hidden) a
+/// multiple of the tensor-parallel degree, as the scenario reader requires.
+fn step(s: &Scenario, vary: Vary) -> u32 {
+    match vary {
+        Vary::Layers => 1,
+        Vary::Hidden | Vary::Params if s.plan.ring() => 1,
+        Vary::Hidden | Vary::Params => s.plan.tp.max(1),
+    }
+}
+
+/// The largest knob value (>= the pipeline's chunk count for layers, a multiple of [`step`]
+/// for the width knobs) whose model fits.
 fn largest(s: &Scenario, vary: Vary) -> Option<u32> {
+    let g = step(s, vary);
+    if g > 1 {
+        // Search over multiples of the step.
+        let fits = |u: u32| crate::simulate(&sized(s, vary, u * g), false).report.fits;
+        return search(fits, 1, (knob(s, vary) / g).max(1)).map(|u| u * g);
+    }
     let min = if vary == Vary::Layers { s.plan.chunks() } else { 1 };
     let fits = |v: u32| crate::simulate(&sized(s, vary, v), false).report.fits;
+    search(fits, min, knob(s, vary))
+}
+
+/// The largest `v >= min` with `fits(v)`, assuming `fits` holds up to some value and no
+/// further, starting the search from `start`.
+fn search(fits: impl Fn(u32) -> bool, min: u32, start: u32) -> Option<u32> {
     if !fits(min) {
         return None;
     }
-    let (mut lo, mut hi) = (min, knob(s, vary).max(min + 1));
+    let (mut lo, mut hi) = (min, start.max(min + 1));
     // Grow until it does not fit (bounded: 1M layers or h = 128M is beyond any cluster).
     while fits(hi) {
         lo = hi;

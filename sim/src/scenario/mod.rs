@@ -1142,13 +1142,27 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         return Err(invalid(
             &o.key("pp"),
             format!(
-                "{pp} stages x {virtual_stages} virtual stages = {chunks} chunks, but the workload has only {} layers",
-                tf.layers
+                "{pp} stages x {virtual_stages} virtual stages = {chunks} chunks, but the workload has only {} layers; allowed: at most one chunk per layer (virtual_stages <= {})",
+                tf.layers,
+                tf.layers / pp.max(1)
             ),
         ));
     }
     let mut partition_policy = None;
     let partition = match o.get("partition") {
+        None if virtual_stages > 1 && !tf.layers.is_multiple_of(chunks) => {
+            let p = Plan::ends_short_partition(tf.layers, chunks);
+            let size = tf.layers.div_ceil(chunks);
+            let short: Vec<usize> = (0..p.len()).filter(|&c| p[c] < size).collect();
+            dflt(
+                "partition",
+                &format!(
+                    "uneven: {} layers over {chunks} chunks of {size}, one fewer on chunks {short:?} (the ends first)",
+                    tf.layers
+                ),
+            );
+            p
+        }
         None => {
             dflt("partition", "uniform");
             Plan::uniform_partition(tf.layers, chunks)
