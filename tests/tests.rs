@@ -17,6 +17,9 @@ mod offload;
 mod slicing;
 // Pipeline partitioning: balanced and parameter policies, the partition command.
 mod partition;
+// Commands built on policies (train-run, partition, capacity): regression inputs end in a
+// sane report or a clear error.
+mod policy_regressions;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
