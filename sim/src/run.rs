@@ -186,7 +186,6 @@ fn run_with(s: &Scenario, parts: Parts) -> (Vec<EpochReport>, Vec<Scenario>) {
         let k = if parts.pipe { plans[e].pipeline_length } else { k0 }.min(layers - f);
         let r = if parts.dp { r0 * (k0 / k) } else { r0 };
         let es = epoch_scenario(s, f, k, r);
-        let m = es.plan.micro_batches;
         // AutoCache keeps one activation per sample in host DRAM (shared by the node's
         // processes), the rest on disk.
         let sample_bytes =
@@ -196,16 +195,23 @@ fn run_with(s: &Scenario, parts: Parts) -> (Vec<EpochReport>, Vec<Scenario>) {
         let iteration = |cached_layers: u32| {
             let mut x = es.clone();
             x.plan.frozen = crate::plan::Frozen { layers: f, cached_layers, cache_on_disk };
-            crate::simulate(&x, false).report.iteration_s
+            crate::simulate(&x, false).report
         };
         let recomputed = iteration(0);
         // AutoCache: the output of the layers frozen before this epoch was written last epoch.
-        let (iteration_s, cached) = if parts.cache && prev_f > 0 && f > 0 {
+        let (report, cached) = if parts.cache && prev_f > 0 && f > 0 {
             let c = iteration(prev_f.min(f));
-            if c < recomputed { (c, true) } else { (recomputed, false) }
+            if c.iteration_s < recomputed.iteration_s { (c, true) } else { (recomputed, false) }
         } else {
             (recomputed, false)
         };
+        let iteration_s = report.iteration_s;
+        // What ran: a partition policy ("explore") may choose the schedule and micro-batches.
+        let mut es = es;
+        es.plan.schedule = crate::plan::parse_schedule(report.plan.schedule).unwrap_or(es.plan.schedule);
+        es.plan.micro_batches = report.plan.micro_batches;
+        es.training.micro_batch = report.plan.micro_batch;
+        let m = es.plan.micro_batches;
         let iterations = run.dataset_samples.div_ceil(r as u64 * b_pipe as u64) as f64;
         let transition_s = if k != prev_k { transition_s(s, &subs, f) } else { 0.0 };
         out.push(EpochReport {
@@ -255,10 +261,16 @@ fn plan_changes(s: &Scenario, epochs: &[Scenario]) -> Vec<PlanChange> {
         "AutoDP runs a replica on the devices a shorter pipeline frees (R = dp x K0 / K)",
     );
     add(
+        "plan.schedule",
+        json!(crate::plan::schedule_name(s.plan.schedule)),
+        per(&|e| json!(crate::plan::schedule_name(e.plan.schedule))),
+        "the partition policy \"explore\" chose the schedule",
+    );
+    add(
         "training.micro_batch",
         json!(s.training.micro_batch),
         per(&|e| json!(e.training.micro_batch)),
-        "a shortened pipeline takes PipeTransformer's micro-batch count for its length",
+        "a shortened pipeline takes PipeTransformer's micro-batch count for its length (or \"explore\" chose it)",
     );
     if s.plan.partition_policy.is_none() {
         add(

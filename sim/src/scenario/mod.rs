@@ -1142,9 +1142,9 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         return Err(invalid(
             &o.key("pp"),
             format!(
-                "{pp} stages x {virtual_stages} virtual stages = {chunks} chunks, but the workload has only {} layers; allowed: at most one chunk per layer (virtual_stages <= {})",
+                "{pp} stages x {virtual_stages} virtual stages = {chunks} chunks, but the workload has only {} layers; allowed: at most one chunk per layer ({})",
                 tf.layers,
-                tf.layers / pp.max(1)
+                if tf.layers >= pp { format!("virtual_stages <= {}", tf.layers / pp) } else { format!("pp <= {}", tf.layers) }
             ),
         ));
     }
