@@ -640,6 +640,15 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
     if g == 0 || g > s.plan.seq_len {
         return Err(format!("--granularity: {g} must be between 1 and seq_len {}", s.plan.seq_len));
     }
+    // Slice costs come from the device's peak at the training precision.
+    let device = &s.cluster.node.device;
+    if !(device.peak_flops.at(s.training.precision) > 0.0) {
+        return Err(format!(
+            "{}: cluster.node.device has no peak_flops for the training precision \"{}\" (nor one it falls back to); token slices cannot be costed",
+            path.display(),
+            s.training.precision.name()
+        ));
+    }
     let p = sim::choose_token_slices(&s, g);
     if json {
         println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);

@@ -164,32 +164,47 @@ pub fn stash_rule(kind: ScheduleKind) -> StashRule {
 }
 
 /// Per stage, the bytes the simulator's memory model holds beyond the partition's estimate
-/// (transient buffers, the head's logits, gradient accumulation, ...): the simulated peak of
-/// the uniform partition less [`partition::evaluate`]'s memory for it, never negative. The
-/// balanced partition's memory caps are lowered by these so that what it calls fitting is
-/// what the simulation calls fitting. Zero when no uniform partition exists.
-fn memory_offsets(s: &Scenario, layers: &[LayerProfile], devices: &[StageDevice], rule: StashRule) -> Vec<f64> {
-    let pp = s.plan.pp;
-    let n = layers.len() as u32;
-    if pp == 0 || n < pp {
-        return vec![0.0; pp as usize];
+/// (transient buffers, the head's logits, gradient accumulation, ...): `simulated`'s peaks for
+/// the partition `counts` less [`partition::evaluate`]'s memory for it, never negative.
+fn memory_offsets(s: &Scenario, counts: &[u32], simulated: &crate::report::Report) -> Vec<f64> {
+    let layers = layer_profiles(s);
+    let devices = stage_devices(s);
+    if counts.len() != devices.len() || counts.iter().map(|&c| c as usize).sum::<usize>() != layers.len() {
+        return vec![0.0; devices.len()];
     }
-    let uniform = crate::plan::Plan::uniform_partition(n, pp);
-    let mut u = s.clone();
-    u.plan.partition = uniform.clone();
-    u.plan.partition_policy = None;
-    u.plan.virtual_stages = 1;
-    let sim = crate::simulate(&u, false).report;
-    let (estimate, _) = partition::evaluate(layers, devices, s.plan.micro_batches, rule, &uniform);
+    let (estimate, _) =
+        partition::evaluate(&layers, &devices, s.plan.micro_batches, stash_rule(s.plan.schedule), counts);
     estimate
         .stages
         .iter()
         .enumerate()
         .map(|(k, st)| {
-            let peak = sim.stages.iter().find(|r| r.stage == k as u32).map_or(0.0, |r| r.peak_memory_bytes);
+            let peak = simulated.stages.iter().find(|r| r.stage == k as u32).map_or(0.0, |r| r.peak_memory_bytes);
             (peak - st.memory_bytes).max(0.0)
         })
         .collect()
+}
+
+/// The balanced partition with each stage's memory cap lowered by `offsets` bytes.
+fn balanced_counts(s: &Scenario, offsets: &[f64]) -> Result<Vec<u32>, String> {
+    let plan = &s.plan;
+    let layers = layer_profiles(s);
+    let mut devices = stage_devices(s);
+    for (d, extra) in devices.iter_mut().zip(offsets) {
+        d.memory_bytes -= extra;
+    }
+    let p = partition::balanced(&layers, &devices, plan.micro_batches, stash_rule(plan.schedule)).ok_or_else(|| {
+        format!("no partition of {} layers into {} stages fits the devices' memory", active_layers(s), plan.pp)
+    })?;
+    Ok(counts(&p))
+}
+
+/// The balanced partition again, its memory caps lowered by what the simulation of `counts`
+/// (`simulated`, which did not fit) held beyond the partition's estimate, so that what it
+/// calls fitting agrees with the simulator; `None` when that gives no other partition.
+pub fn refit(s: &Scenario, counts: &[u32], simulated: &crate::report::Report) -> Option<Vec<u32>> {
+    let offsets = memory_offsets(s, counts, simulated);
+    balanced_counts(s, &offsets).ok().filter(|p| p != counts)
 }
 
 /// Layers per stage under the scenario's partition policy; `Err` when no partition fits.
@@ -197,19 +212,7 @@ pub fn resolve(s: &Scenario) -> Result<Vec<u32>, String> {
     let plan = &s.plan;
     match plan.partition_policy {
         None => Ok(plan.partition.clone()),
-        Some(PartitionPolicy::Balanced) => {
-            let layers = layer_profiles(s);
-            let mut devices = stage_devices(s);
-            let rule = stash_rule(plan.schedule);
-            let offsets = memory_offsets(s, &layers, &devices, rule);
-            for (d, extra) in devices.iter_mut().zip(offsets) {
-                d.memory_bytes -= extra;
-            }
-            let p = partition::balanced(&layers, &devices, plan.micro_batches, rule).ok_or_else(|| {
-                format!("no partition of {} layers into {} stages fits the devices' memory", active_layers(s), plan.pp)
-            })?;
-            Ok(counts(&p))
-        }
+        Some(PartitionPolicy::Balanced) => balanced_counts(s, &[]),
         Some(PartitionPolicy::Explore) => {
             let mut b = s.clone();
             b.plan.partition_policy = Some(PartitionPolicy::Balanced);
@@ -272,8 +275,9 @@ fn per_sample(s: &Scenario) -> (f64, bool) {
     (r.iteration_s / s.training.global_batch as f64, r.fits)
 }
 
-/// A candidate from a scenario whose plan is fully resolved (partition policy none).
-fn candidate(c: &Scenario) -> Candidate {
+/// A candidate from a scenario whose plan is fully resolved (partition policy none), and its
+/// simulated report.
+fn candidate(c: &Scenario) -> (Candidate, crate::report::Report) {
     let r = crate::simulate(c, false).report;
     let plan = &c.plan;
     // The objective per chunk, each chunk on its stage's device.
@@ -291,7 +295,7 @@ fn candidate(c: &Scenario) -> Candidate {
         st.memory_bytes = r.stages.iter().find(|x| x.stage == stage).map_or(0.0, |x| x.peak_memory_bytes);
     }
     let t = r.iteration_s / c.training.global_batch as f64;
-    Candidate {
+    let cand = Candidate {
         schedule: crate::plan::schedule_name(plan.schedule),
         virtual_stages: plan.virtual_stages,
         micro_batch: plan.micro_batch,
@@ -301,13 +305,14 @@ fn candidate(c: &Scenario) -> Candidate {
         fits: r.fits,
         iteration_s: r.iteration_s,
         time_per_sample_s: t,
-    }
+    };
+    (cand, r)
 }
 
 /// BaPipe's exploration: every schedule in {GPipe, 1F1B, 2BW}, every micro-batch size that
-/// divides a replica's batch, the balanced partition for it (its memory caps lowered to agree
-/// with the simulator's, see [`memory_offsets`]), simulated; the uniform partition where the
-/// balanced one does not fit the simulation. The scenario's own schedule (interleaved, flush)
+/// divides a replica's batch, the balanced partition for it, simulated; where the simulation
+/// says it does not fit, the balanced partition under the simulator's memory ([`refit`]), then
+/// the uniform partition. The scenario's own schedule (interleaved, flush)
 /// and partition are explored as well, so a plan the simulator accepts is always found. The
 /// best time per sample among the plans that fit.
 pub fn explore(s: &Scenario) -> Exploration {
@@ -334,16 +339,29 @@ pub fn explore(s: &Scenario) -> Exploration {
             }
             let mut c = with(kind, 1, mb, Vec::new());
             c.plan.partition_policy = Some(PartitionPolicy::Balanced);
-            let balanced = resolve(&c).ok().map(|parts| candidate(&with(kind, 1, mb, parts)));
-            let chosen = match balanced {
-                Some(b) if b.fits => b,
-                b if layers >= s.plan.pp => {
-                    let u = candidate(&with(kind, 1, mb, crate::plan::Plan::uniform_partition(layers, s.plan.pp)));
-                    if u.fits { u } else { b.unwrap_or(u) }
+            let mut tried: Vec<(Vec<u32>, Candidate)> = Vec::new();
+            // The balanced partition; where the simulation says it does not fit, the balanced
+            // partition under the simulator's memory (see `refit`); then the uniform one.
+            if let Ok(parts) = resolve(&c) {
+                let (cand, report) = candidate(&with(kind, 1, mb, parts.clone()));
+                let refit = if cand.fits { None } else { refit(&c, &parts, &report) };
+                tried.push((parts, cand));
+                if let Some(parts) = refit {
+                    let (cand, _) = candidate(&with(kind, 1, mb, parts.clone()));
+                    tried.push((parts, cand));
                 }
-                Some(b) => b,
-                None => continue,
+            }
+            if layers >= s.plan.pp && !tried.iter().any(|(_, c)| c.fits) {
+                let parts = crate::plan::Plan::uniform_partition(layers, s.plan.pp);
+                if !tried.iter().any(|(p, _)| *p == parts) {
+                    let (cand, _) = candidate(&with(kind, 1, mb, parts.clone()));
+                    tried.push((parts, cand));
+                }
+            }
+            let Some(chosen) = tried.iter().position(|(_, c)| c.fits).or((!tried.is_empty()).then_some(0)) else {
+                continue;
             };
+            let chosen = tried.swap_remove(chosen).1;
             candidates.push(chosen);
         }
     }
@@ -363,7 +381,7 @@ pub fn explore(s: &Scenario) -> Exploration {
             if crate::schedule::validate(c.plan.schedule, shape).is_err() || two_bw_short {
                 continue;
             }
-            candidates.push(candidate(&c));
+            candidates.push(candidate(&c).0);
         }
     }
     let best = candidates
