@@ -642,7 +642,8 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
     }
     // Slice costs come from the device's peak at the training precision.
     let device = &s.cluster.node.device;
-    if !(device.peak_flops.at(s.training.precision) > 0.0) {
+    let peak = device.peak_flops.at(s.training.precision);
+    if peak.is_nan() || peak <= 0.0 {
         return Err(format!(
             "{}: cluster.node.device has no peak_flops for the training precision \"{}\" (nor one it falls back to); token slices cannot be costed",
             path.display(),

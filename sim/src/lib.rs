@@ -120,13 +120,15 @@ pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
         let first = simulate(&r, record);
         // The balanced partition's memory estimate fell short of the simulation's: partition
         // again under the simulator's memory, and keep that if it fits.
-        if s.plan.partition_policy == Some(plan::PartitionPolicy::Balanced) && !first.report.fits {
-            if let Some(parts) = partition::refit(s, &r.plan.partition, &first.report) {
-                r.plan.partition = parts;
-                let second = simulate(&r, record);
-                if second.report.fits {
-                    return second;
-                }
+        let balanced = s.plan.partition_policy == Some(plan::PartitionPolicy::Balanced);
+        if balanced
+            && !first.report.fits
+            && let Some(parts) = partition::refit(s, &r.plan.partition, &first.report)
+        {
+            r.plan.partition = parts;
+            let second = simulate(&r, record);
+            if second.report.fits {
+                return second;
             }
         }
         return first;
