@@ -636,7 +636,16 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
             Some(sim::plan::TokenSlices::Auto { granularity }) => Some(granularity),
             _ => None,
         })
-        .unwrap_or(8);
+        .unwrap_or_else(|| {
+            // TeraPipe's 8-token units, but at most 256 units per sequence: the optimiser's
+            // cost table grows with the square of the units (a 8K sequence in 8-token units
+            // runs for minutes).
+            let g = 8.max(s.plan.seq_len.div_ceil(256));
+            if g > 8 {
+                eprintln!("granularity: {g} tokens (8 by default, coarser so that a sequence has at most 256 units)");
+            }
+            g
+        });
     if g == 0 || g > s.plan.seq_len {
         return Err(format!("--granularity: {g} must be between 1 and seq_len {}", s.plan.seq_len));
     }
