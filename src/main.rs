@@ -384,6 +384,12 @@ fn simulate(
 
 fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), String> {
     let s = load_scenario(path)?;
+    if s.plan.token_slices.is_some() {
+        return Err(format!(
+            "{}: plan.token_slices is set: token slicing (TeraPipe) fixes the schedule and the units, so there is nothing for partition to explore; use `trainsim slices`, or drop token_slices to explore plain pipelines",
+            path.display()
+        ));
+    }
     eprintln!("exploring schedules and micro-batch sizes with balanced partitions...");
     let e = sim::partition::explore(&s);
     let no_plan = || {
