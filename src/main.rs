@@ -425,28 +425,48 @@ fn simulate(
 
 fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), String> {
     let s = load_scenario(path)?;
-    eprintln!("exploring schedules and micro-batch sizes with balanced partitions...");
+    if s.plan.token_slices.is_some() {
+        return Err(format!(
+            "{}: plan.token_slices is set: token slicing (TeraPipe) fixes the schedule and the units, so there is nothing for partition to explore; use `trainsim slices`, or drop token_slices to explore plain pipelines",
+            path.display()
+        ));
+    }
+    if let Some(w) = write {
+        outputs::check_writable([("--write", w)])?;
+    }
+    let progress = outputs::spinner("exploring schedules and micro-batch sizes with balanced partitions");
     let e = sim::partition::explore(&s);
+    progress.finish_and_clear();
+    let no_plan = || {
+        format!(
+            "no plan fits: none of the {} explored plans (schedules, micro-batch sizes, partitions) fits the devices' memory{}",
+            e.candidates.len(),
+            if write.is_some() { "; nothing written" } else { "" }
+        )
+    };
     if let (Some(out), Some(best)) = (write, e.best.as_ref()) {
         let text = std::fs::read_to_string(path).map_err(|err| err.to_string())?;
         let mut v: serde_json::Value = serde_json::from_str(&text).map_err(|err| err.to_string())?;
-        let counts: Vec<u32> = best.stages.iter().map(|st| st.last_layer - st.first_layer + 1).collect();
         v["plan"]["schedule"] = best.schedule.into();
-        v["plan"]["partition"] = serde_json::json!(counts);
+        v["plan"]["partition"] = serde_json::json!(best.partition);
         v["training"]["micro_batch"] = best.micro_batch.into();
         if let Some(o) = v["plan"].as_object_mut() {
-            o.remove("virtual_stages");
+            if best.virtual_stages > 1 {
+                o.insert("virtual_stages".into(), best.virtual_stages.into());
+            } else {
+                o.remove("virtual_stages");
+            }
         }
         std::fs::write(out, serde_json::to_string_pretty(&v).map_err(|err| err.to_string())?)
             .map_err(|err| format!("cannot write {}: {err}", out.display()))?;
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&e).map_err(|err| err.to_string())?);
-        return Ok(());
+        return if e.best.is_some() { Ok(()) } else { Err(no_plan()) };
     }
     println!("{}", s.name);
     println!(
-        "schedule     micro_batch  micro_batches  fits  s/sample     stages (first-last layer: time ms, memory GiB)"
+        "schedule         micro_batch  micro_batches  fits  s/sample     chunks (first-last layer: time ms, simulated memory GiB)"
     );
     for c in &e.candidates {
         let stages: Vec<String> = c
@@ -463,8 +483,8 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
             })
             .collect();
         println!(
-            "{:<12} {:<12} {:<14} {:<5} {:<12.6} {}",
-            c.schedule,
+            "{:<16} {:<12} {:<14} {:<5} {:<12.6} {}",
+            if c.virtual_stages > 1 { format!("{} v={}", c.schedule, c.virtual_stages) } else { c.schedule.to_string() },
             c.micro_batch,
             c.micro_batches,
             if c.fits { "yes" } else { "no" },
@@ -477,7 +497,7 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
             "best:        {} with micro-batches of {} ({:.6} s per sample)",
             b.schedule, b.micro_batch, b.time_per_sample_s
         ),
-        None => println!("best:        no plan fits"),
+        None => return Err(no_plan()),
     }
     if let Some(x) = e.speedup_vs_data_parallel {
         println!("             {x:.2}x data parallelism over all devices");
@@ -486,6 +506,7 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
         println!("             {x:.2}x GPipe with uniform stages");
     }
     if let Some(w) = write {
+        // Reached only with a best plan, which was written above.
         println!("written:      {}", w.display());
     }
     Ok(())
@@ -498,8 +519,9 @@ fn capacity_cmd(path: &Path, vary: &str, gpus: &[u32], json: bool, plot: Option<
     if s.workload.net.is_some() {
         return Err("capacity studies vary a transformer; this workload is a network of distinct layers".into());
     }
-    eprintln!("searching the largest model per policy...");
+    let progress = outputs::spinner("searching the largest model per memory policy");
     let r = capacity(&s, v, &Policy::ALL);
+    progress.finish_and_clear();
     let mut sweep = Vec::new();
     for &n in gpus {
         let mut g = s.clone();
@@ -573,8 +595,14 @@ fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String>
     if s.run.is_none() {
         return Err(format!("{}: train-run needs \"run\": {{\"dataset_samples\": N, \"epochs\": E}}", path.display()));
     }
-    eprintln!("simulating {} epochs, the baseline and the breakdown...", s.run.as_ref().map_or(0, |r| r.epochs));
+    // The plan as written is the run's baseline: a plan the simulator refuses ends here.
+    sim::try_simulate(&s, false).map_err(|e| format!("{}: {e}", path.display()))?;
+    let progress = outputs::spinner(format!(
+        "simulating {} epochs, the baseline and the breakdown",
+        s.run.as_ref().map_or(0, |r| r.epochs)
+    ));
     let r = sim::run::training_run(&s);
+    progress.finish_and_clear();
     if let Some(dir) = plot {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let mut epochs = String::from("epoch,frozen_layers,pipeline_length,replicas,samples_per_s,epoch_s\n");
@@ -624,6 +652,12 @@ fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String>
         return Ok(());
     }
     println!("{}", s.name);
+    if r.plan_changes.is_empty() {
+        println!("plan:         as written (no policy changed it)");
+    }
+    for c in &r.plan_changes {
+        println!("plan change:  {} {} -> {} ({})", c.key, c.from, c.to, c.why);
+    }
     println!("epoch  frozen  K   R   M   cached  iteration_s  samples/s  epoch_s");
     for e in &r.epochs {
         println!(
@@ -641,7 +675,7 @@ fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String>
         );
     }
     println!(
-        "total:        {:.1} s ({:.2} h); baseline GPipe + DDP {:.1} s; speedup {:.2}x",
+        "total:        {:.1} s ({:.2} h); baseline (the plan as written, nothing frozen) {:.1} s; speedup {:.2}x",
         r.total_s,
         r.total_s / 3600.0,
         r.baseline_total_s,
@@ -660,7 +694,16 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
             Some(sim::plan::TokenSlices::Auto { granularity }) => Some(granularity),
             _ => None,
         })
-        .unwrap_or(8);
+        .unwrap_or_else(|| {
+            // TeraPipe's 8-token units, but at most 256 units per sequence: the optimiser's
+            // cost table grows with the square of the units (a 8K sequence in 8-token units
+            // runs for minutes).
+            let g = 8.max(s.plan.seq_len.div_ceil(256));
+            if g > 8 {
+                eprintln!("granularity: {g} tokens (8 by default, coarser so that a sequence has at most 256 units)");
+            }
+            g
+        });
     if g == 0 || g > s.plan.seq_len {
         return Err(format!("--granularity: {g} must be between 1 and seq_len {}", s.plan.seq_len));
     }
@@ -671,6 +714,16 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
         granularity: g,
     };
     problem.check_size().map_err(|e| format!("{}: {e}", path.display()))?;
+    // Slice costs come from the device's peak at the training precision.
+    let device = &s.cluster.node.device;
+    let peak = device.peak_flops.at(s.training.precision);
+    if peak.is_nan() || peak <= 0.0 {
+        return Err(format!(
+            "{}: cluster.node.device has no peak_flops for the training precision \"{}\" (nor one it falls back to); token slices cannot be costed",
+            path.display(),
+            s.training.precision.name()
+        ));
+    }
     let p = sim::choose_token_slices(&s, g);
     if json {
         println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);

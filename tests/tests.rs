@@ -19,6 +19,9 @@ mod offload;
 mod slicing;
 // Pipeline partitioning: balanced and parameter policies, the partition command.
 mod partition;
+// Commands built on policies (train-run, partition, capacity): regression inputs end in a
+// sane report or a clear error.
+mod policy_regressions;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
 // Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.

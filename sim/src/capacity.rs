@@ -142,6 +142,8 @@ fn sized(s: &Scenario, vary: Vary, v: u32) -> Scenario {
             t.layers = ((128.0 * v as f64) / ratio).round().max(1.0) as u32;
         }
     }
+    // Never fewer layers than the pipeline has chunks.
+    t.layers = t.layers.max(s.plan.chunks());
     let layers = t.layers;
     s.workload.name =
         format!("{} ({} layers, h={})", s.workload.name.split(" (").next().unwrap_or(""), layers, t.hidden);
@@ -157,25 +159,93 @@ fn knob(s: &Scenario, vary: Vary) -> u32 {
     }
 }
 
-/// The largest knob value (>= the pipeline's chunk count for layers) whose model fits.
-fn largest(s: &Scenario, vary: Vary) -> Option<u32> {
-    let min = if vary == Vary::Layers { s.plan.chunks() } else { 1 };
-    let fits = |v: u32| crate::simulate(&sized(s, vary, v), false).report.fits;
-    if !fits(min) {
-        return None;
+/// The knob's step: the width knobs keep the head count (one head per 128 of hidden) a
+/// multiple of the tensor-parallel degree, as the scenario reader requires.
+fn step(s: &Scenario, vary: Vary) -> u32 {
+    match vary {
+        Vary::Layers => 1,
+        Vary::Hidden | Vary::Params if s.plan.ring() => 1,
+        Vary::Hidden | Vary::Params => s.plan.tp.max(1),
     }
-    let (mut lo, mut hi) = (min, knob(s, vary).max(min + 1));
-    // Grow until it does not fit (bounded: 1M layers or h = 128M is beyond any cluster).
-    while fits(hi) {
-        lo = hi;
-        hi = hi.saturating_mul(2);
-        if hi > 1 << 20 {
-            return Some(lo);
+}
+
+/// The scenario with fewer micro-batches where that leaves its memory peak alone: under 1F1B,
+/// PipeDream-Flush and 2BW a stage holds at most `pp` micro-batches in flight, so more than
+/// `max(pp, 2)` only lengthen the run (two keep gradient accumulation). GPipe, interleaving
+/// and token slicing keep theirs. Used to find the boundary quickly; the boundary is then
+/// confirmed with the scenario's own micro-batches.
+fn probe(s: &Scenario) -> Scenario {
+    use crate::schedule::ScheduleKind;
+    let mut p = s.clone();
+    let plan = &mut p.plan;
+    let short = matches!(plan.schedule, ScheduleKind::OneFOneB | ScheduleKind::Flush | ScheduleKind::TwoBW)
+        && plan.virtual_stages == 1
+        && plan.token_slices.is_none();
+    let m = plan.pp.max(2);
+    if short && plan.micro_batches > m {
+        plan.micro_batches = m;
+        p.training.global_batch = m * plan.micro_batch * plan.dp;
+    }
+    p
+}
+
+/// The largest knob value (>= the pipeline's chunk count for layers, a multiple of [`step`]
+/// for the width knobs) whose model fits, and that model's report. The search runs on the
+/// [`probe`] scenario and is confirmed on the scenario itself (v fits, v + 1 does not); where
+/// the two disagree, it is redone on the scenario itself.
+fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report)> {
+    let g = step(s, vary);
+    let min = if vary == Vary::Layers { s.plan.chunks() } else { 1 }.div_ceil(g);
+    let start = (knob(s, vary) / g).max(min);
+    // A model the simulator refuses (too large to lower, past the clock) does not fit.
+    let report = |x: &Scenario, u: u32| crate::try_simulate(&sized(x, vary, u * g), false).ok().map(|x| x.report);
+    let fits = |x: &Scenario, u: u32| report(x, u).is_some_and(|r| r.fits);
+    let fast = probe(s);
+    let found = if fast.plan.micro_batches == s.plan.micro_batches {
+        None
+    } else {
+        search(|u| fits(&fast, u), min, start)
+    };
+    let confirmed = found.and_then(|u| {
+        let r = report(s, u).filter(|r| r.fits)?;
+        (!fits(s, u + 1)).then_some((u, r))
+    });
+    let (u, r) = match confirmed {
+        Some(c) => c,
+        None => {
+            let u = search(|u| fits(s, u), min, start)?;
+            (u, report(s, u)?)
         }
-    }
+    };
+    Some((u * g, r))
+}
+
+/// The largest `v >= min` with `fits(v)`, assuming `fits` holds up to some value and no
+/// further; the search starts at `start`.
+fn search(fits: impl Fn(u32) -> bool, min: u32, start: u32) -> Option<u32> {
+    let (mut lo, mut hi) = if fits(start) {
+        let (mut lo, mut hi) = (start, start.saturating_mul(2).max(start + 1));
+        // Grow until it does not fit (bounded: 1M layers or h = 128M is beyond any cluster).
+        while fits(hi) {
+            lo = hi;
+            hi = hi.saturating_mul(2);
+            if hi > 1 << 20 {
+                return Some(lo);
+            }
+        }
+        (lo, hi)
+    } else if start > min && fits(min) {
+        (min, start)
+    } else {
+        return None;
+    };
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if fits(mid) { lo = mid } else { hi = mid }
+        if fits(mid) {
+            lo = mid
+        } else {
+            hi = mid
+        }
     }
     Some(lo)
 }
@@ -186,9 +256,8 @@ pub fn capacity(s: &Scenario, vary: Vary, policies: &[Policy]) -> CapacityReport
         .map(|&pol| {
             let base = pol.apply(s);
             match largest(&base, vary) {
-                Some(v) => {
+                Some((v, r)) => {
                     let m = sized(&base, vary, v);
-                    let r = crate::simulate(&m, false).report;
                     PolicyCapacity {
                         policy: pol.name(),
                         max_value: v,

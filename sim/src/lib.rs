@@ -151,14 +151,19 @@ pub fn try_simulate(s: &scenario::Scenario, record: bool) -> Result<Simulation, 
 fn dispatch(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
     if s.plan.partition_policy == Some(plan::PartitionPolicy::Explore) {
         // BaPipe: take the fastest fitting (schedule, micro-batch, balanced partition).
+        // With none that fits, the balanced partition of the plan as written, reported as
+        // not fitting.
         let e = partition::explore(s);
         let mut r = s.clone();
         r.plan.partition_policy = Some(plan::PartitionPolicy::Balanced);
         if let Some(best) = e.best {
             r.plan.schedule = plan::parse_schedule(best.schedule).expect("explored schedule");
+            r.plan.virtual_stages = best.virtual_stages;
             r.plan.micro_batch = best.micro_batch;
             r.training.micro_batch = best.micro_batch;
             r.plan.micro_batches = best.micro_batches;
+            r.plan.partition = best.partition;
+            r.plan.partition_policy = None;
         }
         return try_simulate(&r, record);
     }
@@ -170,7 +175,21 @@ fn dispatch(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError
             r.plan.partition = parts;
         }
         r.plan.partition_policy = None;
-        return try_simulate(&r, record);
+        let first = try_simulate(&r, record)?;
+        // The balanced partition's memory estimate fell short of the simulation's: partition
+        // again under the simulator's memory, and keep that if it fits.
+        let balanced = s.plan.partition_policy == Some(plan::PartitionPolicy::Balanced);
+        if balanced
+            && !first.report.fits
+            && let Some(parts) = partition::refit(s, &r.plan.partition, &first.report)
+        {
+            r.plan.partition = parts;
+            let second = try_simulate(&r, record)?;
+            if second.report.fits {
+                return Ok(second);
+            }
+        }
+        return Ok(first);
     }
     if s.plan.token_slices.is_some() {
         return simulate_sliced(s, record);

@@ -36,8 +36,42 @@ fn ops_s(model: &ComputeModel, ops: &[LayerOp], recompute: bool) -> f64 {
         .sum()
 }
 
-/// One profile per layer (the embedding folded into the first, the head into the last).
+/// Forward seconds of `ops` only (a frozen layer takes no backward).
+fn forward_s(model: &ComputeModel, ops: &[LayerOp]) -> f64 {
+    ops.iter().filter_map(LayerOp::compute).map(|op| model.op_s(op, false)).sum()
+}
+
+/// One profile per layer the pipeline's partition covers (the embedding folded into the
+/// first, the head into the last). A frozen prefix (`plan.frozen`) is outside the partition:
+/// it runs forward only on the first stage and keeps only its weights there, so its cost is
+/// folded into the first active layer's profile.
 pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
+    let mut all = all_layer_profiles(s);
+    let frozen = &s.plan.frozen;
+    let f = (frozen.layers as usize).min(all.len().saturating_sub(1));
+    if f == 0 || s.workload.net.is_some() {
+        return all;
+    }
+    let w = &s.workload.transformer;
+    let plan = &s.plan;
+    let sh = shape(s);
+    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates);
+    let (wb, _, _) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let t = plan.tp_mode.weight_shards(plan.tp) as f64;
+    let head_params = if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 };
+    let embed_params = w.embedding_parameters() - head_params;
+    // The layers frozen since the cache was written run forward; the cached ones are read back.
+    let recomputed = f.saturating_sub(frozen.cached_layers as usize) as f64;
+    let prefix_s = forward_s(&model, &w.embedding_ops(sh)) + recomputed * forward_s(&model, &w.layer_ops(sh));
+    let prefix_weight_bytes = (embed_params / plan.tp as f64 + f as f64 * w.layer_parameters() / t) * wb;
+    // Layer `f` (f > 0) is a plain layer (or the last, with the head): add the prefix.
+    let mut active = all.split_off(f);
+    active[0].compute_s += prefix_s;
+    active[0].weight_bytes += prefix_weight_bytes;
+    active
+}
+
+fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let w = &s.workload.transformer;
     let plan = &s.plan;
     let sh = shape(s);
@@ -129,27 +163,56 @@ pub fn stash_rule(kind: ScheduleKind) -> StashRule {
     }
 }
 
+/// Per stage, the bytes the simulator's memory model holds beyond the partition's estimate
+/// (transient buffers, the head's logits, gradient accumulation, ...): `simulated`'s peaks for
+/// the partition `counts` less [`partition::evaluate`]'s memory for it, never negative.
+fn memory_offsets(s: &Scenario, counts: &[u32], simulated: &crate::report::Report) -> Vec<f64> {
+    let layers = layer_profiles(s);
+    let devices = stage_devices(s);
+    if counts.len() != devices.len() || counts.iter().map(|&c| c as usize).sum::<usize>() != layers.len() {
+        return vec![0.0; devices.len()];
+    }
+    let (estimate, _) =
+        partition::evaluate(&layers, &devices, s.plan.micro_batches, stash_rule(s.plan.schedule), counts);
+    estimate
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(k, st)| {
+            let peak = simulated.stages.iter().find(|r| r.stage == k as u32).map_or(0.0, |r| r.peak_memory_bytes);
+            (peak - st.memory_bytes).max(0.0)
+        })
+        .collect()
+}
+
+/// The balanced partition with each stage's memory cap lowered by `offsets` bytes.
+fn balanced_counts(s: &Scenario, offsets: &[f64]) -> Result<Vec<u32>, String> {
+    let plan = &s.plan;
+    let layers = layer_profiles(s);
+    let mut devices = stage_devices(s);
+    for (d, extra) in devices.iter_mut().zip(offsets) {
+        d.memory_bytes -= extra;
+    }
+    let p = partition::balanced(&layers, &devices, plan.micro_batches, stash_rule(plan.schedule)).ok_or_else(|| {
+        format!("no partition of {} layers into {} stages fits the devices' memory", active_layers(s), plan.pp)
+    })?;
+    Ok(counts(&p))
+}
+
+/// The balanced partition again, its memory caps lowered by what the simulation of `counts`
+/// (`simulated`, which did not fit) held beyond the partition's estimate, so that what it
+/// calls fitting agrees with the simulator; `None` when that gives no other partition.
+pub fn refit(s: &Scenario, counts: &[u32], simulated: &crate::report::Report) -> Option<Vec<u32>> {
+    let offsets = memory_offsets(s, counts, simulated);
+    balanced_counts(s, &offsets).ok().filter(|p| p != counts)
+}
+
 /// Layers per stage under the scenario's partition policy; `Err` when no partition fits.
 pub fn resolve(s: &Scenario) -> Result<Vec<u32>, String> {
     let plan = &s.plan;
     match plan.partition_policy {
         None => Ok(plan.partition.clone()),
-        Some(PartitionPolicy::Balanced) => {
-            let p = partition::balanced(
-                &layer_profiles(s),
-                &stage_devices(s),
-                plan.micro_batches,
-                stash_rule(plan.schedule),
-            )
-            .ok_or_else(|| {
-                format!(
-                    "no partition of {} layers into {} stages fits the devices' memory",
-                    s.workload.layers(),
-                    plan.pp
-                )
-            })?;
-            Ok(counts(&p))
-        }
+        Some(PartitionPolicy::Balanced) => balanced_counts(s, &[]),
         Some(PartitionPolicy::Explore) => {
             let mut b = s.clone();
             b.plan.partition_policy = Some(PartitionPolicy::Balanced);
@@ -166,6 +229,11 @@ pub fn resolve(s: &Scenario) -> Result<Vec<u32>, String> {
     }
 }
 
+/// The layers a pipeline partition covers: all but a frozen prefix.
+pub fn active_layers(s: &Scenario) -> u32 {
+    s.workload.layers() - s.plan.frozen.layers
+}
+
 pub fn counts(p: &PartitionPlan) -> Vec<u32> {
     p.stages.iter().map(|st| st.last_layer - st.first_layer + 1).collect()
 }
@@ -174,9 +242,17 @@ pub fn counts(p: &PartitionPlan) -> Vec<u32> {
 #[derive(Clone, Debug, Serialize)]
 pub struct Candidate {
     pub schedule: &'static str,
+    /// Chunks per stage (above 1 only for the interleaved schedule).
+    pub virtual_stages: u32,
     pub micro_batch: u32,
     pub micro_batches: u32,
+    /// Layers of each chunk, in model order (pp x virtual_stages entries): the scenario's
+    /// `plan.partition`.
+    pub partition: Vec<u32>,
+    /// Per chunk: its layers, its time under the partition's objective, and the simulated
+    /// peak memory of the device that holds it.
     pub stages: Vec<crate::policy::partition::StagePlan>,
+    /// Whether the simulation fits every memory.
     pub fits: bool,
     pub iteration_s: f64,
     pub time_per_sample_s: f64,
@@ -194,51 +270,128 @@ pub struct Exploration {
     pub speedup_vs_uniform_gpipe: Option<f64>,
 }
 
+/// Time per sample and whether it fits; a plan the simulator refuses (too large, past the
+/// clock) counts as not fitting.
 fn per_sample(s: &Scenario) -> (f64, bool) {
-    let r = crate::simulate(s, false).report;
-    (r.iteration_s / s.training.global_batch as f64, r.fits)
+    match crate::try_simulate(s, false) {
+        Ok(x) => (x.report.iteration_s / s.training.global_batch as f64, x.report.fits),
+        Err(_) => (f64::INFINITY, false),
+    }
+}
+
+/// A candidate from a scenario whose plan is fully resolved (partition policy none), and its
+/// simulated report.
+/// `None` when the simulator refuses the plan (too large, past the clock).
+fn candidate(c: &Scenario) -> Option<(Candidate, crate::report::Report)> {
+    let r = crate::try_simulate(c, false).ok()?.report;
+    let plan = &c.plan;
+    // The objective per chunk, each chunk on its stage's device.
+    let devices = stage_devices(c);
+    let chunk_devices: Vec<StageDevice> = (0..plan.chunks()).map(|k| devices[(k % plan.pp) as usize].clone()).collect();
+    let (mut est, _) = partition::evaluate(
+        &layer_profiles(c),
+        &chunk_devices,
+        plan.micro_batches,
+        stash_rule(plan.schedule),
+        &plan.partition,
+    );
+    for (k, st) in est.stages.iter_mut().enumerate() {
+        let stage = k as u32 % plan.pp;
+        st.memory_bytes = r.stages.iter().find(|x| x.stage == stage).map_or(0.0, |x| x.peak_memory_bytes);
+    }
+    let t = r.iteration_s / c.training.global_batch as f64;
+    let cand = Candidate {
+        schedule: crate::plan::schedule_name(plan.schedule),
+        virtual_stages: plan.virtual_stages,
+        micro_batch: plan.micro_batch,
+        micro_batches: plan.micro_batches,
+        partition: plan.partition.clone(),
+        stages: est.stages,
+        fits: r.fits,
+        iteration_s: r.iteration_s,
+        time_per_sample_s: t,
+    };
+    Some((cand, r))
 }
 
 /// BaPipe's exploration: every schedule in {GPipe, 1F1B, 2BW}, every micro-batch size that
-/// divides a replica's batch, the balanced partition for it, simulated; the best time per
-/// sample among the plans that fit.
+/// divides a replica's batch, the balanced partition for it, simulated; where the simulation
+/// says it does not fit, the balanced partition under the simulator's memory ([`refit`]), then
+/// the uniform partition. The scenario's own schedule (interleaved, flush)
+/// and partition are explored as well, so a plan the simulator accepts is always found. The
+/// best time per sample among the plans that fit.
 pub fn explore(s: &Scenario) -> Exploration {
     let per_replica = s.training.global_batch / s.plan.dp;
+    let layers = active_layers(s);
+    let sizes: Vec<u32> = (1..=per_replica).filter(|b| per_replica.is_multiple_of(*b)).collect();
+    let with = |kind: ScheduleKind, v: u32, mb: u32, partition: Vec<u32>| {
+        let mut c = s.clone();
+        c.plan.schedule = kind;
+        c.plan.virtual_stages = v;
+        c.plan.micro_batch = mb;
+        c.training.micro_batch = mb;
+        c.plan.micro_batches = per_replica / mb;
+        c.plan.partition = partition;
+        c.plan.partition_policy = None;
+        c
+    };
     let mut candidates = Vec::new();
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::TwoBW] {
-        for mb in (1..=per_replica).filter(|b| per_replica.is_multiple_of(*b)) {
+        for &mb in &sizes {
             // PipeDream-2BW accumulates over at least as many micro-batches as stages.
             if kind == ScheduleKind::TwoBW && per_replica / mb < s.plan.pp {
                 continue;
             }
-            let mut c = s.clone();
-            c.plan.schedule = kind;
-            c.plan.virtual_stages = 1;
-            c.plan.micro_batch = mb;
-            c.training.micro_batch = mb;
-            c.plan.micro_batches = per_replica / mb;
+            let mut c = with(kind, 1, mb, Vec::new());
             c.plan.partition_policy = Some(PartitionPolicy::Balanced);
-            let Ok(parts) = resolve(&c) else { continue };
-            c.plan.partition = parts;
-            c.plan.partition_policy = None;
-            let plan = partition::evaluate(
-                &layer_profiles(&c),
-                &stage_devices(&c),
-                c.plan.micro_batches,
-                stash_rule(kind),
-                &c.plan.partition,
-            )
-            .0;
-            let (t, fits) = per_sample(&c);
-            candidates.push(Candidate {
-                schedule: crate::plan::schedule_name(kind),
-                micro_batch: mb,
+            let mut tried: Vec<(Vec<u32>, Candidate)> = Vec::new();
+            // The balanced partition; where the simulation says it does not fit, the balanced
+            // partition under the simulator's memory (see `refit`); then the uniform one.
+            if let Ok(parts) = resolve(&c)
+                && let Some((cand, report)) = candidate(&with(kind, 1, mb, parts.clone()))
+            {
+                let refit = if cand.fits { None } else { refit(&c, &parts, &report) };
+                tried.push((parts, cand));
+                if let Some(parts) = refit
+                    && let Some((cand, _)) = candidate(&with(kind, 1, mb, parts.clone()))
+                {
+                    tried.push((parts, cand));
+                }
+            }
+            if layers >= s.plan.pp && !tried.iter().any(|(_, c)| c.fits) {
+                let parts = crate::plan::Plan::uniform_partition(layers, s.plan.pp);
+                if !tried.iter().any(|(p, _)| *p == parts)
+                    && let Some((cand, _)) = candidate(&with(kind, 1, mb, parts.clone()))
+                {
+                    tried.push((parts, cand));
+                }
+            }
+            let Some(chosen) = tried.iter().position(|(_, c)| c.fits).or((!tried.is_empty()).then_some(0)) else {
+                continue;
+            };
+            let chosen = tried.swap_remove(chosen).1;
+            candidates.push(chosen);
+        }
+    }
+    // The scenario's own schedule and partition, where the loop above did not cover them.
+    let uneven = s.plan.partition != crate::plan::Plan::uniform_partition(layers, s.plan.chunks());
+    let own = s.plan.partition_policy.is_none()
+        && (uneven || s.plan.virtual_stages > 1 || !matches!(s.plan.schedule, ScheduleKind::GPipe | ScheduleKind::OneFOneB));
+    if own && s.plan.token_slices.is_none() {
+        for &mb in &sizes {
+            let c = with(s.plan.schedule, s.plan.virtual_stages, mb, s.plan.partition.clone());
+            let shape = crate::schedule::ScheduleShape {
+                stages: c.plan.pp,
                 micro_batches: c.plan.micro_batches,
-                stages: plan.stages,
-                fits,
-                iteration_s: t * s.training.global_batch as f64,
-                time_per_sample_s: t,
-            });
+                virtual_stages: c.plan.virtual_stages,
+            };
+            let two_bw_short = c.plan.schedule == ScheduleKind::TwoBW && c.plan.micro_batches < c.plan.pp;
+            if crate::schedule::validate(c.plan.schedule, shape).is_err() || two_bw_short {
+                continue;
+            }
+            if let Some((cand, _)) = candidate(&c) {
+                candidates.push(cand);
+            }
         }
     }
     let best = candidates
@@ -249,18 +402,14 @@ pub fn explore(s: &Scenario) -> Exploration {
     // Baselines: data parallelism over every device; the scenario's micro-batching under
     // GPipe with uniform stages.
     let dp = {
-        let mut c = s.clone();
         let n = s.plan.devices();
-        c.plan.dp = n;
-        c.plan.pp = 1;
-        c.plan.tp = 1;
-        c.plan.schedule = ScheduleKind::OneFOneB;
-        c.plan.partition = vec![s.workload.layers()];
-        c.plan.partition_policy = None;
-        let ok = s.training.global_batch.is_multiple_of(n);
-        if ok {
-            c.plan.micro_batch = s.training.global_batch / n;
-            c.training.micro_batch = c.plan.micro_batch;
+        if s.training.global_batch.is_multiple_of(n) {
+            let mut c = with(ScheduleKind::OneFOneB, 1, s.training.global_batch / n, vec![layers]);
+            c.plan.dp = n;
+            c.plan.pp = 1;
+            c.plan.tp = 1;
+            c.plan.tp_mode = crate::workload::TpMode::OneD;
+            c.plan.sequence_parallel = false;
             c.plan.micro_batches = 1;
             let (t, fits) = per_sample(&c);
             fits.then_some(t)
@@ -268,14 +417,15 @@ pub fn explore(s: &Scenario) -> Exploration {
             None
         }
     };
-    let uniform = {
-        let mut c = s.clone();
-        c.plan.schedule = ScheduleKind::GPipe;
-        c.plan.virtual_stages = 1;
-        c.plan.partition = crate::plan::Plan::uniform_partition(s.workload.layers(), s.plan.pp);
-        c.plan.partition_policy = None;
-        Some(per_sample(&c).0)
-    };
+    let uniform = (layers >= s.plan.pp).then(|| {
+        let c = with(
+            ScheduleKind::GPipe,
+            1,
+            s.plan.micro_batch,
+            crate::plan::Plan::uniform_partition(layers, s.plan.pp),
+        );
+        per_sample(&c).0
+    });
     let speedup = |base: Option<f64>| base.zip(best.as_ref()).map(|(b, c)| b / c.time_per_sample_s);
     Exploration {
         speedup_vs_data_parallel: speedup(dp),

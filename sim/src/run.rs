@@ -6,7 +6,10 @@
 //! host DRAM as far as the node's DRAM holds the dataset's cached activations, the rest from
 //! its disks); the
 //! transition cost when the pipeline length changes; and the simulated iteration of that
-//! epoch's plan. The baseline is the same cluster running GPipe + DDP with nothing frozen.
+//! epoch's plan. Each epoch runs the plan as the user wrote it (tensor parallelism, schedule,
+//! micro-batches, partition policy) except what the asked-for policies change (the pipeline
+//! length, the replicas, and for a shortened pipeline PipeTransformer's micro-batch count);
+//! the report lists those changes. The baseline is that plan with nothing frozen.
 //!
 //! Modelling choices: the simulator partitions whole layers, so an epoch's pipeline takes the
 //! active layers evenly over K stages (AutoPipe's greedy over half-layer units decides K, not
@@ -17,6 +20,7 @@
 
 use crate::policy::freeze::{self, SubLayer};
 use crate::scenario::{FreezePolicy, Scenario};
+use crate::schedule::ScheduleKind;
 use serde::Serialize;
 
 #[derive(Clone, Debug, Serialize)]
@@ -48,6 +52,8 @@ pub struct RunReport {
     pub speedup: f64,
     /// Freezing alone, then adding AutoPipe, AutoDP and AutoCache in turn.
     pub breakdown: Vec<Variant>,
+    /// What the policies changed in the plan as written (empty: the plan ran as written).
+    pub plan_changes: Vec<PlanChange>,
 }
 
 /// The sub-layer units of the scenario's transformer, in millions of parameters.
@@ -98,8 +104,64 @@ struct Parts {
     cache: bool,
 }
 
-/// Simulate the run with `parts` on.
-fn run_with(s: &Scenario, parts: Parts) -> Vec<EpochReport> {
+/// A change a policy made to the plan the user wrote: `to` holds one value per epoch when it
+/// varies over the run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlanChange {
+    pub key: String,
+    pub from: serde_json::Value,
+    pub to: serde_json::Value,
+    pub why: String,
+}
+
+/// Whether `m` micro-batches of a `k`-stage pipeline suit `kind` (PipeDream-2BW accumulates
+/// over at least as many micro-batches as stages).
+fn schedule_takes(kind: ScheduleKind, k: u32, m: u32) -> bool {
+    let shape = crate::schedule::ScheduleShape { stages: k, micro_batches: m, virtual_stages: 1 };
+    crate::schedule::validate(kind, shape).is_ok() && (kind != ScheduleKind::TwoBW || m >= k)
+}
+
+/// Micro-batches per replica for a `k`-stage pipeline: `target` or the nearest count below it
+/// that divides the replica's batch and suits the schedule; failing that, the nearest above.
+fn micro_batches_near(kind: ScheduleKind, k: u32, b_pipe: u32, target: u32) -> u32 {
+    let ok = |m: &u32| b_pipe.is_multiple_of(*m) && schedule_takes(kind, k, *m);
+    let t = target.clamp(1, b_pipe);
+    (1..=t).rev().find(ok).or_else(|| (t..=b_pipe).find(ok)).unwrap_or(b_pipe)
+}
+
+/// One epoch's plan: the scenario as the user wrote it, with `f` layers frozen, `k` stages and
+/// `r` replicas. Where the pipeline keeps the user's length it keeps their micro-batches;
+/// where AutoPipe shortened it, PipeTransformer's count for that length
+/// ([`freeze::micro_batches_for`]). The partition is the user's policy, resolved over the
+/// active layers, or else uniform over them when the user's list no longer covers them.
+fn epoch_scenario(s: &Scenario, f: u32, k: u32, r: u32) -> Scenario {
+    let (k0, r0) = (s.plan.pp, s.plan.dp);
+    let b_pipe = s.training.global_batch / r0;
+    let layers = s.workload.transformer.layers;
+    let m = if k == k0 {
+        s.plan.micro_batches
+    } else {
+        micro_batches_near(s.plan.schedule, k, b_pipe, freeze::micro_batches_for(k))
+    };
+    let mut es = s.clone();
+    es.freeze = None;
+    es.run = None;
+    es.plan.pp = k;
+    es.plan.dp = r;
+    es.plan.micro_batches = m;
+    es.plan.micro_batch = b_pipe / m;
+    es.training.micro_batch = b_pipe / m;
+    es.training.global_batch = r * b_pipe;
+    if f > 0 || k != k0 {
+        es.plan.partition = crate::plan::Plan::uniform_partition(layers - f, k);
+    }
+    // The devices in use: all with AutoDP, else the pipelines that exist.
+    es.cluster.node.devices = (r * k * s.plan.tp).div_ceil(s.cluster.nodes);
+    es
+}
+
+/// Simulate the run with `parts` on; also each epoch's scenario.
+fn run_with(s: &Scenario, parts: Parts) -> (Vec<EpochReport>, Vec<Scenario>) {
     let run = s.run.as_ref().expect("run");
     let layers = s.workload.transformer.layers;
     let frozen: Vec<u32> = if parts.freeze { frozen_schedule(s, run.epochs) } else { vec![0; run.epochs as usize] };
@@ -107,12 +169,14 @@ fn run_with(s: &Scenario, parts: Parts) -> Vec<EpochReport> {
     let (k0, r0) = (s.plan.pp, s.plan.dp);
     let subs = sublayers(s);
     let plans = if parts.pipe {
-        freeze::elastic_schedule(&frozen, k0, s.cluster.nodes, node.devices, &subs)
+        // Checked when the scenario was read: K0 a power of two, pipelines inside a node.
+        freeze::elastic_schedule(&frozen, k0, s.cluster.nodes, node.devices / s.plan.tp, &subs)
     } else {
         Vec::new()
     };
     let b_pipe = s.training.global_batch / r0;
     let mut out = Vec::new();
+    let mut scenarios = Vec::new();
     let mut prev_k = k0;
     let mut prev_f = 0;
     for (e, &f) in frozen.iter().enumerate() {
@@ -121,24 +185,7 @@ fn run_with(s: &Scenario, parts: Parts) -> Vec<EpochReport> {
         // Whole layers per stage: never more stages than active layers (the rest idle).
         let k = if parts.pipe { plans[e].pipeline_length } else { k0 }.min(layers - f);
         let r = if parts.dp { r0 * (k0 / k) } else { r0 };
-        let m = freeze::micro_batches_for(k).min(b_pipe);
-        let m = (1..=m).rev().find(|m| b_pipe.is_multiple_of(*m)).unwrap_or(1);
-        let mut es = s.clone();
-        es.freeze = None;
-        es.run = None;
-        es.plan.pp = k;
-        es.plan.dp = r;
-        es.plan.tp = 1;
-        es.plan.schedule = crate::schedule::ScheduleKind::GPipe;
-        es.plan.virtual_stages = 1;
-        es.plan.micro_batches = m;
-        es.plan.micro_batch = b_pipe / m;
-        es.training.micro_batch = b_pipe / m;
-        es.training.global_batch = r * b_pipe;
-        es.plan.partition = crate::plan::Plan::uniform_partition(layers - f, k);
-        // The devices in use: all with AutoDP, else the pipelines that exist.
-        let used_per_node = (r * k).div_ceil(s.cluster.nodes);
-        es.cluster.node.devices = used_per_node;
+        let es = epoch_scenario(s, f, k, r);
         // AutoCache keeps one activation per sample in host DRAM (shared by the node's
         // processes), the rest on disk.
         let sample_bytes =
@@ -148,16 +195,23 @@ fn run_with(s: &Scenario, parts: Parts) -> Vec<EpochReport> {
         let iteration = |cached_layers: u32| {
             let mut x = es.clone();
             x.plan.frozen = crate::plan::Frozen { layers: f, cached_layers, cache_on_disk };
-            crate::simulate(&x, false).report.iteration_s
+            crate::simulate(&x, false).report
         };
         let recomputed = iteration(0);
         // AutoCache: the output of the layers frozen before this epoch was written last epoch.
-        let (iteration_s, cached) = if parts.cache && prev_f > 0 && f > 0 {
+        let (report, cached) = if parts.cache && prev_f > 0 && f > 0 {
             let c = iteration(prev_f.min(f));
-            if c < recomputed { (c, true) } else { (recomputed, false) }
+            if c.iteration_s < recomputed.iteration_s { (c, true) } else { (recomputed, false) }
         } else {
             (recomputed, false)
         };
+        let iteration_s = report.iteration_s;
+        // What ran: a partition policy ("explore") may choose the schedule and micro-batches.
+        let mut es = es;
+        es.plan.schedule = crate::plan::parse_schedule(report.plan.schedule).unwrap_or(es.plan.schedule);
+        es.plan.micro_batches = report.plan.micro_batches;
+        es.training.micro_batch = report.plan.micro_batch;
+        let m = es.plan.micro_batches;
         let iterations = run.dataset_samples.div_ceil(r as u64 * b_pipe as u64) as f64;
         let transition_s = if k != prev_k { transition_s(s, &subs, f) } else { 0.0 };
         out.push(EpochReport {
@@ -172,8 +226,59 @@ fn run_with(s: &Scenario, parts: Parts) -> Vec<EpochReport> {
             transition_s,
             epoch_s: iterations * iteration_s + transition_s,
         });
+        scenarios.push(es);
         prev_k = k;
         prev_f = f;
+    }
+    (out, scenarios)
+}
+
+/// What the epochs' plans changed in the plan the user wrote, and why.
+fn plan_changes(s: &Scenario, epochs: &[Scenario]) -> Vec<PlanChange> {
+    use serde_json::{Value, json};
+    let mut out = Vec::new();
+    let mut add = |key: &str, from: Value, per_epoch: Vec<Value>, why: &str| {
+        if per_epoch.iter().any(|v| *v != from) {
+            let to = if per_epoch.windows(2).all(|w| w[0] == w[1]) {
+                per_epoch.into_iter().next().unwrap_or(Value::Null)
+            } else {
+                Value::Array(per_epoch)
+            };
+            out.push(PlanChange { key: key.into(), from, to, why: why.into() });
+        }
+    };
+    let per = |f: &dyn Fn(&Scenario) -> Value| epochs.iter().map(f).collect::<Vec<_>>();
+    add(
+        "plan.pp",
+        json!(s.plan.pp),
+        per(&|e| json!(e.plan.pp)),
+        "AutoPipe shortens the pipeline as layers freeze (never more stages than active layers)",
+    );
+    add(
+        "plan.dp",
+        json!(s.plan.dp),
+        per(&|e| json!(e.plan.dp)),
+        "AutoDP runs a replica on the devices a shorter pipeline frees (R = dp x K0 / K)",
+    );
+    add(
+        "plan.schedule",
+        json!(crate::plan::schedule_name(s.plan.schedule)),
+        per(&|e| json!(crate::plan::schedule_name(e.plan.schedule))),
+        "the partition policy \"explore\" chose the schedule",
+    );
+    add(
+        "training.micro_batch",
+        json!(s.training.micro_batch),
+        per(&|e| json!(e.training.micro_batch)),
+        "a shortened pipeline takes PipeTransformer's micro-batch count for its length (or \"explore\" chose it)",
+    );
+    if s.plan.partition_policy.is_none() {
+        add(
+            "plan.partition",
+            json!(s.plan.partition),
+            per(&|e| json!(e.plan.partition)),
+            "frozen layers leave the pipeline; the active layers are cut evenly over its stages",
+        );
     }
     out
 }
@@ -188,7 +293,8 @@ fn transition_s(s: &Scenario, subs: &[SubLayer], frozen: u32) -> f64 {
     bytes / nic.effective_bytes_per_s() + nic.latency_s
 }
 
-/// Simulate the scenario's training run with freezing, and the baseline and breakdown.
+/// Simulate the scenario's training run with freezing, and the baseline and breakdown. The
+/// baseline is the plan as written with nothing frozen.
 pub fn training_run(s: &Scenario) -> RunReport {
     let total = |v: &[EpochReport]| v.iter().map(|e| e.epoch_s).sum::<f64>();
     let all = Parts { freeze: true, pipe: true, dp: true, cache: true };
@@ -199,8 +305,8 @@ pub fn training_run(s: &Scenario) -> RunReport {
         dp: spec.is_some_and(|f| f.auto_pipe && f.auto_dp),
         cache: spec.is_some_and(|f| f.auto_cache),
     };
-    let epochs = run_with(s, chosen);
-    let baseline = total(&run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false }));
+    let (epochs, scenarios) = run_with(s, chosen);
+    let baseline = total(&run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false }).0);
     let steps = [
         ("freezing alone", Parts { pipe: false, dp: false, cache: false, ..all }),
         ("+ AutoPipe", Parts { dp: false, cache: false, ..all }),
@@ -211,7 +317,7 @@ pub fn training_run(s: &Scenario) -> RunReport {
         steps
             .iter()
             .map(|(name, p)| {
-                let t = total(&run_with(s, *p));
+                let t = total(&run_with(s, *p).0);
                 Variant { name: name.to_string(), total_s: t, speedup: baseline / t }
             })
             .collect()
@@ -219,5 +325,12 @@ pub fn training_run(s: &Scenario) -> RunReport {
         Vec::new()
     };
     let t = total(&epochs);
-    RunReport { epochs, total_s: t, baseline_total_s: baseline, speedup: baseline / t, breakdown }
+    RunReport {
+        plan_changes: plan_changes(s, &scenarios),
+        epochs,
+        total_s: t,
+        baseline_total_s: baseline,
+        speedup: baseline / t,
+        breakdown,
+    }
 }

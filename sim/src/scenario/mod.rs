@@ -273,6 +273,9 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     let plan_obj = root.req("plan", Obj::obj)?;
     let plan = parse_plan(&plan_obj, &workload, &cluster, &training, &mut defaults)?;
     let freeze = parse_freeze(&plan_obj, &workload, run.as_ref(), load)?;
+    if freeze.is_some() {
+        check_elastic(&plan_obj, &plan, &cluster)?;
+    }
     let mut notes = Vec::new();
     if plan.tp > cluster.node.devices {
         notes.push(format!(
@@ -819,6 +822,39 @@ fn parse_freeze(
     }))
 }
 
+/// What PipeTransformer's elastic pipelines (`policy::freeze::elastic_schedule`) need of the
+/// plan: the initial pipeline length K0 = pp a power of two whose pipelines (pp x tp devices)
+/// fit inside one node, one chunk per stage, and no token slicing.
+fn check_elastic(o: &Obj, plan: &Plan, c: &ClusterSpec) -> Result<()> {
+    let (pp, tp, per_node) = (plan.pp, plan.tp, c.node.devices);
+    if !pp.is_power_of_two() {
+        return Err(invalid(
+            &o.key("pp"),
+            format!("{pp}: with \"freeze\", AutoPipe halves the pipeline length; allowed: a power of two (1, 2, 4, ...)"),
+        ));
+    }
+    if u64::from(pp) * u64::from(tp) > u64::from(per_node) {
+        return Err(invalid(
+            &o.key("pp"),
+            format!(
+                "{pp}: with \"freeze\", each pipeline (pp x tp = {} devices) stays inside one node of {per_node} devices; allowed: pp a power of two <= {}",
+                u64::from(pp) * u64::from(tp),
+                per_node / tp.max(1)
+            ),
+        ));
+    }
+    if plan.virtual_stages > 1 {
+        return Err(invalid(
+            &o.key("schedule"),
+            "\"interleaved\" with \"freeze\": AutoPipe re-cuts the pipeline each epoch into one chunk per stage; allowed: gpipe, 1f1b, flush, 2bw",
+        ));
+    }
+    if plan.token_slices.is_some() {
+        return Err(invalid(&o.key("token_slices"), "token slicing with \"freeze\" is not modelled; use one or the other"));
+    }
+    Ok(())
+}
+
 /// `tp_mode` and, for 2.5D, `tp_depth`: the grid must use exactly `tp` devices.
 fn parse_tp_mode(o: &Obj, tp: u32, dflt: &mut dyn FnMut(&str, &str)) -> Result<TpMode> {
     let root = |n: u32, k: u32| (1..=n).find(|q| q.pow(k) >= n).filter(|q| q.pow(k) == n);
@@ -1212,13 +1248,27 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         return Err(invalid(
             &o.key("pp"),
             format!(
-                "{pp} stages x {virtual_stages} virtual stages = {chunks} chunks, but the workload has only {} layers",
-                tf.layers
+                "{pp} stages x {virtual_stages} virtual stages = {chunks} chunks, but the workload has only {} layers; allowed: at most one chunk per layer ({})",
+                tf.layers,
+                if tf.layers >= pp { format!("virtual_stages <= {}", tf.layers / pp) } else { format!("pp <= {}", tf.layers) }
             ),
         ));
     }
     let mut partition_policy = None;
     let partition = match o.get("partition") {
+        None if virtual_stages > 1 && !tf.layers.is_multiple_of(chunks) => {
+            let p = Plan::ends_short_partition(tf.layers, chunks);
+            let size = tf.layers.div_ceil(chunks);
+            let short: Vec<usize> = (0..p.len()).filter(|&c| p[c] < size).collect();
+            dflt(
+                "partition",
+                &format!(
+                    "uneven: {} layers over {chunks} chunks of {size}, one fewer on chunks {short:?} (the ends first)",
+                    tf.layers
+                ),
+            );
+            p
+        }
         None => {
             dflt("partition", "uniform");
             Plan::uniform_partition(tf.layers, chunks)
