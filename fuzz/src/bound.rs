@@ -114,7 +114,9 @@ impl Context {
             c.pp = None;
         }
         let micro = training("micro_batch").unwrap_or(1);
-        if let (Some(gb), Some(dp)) = (c.global_batch, c.dp)
+        // Token slicing pipelines slices, not micro-batches: its unit count is its own.
+        let sliced = v.pointer("/plan/token_slices").is_some_and(|t| !t.is_null());
+        if let (Some(gb), Some(dp), false) = (c.global_batch, c.dp, sliced)
             && gb.is_multiple_of(dp * micro)
         {
             c.micro_batches = Some(gb / dp / micro);

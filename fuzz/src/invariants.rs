@@ -154,7 +154,9 @@ fn train_run(r: &Value, ctx: &Context) -> Check {
             return fail("epochs[].frozen_layers > layers");
         }
         // With nothing frozen yet, the plan is the user's.
-        if e.get("frozen_layers").and_then(Value::as_u64) == Some(0) {
+        // (A policy the user asked for may change it, and then says so in plan_changes.)
+        let changes = r.get("plan_changes").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
+        if !changes && e.get("frozen_layers").and_then(Value::as_u64) == Some(0) {
             let g = |k: &str| e.get(k).and_then(Value::as_u64);
             if ctx.pp.is_some() && g("pipeline_length") != ctx.pp
                 || ctx.dp.is_some() && g("replicas") != ctx.dp

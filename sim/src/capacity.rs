@@ -251,6 +251,14 @@ fn search(fits: impl Fn(u32) -> bool, min: u32, start: u32) -> Option<u32> {
 }
 
 pub fn capacity(s: &Scenario, vary: Vary, policies: &[Policy]) -> CapacityReport {
+    // BaPipe's exploration simulates dozens of plans; per bisection step that takes minutes.
+    // The capacity question is about memory: the scenario's own schedule with a balanced
+    // partition answers it.
+    let mut own = s.clone();
+    if own.plan.partition_policy == Some(crate::plan::PartitionPolicy::Explore) {
+        own.plan.partition_policy = Some(crate::plan::PartitionPolicy::Balanced);
+    }
+    let s = &own;
     let out = policies
         .iter()
         .map(|&pol| {

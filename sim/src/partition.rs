@@ -264,9 +264,14 @@ pub struct Exploration {
     pub candidates: Vec<Candidate>,
     /// Data parallelism over all the devices (no pipeline), if it fits; and the plan's own
     /// schedule with the uniform partition.
+    /// (Absent when the baseline does not fit or cannot be formed.)
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub data_parallel_time_per_sample_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub uniform_gpipe_time_per_sample_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup_vs_data_parallel: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup_vs_uniform_gpipe: Option<f64>,
 }
 
