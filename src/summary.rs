@@ -1,0 +1,189 @@
+//! What the CLI prints for people: the simulation's summary and the preset catalog.
+
+fn gib(b: f64) -> String {
+    format!("{:.2} GiB", b / 1024f64.powi(3))
+}
+
+pub fn print_summary(r: &sim::report::Report) {
+    let p = &r.plan;
+    println!("{}", r.name);
+    println!("workload:     {} ({:.3} B parameters)", r.workload, r.parameters / 1e9);
+    println!("cluster:      {} ({} x {})", r.cluster, r.devices, r.device);
+    println!(
+        "plan:         dp={} tp={} pp={} {}{} micro-batches={}x{} recompute={:?} zero={}",
+        p.dp,
+        p.tp,
+        p.pp,
+        p.schedule,
+        if p.virtual_stages > 1 { format!(" (v={})", p.virtual_stages) } else { String::new() },
+        p.micro_batches,
+        p.micro_batch,
+        p.recompute,
+        p.zero_stage
+    );
+    println!("iteration:    {:.4} s", r.iteration_s);
+    println!("throughput:   {:.2} samples/s, {:.0} tokens/s", r.samples_per_s, r.tokens_per_s);
+    println!(
+        "MFU:          {:.1}% ({:.1} TFLOP/s of model math per device)",
+        r.mfu * 100.0,
+        r.model_flops_per_s_per_device / 1e12
+    );
+    if (r.network_flops_per_iteration - r.model_flops_per_iteration).abs() > 0.1 * r.model_flops_per_iteration {
+        println!(
+            "              (the network runs {:.2} PFLOP per iteration: {:.1}% of peak; MFU counts 6 x parameters per sample)",
+            r.network_flops_per_iteration / 1e15,
+            r.network_flops_utilization * 100.0
+        );
+    }
+    println!("bubble:       {:.1}% of the iteration", r.bubble_fraction * 100.0);
+    if let Some(ts) = &r.token_slicing {
+        println!(
+            "token slices: {:.4} s without slicing (whole sequences), speedup {:.2}x",
+            ts.iteration_s_without, ts.speedup
+        );
+        // Identical sub-batches are listed once with their count.
+        let mut groups: Vec<(usize, &(u32, Vec<u32>))> = Vec::new();
+        for sb in &ts.slices {
+            match groups.last_mut() {
+                Some((n, last)) if *last == sb => *n += 1,
+                _ => groups.push((1, sb)),
+            }
+        }
+        for (n, (sequences, slices)) in groups {
+            println!("              {n} x {sequences} sequence(s) cut into {} slices: {slices:?}", slices.len());
+        }
+    }
+    let m = &r.memory_breakdown;
+    println!(
+        "memory:       peak {} of {} on device {} -> {}",
+        gib(r.peak_memory_bytes),
+        gib(r.memory_capacity_bytes),
+        r.peak_memory_device,
+        if r.fits { "fits" } else { "DOES NOT FIT" }
+    );
+    println!(
+        "              weights {}, gradients {}, optimizer {}, activations {}, buffers {}",
+        gib(m.weights),
+        gib(m.gradients),
+        gib(m.optimizer),
+        gib(m.activations),
+        gib(m.buffers)
+    );
+    if !r.peak_activations.is_empty() {
+        let mbs: std::collections::BTreeSet<u32> = r.peak_activations.iter().map(|a| a.micro_batch).collect();
+        let layers: std::collections::BTreeSet<i32> =
+            r.peak_activations.iter().map(|a| a.layer).filter(|&l| l >= 0).collect();
+        println!(
+            "              at the peak: activations of {} micro-batches over {} layers (largest {} for layer {}, micro-batch {})",
+            mbs.len(),
+            layers.len(),
+            gib(r.peak_activations.iter().map(|a| a.bytes).fold(0.0, f64::max)),
+            r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map_or(0, |a| a.layer),
+            r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map_or(0, |a| a.micro_batch),
+        );
+    }
+    println!("stages:       stage  layers  busy_s    bubble_s  peak");
+    for st in &r.stages {
+        println!(
+            "              {:>5}  {:>6}  {:<8.4}  {:<8.4}  {}",
+            st.stage,
+            st.layers,
+            st.compute_busy_s,
+            st.bubble_s,
+            gib(st.peak_memory_bytes)
+        );
+    }
+    for c in &r.chunk_placement {
+        println!(
+            "chunks:       stage {}: {} chunks of {:.1} M parameters; per iteration {} fetches, {} evictions, {} moved per device; optimizer {:.0}% on the device, {:.0}% on the CPU{}",
+            c.stage,
+            c.chunks,
+            c.chunk_params as f64 / 1e6,
+            c.fetches,
+            c.evictions,
+            gib(c.moved_bytes),
+            100.0 * c.optimizer_on_device,
+            100.0 * (1.0 - c.optimizer_on_device),
+            if c.feasible { "" } else { " (INFEASIBLE: a unit's chunks do not fit beside its non-model memory)" }
+        );
+    }
+    println!(
+        "engine:       {} events, {} flows, {} tasks, {} of {} devices simulated{}",
+        r.events,
+        r.flows,
+        r.tasks,
+        r.simulated_devices,
+        r.devices,
+        if r.symmetric { " (data-parallel symmetry)" } else { "" }
+    );
+    for n in &r.notes {
+        println!("note:         {n}");
+    }
+    if !r.defaults_applied.is_empty() {
+        println!("defaults:     {}", r.defaults_applied.join("; "));
+    }
+}
+
+pub fn presets(json: bool) {
+    use sim::hardware::catalog;
+    let devices = catalog::devices();
+    let links = catalog::links();
+    let nodes = catalog::nodes();
+    let workloads = sim::workload::catalog::presets();
+    if json {
+        let v = serde_json::json!({
+            "devices": devices,
+            "links": links,
+            "nodes": nodes,
+            "workloads": workloads.iter().map(|p| serde_json::json!({
+                "name": p.name, "parameters": p.config.parameters(), "published_parameters": p.published_parameters, "config": p.config,
+            })).chain(sim::workload::catalog::nets().into_iter().map(|(name, published, net)| serde_json::json!({
+                "name": name, "parameters": net.parameters(), "published_parameters": published, "layers": net.layers.len(),
+            }))).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
+        return;
+    }
+    println!("devices (dense peak at bf16/fp16, memory, bandwidth):");
+    for d in &devices {
+        let peak = d.peak_flops.at(sim::hardware::Precision::Bf16).max(d.peak_flops.at(sim::hardware::Precision::Fp16));
+        println!(
+            "  {:<16} {:>7.1} TFLOP/s  {:>8}  {:>6.0} GB/s  ({:?})",
+            d.name,
+            peak / 1e12,
+            gib(d.hbm_bytes),
+            d.mem_bandwidth_bytes_per_s / 1e9,
+            d.kind
+        );
+    }
+    println!("links (per direction, latency, efficiency):");
+    for l in &links {
+        println!(
+            "  {:<16} {:>7.2} GB/s  {:>5.1} us  {:.2}",
+            l.name,
+            l.bandwidth_bytes_per_s / 1e9,
+            l.latency_s * 1e6,
+            l.efficiency
+        );
+    }
+    println!("nodes:");
+    for n in &nodes {
+        println!(
+            "  {:<18} {} x {} on {}, {} x {} to the fabric",
+            n.name,
+            n.devices,
+            n.device.name,
+            n.intra_node.as_ref().map_or("-", |l| l.name.as_str()),
+            n.nics,
+            n.nic.name
+        );
+    }
+    println!("clusters: any node preset with \"nodes\": N, e.g. {{\"node\": \"dgx-a100-80gb\", \"nodes\": 128}}");
+    println!("workloads (parameters):");
+    for p in &workloads {
+        println!("  {:<14} {:>9.3} B", p.name, p.config.parameters() / 1e9);
+    }
+    for (name, _, net) in sim::workload::catalog::nets() {
+        println!("  {:<14} {:>9.3} B  ({} layers of their own)", name, net.parameters() / 1e9, net.layers.len());
+    }
+}
