@@ -602,8 +602,9 @@ fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String>
         "simulating {} epochs, the baseline and the breakdown",
         s.run.as_ref().map_or(0, |r| r.epochs)
     ));
-    let r = sim::run::training_run(&s);
+    let r = sim::run::try_training_run(&s);
     progress.finish_and_clear();
+    let r = r.map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(dir) = plot {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let mut epochs = String::from("epoch,frozen_layers,pipeline_length,replicas,samples_per_s,epoch_s\n");

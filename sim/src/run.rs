@@ -161,7 +161,7 @@ fn epoch_scenario(s: &Scenario, f: u32, k: u32, r: u32) -> Scenario {
 }
 
 /// Simulate the run with `parts` on; also each epoch's scenario.
-fn run_with(s: &Scenario, parts: Parts) -> (Vec<EpochReport>, Vec<Scenario>) {
+fn run_with(s: &Scenario, parts: Parts) -> Result<(Vec<EpochReport>, Vec<Scenario>), crate::SimError> {
     let run = s.run.as_ref().expect("run");
     let layers = s.workload.transformer.layers;
     let frozen: Vec<u32> = if parts.freeze { frozen_schedule(s, run.epochs) } else { vec![0; run.epochs as usize] };
@@ -195,12 +195,12 @@ fn run_with(s: &Scenario, parts: Parts) -> (Vec<EpochReport>, Vec<Scenario>) {
         let iteration = |cached_layers: u32| {
             let mut x = es.clone();
             x.plan.frozen = crate::plan::Frozen { layers: f, cached_layers, cache_on_disk };
-            crate::simulate(&x, false).report
+            crate::try_simulate(&x, false).map(|x| x.report)
         };
-        let recomputed = iteration(0);
+        let recomputed = iteration(0)?;
         // AutoCache: the output of the layers frozen before this epoch was written last epoch.
         let (report, cached) = if parts.cache && prev_f > 0 && f > 0 {
-            let c = iteration(prev_f.min(f));
+            let c = iteration(prev_f.min(f))?;
             if c.iteration_s < recomputed.iteration_s { (c, true) } else { (recomputed, false) }
         } else {
             (recomputed, false)
@@ -230,7 +230,7 @@ fn run_with(s: &Scenario, parts: Parts) -> (Vec<EpochReport>, Vec<Scenario>) {
         prev_k = k;
         prev_f = f;
     }
-    (out, scenarios)
+    Ok((out, scenarios))
 }
 
 /// What the epochs' plans changed in the plan the user wrote, and why.
@@ -293,9 +293,16 @@ fn transition_s(s: &Scenario, subs: &[SubLayer], frozen: u32) -> f64 {
     bytes / nic.effective_bytes_per_s() + nic.latency_s
 }
 
-/// Simulate the scenario's training run with freezing, and the baseline and breakdown. The
-/// baseline is the plan as written with nothing frozen.
+/// Simulate the scenario's training run with freezing, and the baseline and breakdown (see
+/// [`try_training_run`]); panics where the simulator refuses an epoch's plan.
 pub fn training_run(s: &Scenario) -> RunReport {
+    try_training_run(s).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Simulate the scenario's training run with freezing, and the baseline and breakdown. The
+/// baseline is the plan as written with nothing frozen. An epoch's plan the simulator refuses
+/// (too large, past the clock, impossible) ends the run with its error.
+pub fn try_training_run(s: &Scenario) -> Result<RunReport, crate::SimError> {
     let total = |v: &[EpochReport]| v.iter().map(|e| e.epoch_s).sum::<f64>();
     let all = Parts { freeze: true, pipe: true, dp: true, cache: true };
     let spec = s.freeze.as_ref();
@@ -305,8 +312,8 @@ pub fn training_run(s: &Scenario) -> RunReport {
         dp: spec.is_some_and(|f| f.auto_pipe && f.auto_dp),
         cache: spec.is_some_and(|f| f.auto_cache),
     };
-    let (epochs, scenarios) = run_with(s, chosen);
-    let baseline = total(&run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false }).0);
+    let (epochs, scenarios) = run_with(s, chosen)?;
+    let baseline = total(&run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false })?.0);
     let steps = [
         ("freezing alone", Parts { pipe: false, dp: false, cache: false, ..all }),
         ("+ AutoPipe", Parts { dp: false, cache: false, ..all }),
@@ -317,20 +324,20 @@ pub fn training_run(s: &Scenario) -> RunReport {
         steps
             .iter()
             .map(|(name, p)| {
-                let t = total(&run_with(s, *p).0);
-                Variant { name: name.to_string(), total_s: t, speedup: baseline / t }
+                let t = total(&run_with(s, *p)?.0);
+                Ok(Variant { name: name.to_string(), total_s: t, speedup: baseline / t })
             })
-            .collect()
+            .collect::<Result<_, crate::SimError>>()?
     } else {
         Vec::new()
     };
     let t = total(&epochs);
-    RunReport {
+    Ok(RunReport {
         plan_changes: plan_changes(s, &scenarios),
         epochs,
         total_s: t,
         baseline_total_s: baseline,
         speedup: baseline / t,
         breakdown,
-    }
+    })
 }
