@@ -118,34 +118,32 @@ pub const DEFAULT_MAX_REPLAY_S: f64 = 600.0;
 /// Host time assumed per replayed task (dispatch, dependency wait): a floor for the estimate.
 const REPLAY_TASK_S: f64 = 10e-6;
 
-/// Estimated wall time of replaying `p` on `b`: the program's FLOPs at the rate a reference
-/// GEMM reaches on the backend's device 0 right now, plus a dispatch floor per task, for
-/// every round; devices run one after another when the backend has fewer than the program.
-fn replay_estimate_s(s: &Scenario, sim_out: &sim::Simulation, b: &dyn executor::Backend, rounds: u32) -> Option<f64> {
-    let rate = reference_rate(b)?;
-    let r = &sim_out.report;
-    let nd = sim_out.program.devices.len() as f64;
-    // The program's share of the iteration's work (one replica under symmetry).
-    let flops = r.network_flops_per_iteration * nd / s.plan.devices().max(1) as f64;
-    let parallel = if b.device_count() as f64 >= nd { nd } else { 1.0 };
-    let tasks = sim_out.program.tasks.len() as f64;
-    Some(rounds as f64 * (flops / rate / parallel + tasks * REPLAY_TASK_S / parallel))
+/// FLOPs one iteration of the replayed program runs (one replica under symmetry).
+fn program_flops(s: &Scenario, sim_out: &sim::Simulation) -> f64 {
+    sim_out.report.network_flops_per_iteration * sim_out.program.devices.len() as f64 / s.plan.devices().max(1) as f64
 }
 
-fn run_replay(
-    s: &Scenario,
-    backend: &str,
-    opts: ReplayOptions,
-    probe: bool,
-    max_s: f64,
-) -> Result<Replayed, String> {
+/// Estimated wall time of replaying `sim_out`'s program on `b` for `rounds` runs: its `flops`
+/// at `rate` (a reference GEMM's FLOP/s on device 0 right now), plus a dispatch floor per
+/// task; devices run one after another when the backend has fewer than the program.
+fn replay_estimate_s(sim_out: &sim::Simulation, b: &dyn executor::Backend, rate: f64, flops: f64, rounds: u32) -> f64 {
+    let nd = sim_out.program.devices.len() as f64;
+    let parallel = if b.device_count() as f64 >= nd { nd } else { 1.0 };
+    let tasks = sim_out.program.tasks.len() as f64;
+    rounds as f64 * (flops / rate / parallel + tasks * REPLAY_TASK_S / parallel)
+}
+
+fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions, probe: bool, max_s: f64) -> Result<Replayed, String> {
     let b = executor::backend(backend).map_err(|e| e.to_string())?;
     if b.device_count() == 0 {
         // Say why there is nothing to run on before announcing a replay.
         b.open(0).map_err(|e| format!("replay on {backend}: {e}"))?;
     }
     let sim_out = sim::try_simulate(s, false).map_err(|e| e.to_string())?;
-    if let Some(est) = replay_estimate_s(s, &sim_out, b.as_ref(), opts.warmup + opts.repeats)
+    // One reference GEMM: the estimate's rate, and the drift probe's "before".
+    let rate = reference_rate(b.as_ref());
+    let flops = program_flops(s, &sim_out);
+    if let Some(est) = rate.map(|r| replay_estimate_s(&sim_out, b.as_ref(), r, flops, opts.warmup + opts.repeats))
         && est > max_s
     {
         return Err(format!(
@@ -153,13 +151,12 @@ fn run_replay(
              {est:.0} s for {} runs (estimate from a reference GEMM on this machine); that is over the {max_s} s \
              limit: replay a smaller plan (fewer layers, micro-batches or devices), or raise --max-seconds",
             sim_out.program.tasks.len(),
-            sim_out.report.network_flops_per_iteration * sim_out.program.devices.len() as f64
-                / s.plan.devices().max(1) as f64,
+            flops,
             sim_out.program.devices.len(),
             opts.warmup + opts.repeats
         ));
     }
-    let before = if probe { reference_rate(b.as_ref()) } else { None };
+    let before = if probe { rate } else { None };
     eprintln!(
         "replaying {} tasks on {} device(s) of backend {backend} ({} warm-up + {} measured runs)...",
         sim_out.program.tasks.len(),

@@ -366,7 +366,12 @@ fn simulate(
         })?;
     }
     let (trace_filter, trace_note) = outputs.trace.filter(&s)?;
-    let files = [("--trace", trace), ("--gantt", gantt_path), ("--memory", outputs.memory_csv), ("--memory-plot", outputs.memory_plot)];
+    let files = [
+        ("--trace", trace),
+        ("--gantt", gantt_path),
+        ("--memory", outputs.memory_csv),
+        ("--memory-plot", outputs.memory_plot),
+    ];
     outputs::check_writable(files.iter().filter_map(|&(what, p)| p.map(|p| (what, p))))?;
     let record =
         trace.is_some() || gantt_path.is_some() || outputs.memory_csv.is_some() || outputs.memory_plot.is_some();
@@ -485,7 +490,11 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
             .collect();
         println!(
             "{:<16} {:<12} {:<14} {:<5} {:<12.6} {}",
-            if c.virtual_stages > 1 { format!("{} v={}", c.schedule, c.virtual_stages) } else { c.schedule.to_string() },
+            if c.virtual_stages > 1 {
+                format!("{} v={}", c.schedule, c.virtual_stages)
+            } else {
+                c.schedule.to_string()
+            },
             c.micro_batch,
             c.micro_batches,
             if c.fits { "yes" } else { "no" },
@@ -596,8 +605,6 @@ fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String>
     if s.run.is_none() {
         return Err(format!("{}: train-run needs \"run\": {{\"dataset_samples\": N, \"epochs\": E}}", path.display()));
     }
-    // The plan as written is the run's baseline: a plan the simulator refuses ends here.
-    sim::try_simulate(&s, false).map_err(|e| format!("{}: {e}", path.display()))?;
     let progress = outputs::spinner(format!(
         "simulating {} epochs, the baseline and the breakdown",
         s.run.as_ref().map_or(0, |r| r.epochs)
@@ -716,16 +723,6 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
         granularity: g,
     };
     problem.check_size().map_err(|e| format!("{}: {e}", path.display()))?;
-    // Slice costs come from the device's peak at the training precision.
-    let device = &s.cluster.node.device;
-    let peak = device.peak_flops.at(s.training.precision);
-    if peak.is_nan() || peak <= 0.0 {
-        return Err(format!(
-            "{}: cluster.node.device has no peak_flops for the training precision \"{}\" (nor one it falls back to); token slices cannot be costed",
-            path.display(),
-            s.training.precision.name()
-        ));
-    }
     let p = sim::choose_token_slices(&s, g);
     if json {
         println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);

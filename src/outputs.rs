@@ -48,7 +48,8 @@ impl TraceArgs {
             None => {
                 let simulated = if s.options.symmetry { s.plan.devices() / s.plan.dp.max(1) } else { s.plan.devices() };
                 if simulated as usize > DEFAULT_TRACE_DEVICES {
-                    let stages: std::collections::BTreeSet<u32> = (0..s.plan.pp).map(|k| s.plan.device(0, k, 0)).collect();
+                    let stages: std::collections::BTreeSet<u32> =
+                        (0..s.plan.pp).map(|k| s.plan.device(0, k, 0)).collect();
                     note = Some(format!(
                         "trace: {} of {} devices (replica 0, tensor rank 0 of each of the {} stages); \
                          --trace-devices all for every simulated device",

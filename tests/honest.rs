@@ -25,14 +25,19 @@ fn memory_headroom_keeps_the_allocator_reserve() {
     let hbm = base.peak_memory_bytes / 0.95;
     let on_device = |simulation: serde_json::Value| {
         let mut v: serde_json::Value = serde_json::from_str(&gpt_on("dgx-a100-80gb", "bf16", simulation)).unwrap();
-        v["cluster"]["node"] = json!({"preset": "dgx-a100-80gb", "device": {"preset": "a100-sxm-80gb", "hbm_bytes": hbm}});
+        v["cluster"]["node"] =
+            json!({"preset": "dgx-a100-80gb", "device": {"preset": "a100-sxm-80gb", "hbm_bytes": hbm}});
         parse(&v.to_string())
     };
     let tight = sim::simulate(&on_device(json!({"memory_headroom": 0.0})), false).report;
     assert_close(tight.peak_memory_bytes, base.peak_memory_bytes, 1e-12, "same plan, same peak");
     assert!(tight.fits, "95% of memory fits when no headroom is kept");
     let s = on_device(json!({}));
-    assert!(s.defaults_applied.iter().any(|d| d.starts_with("simulation.memory_headroom = 0.1")), "{:?}", s.defaults_applied);
+    assert!(
+        s.defaults_applied.iter().any(|d| d.starts_with("simulation.memory_headroom = 0.1")),
+        "{:?}",
+        s.defaults_applied
+    );
     let r = sim::simulate(&s, false).report;
     assert!(!r.fits && !r.fits_hbm, "95% of memory must not fit beside a 10% allocator reserve");
     assert_close(r.memory_headroom_bytes, 0.1 * hbm, 1e-12, "headroom bytes");
@@ -78,7 +83,10 @@ fn mixture_of_experts_configs_are_refused() {
     let o = run(&[&"simulate", &dir.write("moe-s.json", &scenario("moe.json")), &"--json"]);
     let err = stderr(&o);
     assert!(!o.status.success(), "a Mixtral config was simulated as a dense model");
-    assert!(err.contains("not supported yet") && err.contains("mixture-of-experts") && err.contains("num_local_experts"), "{err}");
+    assert!(
+        err.contains("not supported yet") && err.contains("mixture-of-experts") && err.contains("num_local_experts"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
@@ -126,5 +134,10 @@ fn tensor_parallelism_across_nodes_is_simulated_with_a_note() {
     assert_eq!(sim::simulate(&full, false).report.iteration_s, sym.iteration_s);
     let fast = simulate(&plan(1, 2, 25e9));
     let slow = simulate(&plan(1, 2, 1e9));
-    assert!(slow.iteration_s > 1.5 * fast.iteration_s, "{} s with 1 GB/s NICs vs {} s", slow.iteration_s, fast.iteration_s);
+    assert!(
+        slow.iteration_s > 1.5 * fast.iteration_s,
+        "{} s with 1 GB/s NICs vs {} s",
+        slow.iteration_s,
+        fast.iteration_s
+    );
 }

@@ -42,7 +42,8 @@ fn large_runs_are_traced_on_one_device_per_stage_unless_asked() {
     let o = run(&[&"simulate", &s, &"--trace", &t, &"--trace-devices", &"0-1", &"--trace-streams", &"pp-send"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&t).unwrap()).unwrap();
-    let spans: Vec<&Value> = v["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X" && e["cat"] != "flow").collect();
+    let spans: Vec<&Value> =
+        v["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X" && e["cat"] != "flow").collect();
     assert!(!spans.is_empty() && spans.iter().all(|e| e["name"].as_str().unwrap().contains("send")), "only sends");
     let bad = run(&[&"simulate", &s, &"--trace", &t, &"--trace-streams", &"bogus"]);
     assert!(!bad.status.success() && stderr(&bad).contains("--trace-streams") && !stderr(&bad).contains("panicked"));

@@ -56,7 +56,8 @@ fn freezing_with_a_partition_policy_runs() {
     assert!(ok, "{err}");
     assert_sane_run(&r, 10);
     // AutoPipe shortened the pipeline and AutoDP added replicas: both are listed.
-    let keys: Vec<&str> = r["plan_changes"].as_array().expect("list").iter().filter_map(|c| c["key"].as_str()).collect();
+    let keys: Vec<&str> =
+        r["plan_changes"].as_array().expect("list").iter().filter_map(|c| c["key"].as_str()).collect();
     assert!(keys.contains(&"plan.pp") && keys.contains(&"plan.dp"), "{keys:?}");
 }
 
@@ -121,7 +122,8 @@ fn train_run_lists_what_freezing_changed() {
     let pp = changes.iter().find(|c| c["key"] == "plan.pp").expect("plan.pp changed");
     assert_eq!(pp["from"], 4);
     assert!(pp["why"].as_str().expect("why").contains("AutoPipe"));
-    let ks: Vec<u64> = r["epochs"].as_array().expect("e").iter().map(|e| e["pipeline_length"].as_u64().expect("K")).collect();
+    let ks: Vec<u64> =
+        r["epochs"].as_array().expect("e").iter().map(|e| e["pipeline_length"].as_u64().expect("K")).collect();
     assert_eq!(ks[0], 4);
     assert!(ks[1] < 4, "{ks:?}");
     let o = run_cli(&["train-run", path.to_str().expect("utf-8")]);
@@ -138,8 +140,7 @@ fn partition_handles_interleaved_schedules() {
     let dir = TempDir::new("interleaved");
     let out = dir.path().join("best.json");
     let src = repo("experiments/parallelism/gpt3-6.7b-pp-interleaved.json");
-    let (ok, e, err) =
-        json_cmd(&["partition", src.to_str().expect("utf-8"), "--write", out.to_str().expect("utf-8")]);
+    let (ok, e, err) = json_cmd(&["partition", src.to_str().expect("utf-8"), "--write", out.to_str().expect("utf-8")]);
     assert!(ok, "{err}");
     let interleaved: Vec<&Value> =
         e["candidates"].as_array().expect("c").iter().filter(|c| c["schedule"] == "interleaved").collect();
@@ -165,14 +166,18 @@ fn partition_finds_what_simulate_accepts() {
     assert_eq!(r["fits"], true);
     let dir = TempDir::new("llama70");
     let out = dir.path().join("best.json");
-    let (ok, e, err) =
-        json_cmd(&["partition", src.to_str().expect("utf-8"), "--write", out.to_str().expect("utf-8")]);
+    let (ok, e, err) = json_cmd(&["partition", src.to_str().expect("utf-8"), "--write", out.to_str().expect("utf-8")]);
     assert!(ok, "{err}");
     assert_eq!(e["best"]["fits"], true);
     // Every candidate's fit is the simulator's: a fitting one has every chunk under capacity.
     let cap = 80.0 * 1024f64.powi(3);
     for c in e["candidates"].as_array().expect("c") {
-        let worst = c["stages"].as_array().expect("s").iter().map(|s| s["memory_bytes"].as_f64().expect("m")).fold(0.0, f64::max);
+        let worst = c["stages"]
+            .as_array()
+            .expect("s")
+            .iter()
+            .map(|s| s["memory_bytes"].as_f64().expect("m"))
+            .fold(0.0, f64::max);
         assert_eq!(c["fits"].as_bool().expect("fits"), worst <= cap, "{c}");
     }
     let (ok, w, err) = json_cmd(&["simulate", out.to_str().expect("utf-8")]);

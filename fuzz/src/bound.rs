@@ -135,9 +135,8 @@ impl Context {
                 // Image patches fix the sequence (ViT: patches + class token), whatever was given.
                 c.seq_len = None;
             }
-            (p.tokens && p.heads > 0).then(|| {
-                (p.hidden as f64, p.heads as f64, p.kv_heads.max(1) as f64, p.ffn_hidden as f64)
-            })
+            (p.tokens && p.heads > 0)
+                .then(|| (p.hidden as f64, p.heads as f64, p.kv_heads.max(1) as f64, p.ffn_hidden as f64))
         } else {
             None
         };

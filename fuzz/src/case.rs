@@ -53,7 +53,8 @@ pub fn build(seed: u64, id: u64, cat: &Catalog, mix: Mix) -> Case {
         1 if base.devices <= 64 => &["--full"],
         _ => &[],
     };
-    let mut runs = vec![with("simulate", sim_extra), with("train-run", &[]), with("partition", &[]), with("slices", &[])];
+    let mut runs =
+        vec![with("simulate", sim_extra), with("train-run", &[]), with("partition", &[]), with("slices", &[])];
     if r.chance(mix.capacity_fraction) {
         runs.push(with("capacity", &[]));
     }

@@ -135,7 +135,8 @@ fn clear_error(stderr: &str) -> Result<(), &'static str> {
     }
     // Rust's Debug output of an error or an option: `Os { code: 2, kind: NotFound, .. }`,
     // `Some(3)`, `Err(..)`. (A key path such as `device.kind: ` is fine.)
-    for debug in ["{ code:", "Error {", "kind: NotFound", "kind: InvalidData", "Some(", "Err(", "Ok(", "RUST_BACKTRACE"] {
+    for debug in ["{ code:", "Error {", "kind: NotFound", "kind: InvalidData", "Some(", "Err(", "Ok(", "RUST_BACKTRACE"]
+    {
         if t.contains(debug) {
             return Err("debug formatting in the message");
         }
@@ -205,11 +206,21 @@ mod tests {
 
     #[test]
     fn allocation_failure_and_signals() {
-        let oom = outcome(None, Some(6), "", "memory allocation of 8589934592 bytes failed\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n");
+        let oom = outcome(
+            None,
+            Some(6),
+            "",
+            "memory allocation of 8589934592 bytes failed\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n",
+        );
         assert_eq!(classify("simulate", &oom, &Context::default()).class, Class::Oom);
         let seg = outcome(None, Some(11), "", "");
         assert_eq!(classify("simulate", &seg, &Context::default()), Verdict::new(Class::Signal, "SIGSEGV"));
-        let stack = outcome(None, Some(6), "", "\nthread 'main' has overflowed its stack\nfatal runtime error: stack overflow\n");
+        let stack = outcome(
+            None,
+            Some(6),
+            "",
+            "\nthread 'main' has overflowed its stack\nfatal runtime error: stack overflow\n",
+        );
         assert_eq!(classify("slices", &stack, &Context::default()).detail, "stack overflow");
         let mut slow = outcome(None, Some(9), "", "");
         slow.timed_out = true;
@@ -225,7 +236,8 @@ mod tests {
         ] {
             assert_eq!(classify("simulate", &outcome(Some(2), None, "", msg), &ctx).class, Class::ClearError, "{msg}");
         }
-        let progress = "simulating 3 epochs...\nerror: s.json: invalid scenario: run.epochs: expected a positive integer, got 0\n";
+        let progress =
+            "simulating 3 epochs...\nerror: s.json: invalid scenario: run.epochs: expected a positive integer, got 0\n";
         assert_eq!(classify("train-run", &outcome(Some(2), None, "", progress), &ctx).class, Class::ClearError);
         for (bad, why) in [
             ("", "empty stderr"),
@@ -233,7 +245,10 @@ mod tests {
             ("something went wrong", "no \"error:\" line"),
             ("error: Os { code: 2, kind: NotFound }", "debug formatting in the message"),
         ] {
-            assert_eq!(classify("simulate", &outcome(Some(1), None, "", bad), &ctx), Verdict::new(Class::UnclearError, why));
+            assert_eq!(
+                classify("simulate", &outcome(Some(1), None, "", bad), &ctx),
+                Verdict::new(Class::UnclearError, why)
+            );
         }
     }
 
@@ -244,7 +259,10 @@ mod tests {
         assert_eq!(v, Verdict::new(Class::Impossible, "mfu > 1"));
         assert_eq!(v.signature("simulate", &[]), "impossible simulate: mfu > 1");
         let ok = json!({"iteration_s": 1.0, "mfu": 0.5, "devices": 1, "stages": []});
-        assert_eq!(classify("simulate", &outcome(Some(0), None, &ok.to_string(), ""), &Context::default()).class, Class::Ok);
+        assert_eq!(
+            classify("simulate", &outcome(Some(0), None, &ok.to_string(), ""), &Context::default()).class,
+            Class::Ok
+        );
     }
 
     #[test]

@@ -270,14 +270,26 @@ mod tests {
             (json!({"mfu": null}), "mfu is null (NaN or infinite?)"),
             (json!({"iteration_s": -1.0}), "negative iteration_s"),
             (json!({"iteration_s": 0.0, "samples_per_s": 0.0}), "iteration_s <= 0"),
-            (json!({"iteration_s": 1.9e10, "samples_per_s": 32.0 / 1.9e10}), "iteration_s at the nanosecond clock's limit"),
+            (
+                json!({"iteration_s": 1.9e10, "samples_per_s": 32.0 / 1.9e10}),
+                "iteration_s at the nanosecond clock's limit",
+            ),
             (json!({"devices": 2}), "devices differ from nodes x devices per node"),
-            (json!({"model_flops_per_iteration": 1e16}), "iteration_s below model_flops_per_iteration / (devices x peak)"),
+            (
+                json!({"model_flops_per_iteration": 1e16}),
+                "iteration_s below model_flops_per_iteration / (devices x peak)",
+            ),
             (stage(2.5, 0.0), "stages[].compute_busy_s > iteration_s"),
             (stage(1.5, 2.5), "stages[].bubble_s > iteration_s"),
-            (json!({"memory_breakdown": {"weights": 1.0, "activations": -4.0}}), "negative memory_breakdown.activations"),
+            (
+                json!({"memory_breakdown": {"weights": 1.0, "activations": -4.0}}),
+                "negative memory_breakdown.activations",
+            ),
             (json!({"samples_per_s": 10.0}), "samples_per_s x iteration_s != global_batch"),
-            (json!({"fits_hbm": true, "peak_memory_bytes": 2e9, "memory_capacity_bytes": 1e9}), "fits_hbm with peak_memory_bytes above memory_capacity_bytes"),
+            (
+                json!({"fits_hbm": true, "peak_memory_bytes": 2e9, "memory_capacity_bytes": 1e9}),
+                "fits_hbm with peak_memory_bytes above memory_capacity_bytes",
+            ),
         ] {
             assert_eq!(check("simulate", &sim(extra.clone()), &ctx), Err(want.to_string()), "{extra}");
         }
@@ -291,8 +303,10 @@ mod tests {
     #[test]
     fn train_run_keeps_the_plan_until_layers_freeze() {
         let ctx = Context { dp: Some(2), pp: Some(4), micro_batches: Some(8), layers: Some(12), ..Context::default() };
-        let epoch = |frozen: u64, pp: u64| json!({"epoch": 0, "epoch_s": 10.0, "iteration_s": 1.0, "frozen_layers": frozen,
-            "pipeline_length": pp, "replicas": 2, "micro_batches": 8, "samples_per_s": 1.0, "transition_s": 0.0});
+        let epoch = |frozen: u64, pp: u64| {
+            json!({"epoch": 0, "epoch_s": 10.0, "iteration_s": 1.0, "frozen_layers": frozen,
+            "pipeline_length": pp, "replicas": 2, "micro_batches": 8, "samples_per_s": 1.0, "transition_s": 0.0})
+        };
         let run = |e: Vec<Value>| json!({"total_s": 20.0, "baseline_total_s": 30.0, "speedup": 1.5, "epochs": e});
         assert_eq!(check("train-run", &run(vec![epoch(0, 4), epoch(6, 2)]), &ctx), Ok(()));
         assert_eq!(
@@ -305,8 +319,10 @@ mod tests {
     #[test]
     fn partition_stages_cover_the_layers_within_the_iteration() {
         let ctx = Context { layers: Some(4), global_batch: Some(2), ..Context::default() };
-        let cand = |last: u64, t: f64| json!({"iteration_s": 2.0, "micro_batch": 1, "micro_batches": 2, "time_per_sample_s": 1.0,
-            "stages": [{"first_layer": 0, "last_layer": 1, "time_s": t}, {"first_layer": 2, "last_layer": last, "time_s": 1.0}]});
+        let cand = |last: u64, t: f64| {
+            json!({"iteration_s": 2.0, "micro_batch": 1, "micro_batches": 2, "time_per_sample_s": 1.0,
+            "stages": [{"first_layer": 0, "last_layer": 1, "time_s": t}, {"first_layer": 2, "last_layer": last, "time_s": 1.0}]})
+        };
         assert_eq!(check("partition", &json!({"candidates": [cand(3, 1.0)], "best": null}), &ctx), Ok(()));
         assert_eq!(
             check("partition", &json!({"candidates": [cand(2, 1.0)]}), &ctx),

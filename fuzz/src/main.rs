@@ -67,7 +67,10 @@ fn main() -> ExitCode {
     args.bin = match std::fs::canonicalize(&args.bin) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("scenario-fuzz: {}: {e}\n(build it first: cargo build --release, or pass --bin)", args.bin.display());
+            eprintln!(
+                "scenario-fuzz: {}: {e}\n(build it first: cargo build --release, or pass --bin)",
+                args.bin.display()
+            );
             return ExitCode::from(2);
         }
     };

@@ -201,11 +201,8 @@ fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report)> {
     let report = |x: &Scenario, u: u32| crate::try_simulate(&sized(x, vary, u * g), false).ok().map(|x| x.report);
     let fits = |x: &Scenario, u: u32| report(x, u).is_some_and(|r| r.fits);
     let fast = probe(s);
-    let found = if fast.plan.micro_batches == s.plan.micro_batches {
-        None
-    } else {
-        search(|u| fits(&fast, u), min, start)
-    };
+    let found =
+        if fast.plan.micro_batches == s.plan.micro_batches { None } else { search(|u| fits(&fast, u), min, start) };
     let confirmed = found.and_then(|u| {
         let r = report(s, u).filter(|r| r.fits)?;
         (!fits(s, u + 1)).then_some((u, r))
@@ -241,11 +238,7 @@ fn search(fits: impl Fn(u32) -> bool, min: u32, start: u32) -> Option<u32> {
     };
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            lo = mid
-        } else {
-            hi = mid
-        }
+        if fits(mid) { lo = mid } else { hi = mid }
     }
     Some(lo)
 }

@@ -381,7 +381,9 @@ pub fn explore(s: &Scenario) -> Exploration {
     // The scenario's own schedule and partition, where the loop above did not cover them.
     let uneven = s.plan.partition != crate::plan::Plan::uniform_partition(layers, s.plan.chunks());
     let own = s.plan.partition_policy.is_none()
-        && (uneven || s.plan.virtual_stages > 1 || !matches!(s.plan.schedule, ScheduleKind::GPipe | ScheduleKind::OneFOneB));
+        && (uneven
+            || s.plan.virtual_stages > 1
+            || !matches!(s.plan.schedule, ScheduleKind::GPipe | ScheduleKind::OneFOneB));
     if own && s.plan.token_slices.is_none() {
         for &mb in &sizes {
             let c = with(s.plan.schedule, s.plan.virtual_stages, mb, s.plan.partition.clone());
@@ -423,12 +425,8 @@ pub fn explore(s: &Scenario) -> Exploration {
         }
     };
     let uniform = (layers >= s.plan.pp).then(|| {
-        let c = with(
-            ScheduleKind::GPipe,
-            1,
-            s.plan.micro_batch,
-            crate::plan::Plan::uniform_partition(layers, s.plan.pp),
-        );
+        let c =
+            with(ScheduleKind::GPipe, 1, s.plan.micro_batch, crate::plan::Plan::uniform_partition(layers, s.plan.pp));
         per_sample(&c).0
     });
     let speedup = |base: Option<f64>| base.zip(best.as_ref()).map(|(b, c)| b / c.time_per_sample_s);

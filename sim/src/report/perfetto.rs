@@ -116,7 +116,10 @@ fn put(out: &mut Vec<u8>, p: &TracePacket) {
 }
 
 fn track(out: &mut Vec<u8>, d: TrackDescriptor) {
-    put(out, &TracePacket { trusted_packet_sequence_id: Some(SEQUENCE), track_descriptor: Some(d), ..Default::default() });
+    put(
+        out,
+        &TracePacket { trusted_packet_sequence_id: Some(SEQUENCE), track_descriptor: Some(d), ..Default::default() },
+    );
 }
 
 fn event(out: &mut Vec<u8>, ts: u64, e: TrackEvent) {
@@ -281,7 +284,8 @@ pub fn perfetto_trace(t: &Timeline, names: &TraceNames) -> Vec<u8> {
 
     // Events.
     let slice = |out: &mut Vec<u8>, track: u64, name: u64, start: u64, end: u64| {
-        let e = |kind, name_iid| TrackEvent { kind: Some(kind), name_iid, track_uuid: Some(track), ..Default::default() };
+        let e =
+            |kind, name_iid| TrackEvent { kind: Some(kind), name_iid, track_uuid: Some(track), ..Default::default() };
         event(out, start, e(SLICE_BEGIN, Some(name)));
         event(out, end.max(start), e(SLICE_END, None));
     };
@@ -335,7 +339,8 @@ mod tests {
             label: 0,
             micro_batch: 1,
         };
-        let flow = |start_ns, end_ns| FlowSpan { links: [5, u32::MAX], source: 0, target: 1, start_ns, end_ns, bytes: 8.0 };
+        let flow =
+            |start_ns, end_ns| FlowSpan { links: [5, u32::MAX], source: 0, target: 1, start_ns, end_ns, bytes: 8.0 };
         Timeline {
             labels: vec![label],
             spans: vec![span(0, 0, 100), span(1, 50, 150)],

@@ -50,12 +50,8 @@ impl TraceFilter {
         } else {
             Vec::new()
         };
-        let memory = t
-            .memory
-            .iter()
-            .filter(|m| self.device(m.device) && self.overlaps(m.time_ns, m.time_ns))
-            .copied()
-            .collect();
+        let memory =
+            t.memory.iter().filter(|m| self.device(m.device) && self.overlaps(m.time_ns, m.time_ns)).copied().collect();
         let kept: Vec<usize> = (0..t.devices.len()).filter(|&i| self.device(t.devices[i])).collect();
         let pick = |v: &[MemoryBreakdown]| kept.iter().filter_map(|&i| v.get(i).copied()).collect();
         Timeline {

@@ -200,9 +200,8 @@ impl Scenario {
         let family = d.name.split(['-', '_', ' ']).next().unwrap_or("").to_ascii_lowercase();
         let measured = m.device.to_ascii_lowercase();
         let names_model = measured.contains("nvidia") || measured.contains("amd");
-        (d.kind == DeviceKind::Gpu && names_model && !family.is_empty() && !measured.contains(&family)).then(|| {
-            format!("the profile was measured on {} and the scenario's device is {}", m.device, d.name)
-        })
+        (d.kind == DeviceKind::Gpu && names_model && !family.is_empty() && !measured.contains(&family))
+            .then(|| format!("the profile was measured on {} and the scenario's device is {}", m.device, d.name))
     }
 
     /// Replace the device's and intra-node link's defaults by measured rates.
@@ -830,7 +829,9 @@ fn check_elastic(o: &Obj, plan: &Plan, c: &ClusterSpec) -> Result<()> {
     if !pp.is_power_of_two() {
         return Err(invalid(
             &o.key("pp"),
-            format!("{pp}: with \"freeze\", AutoPipe halves the pipeline length; allowed: a power of two (1, 2, 4, ...)"),
+            format!(
+                "{pp}: with \"freeze\", AutoPipe halves the pipeline length; allowed: a power of two (1, 2, 4, ...)"
+            ),
         ));
     }
     if u64::from(pp) * u64::from(tp) > u64::from(per_node) {
@@ -850,7 +851,10 @@ fn check_elastic(o: &Obj, plan: &Plan, c: &ClusterSpec) -> Result<()> {
         ));
     }
     if plan.token_slices.is_some() {
-        return Err(invalid(&o.key("token_slices"), "token slicing with \"freeze\" is not modelled; use one or the other"));
+        return Err(invalid(
+            &o.key("token_slices"),
+            "token slicing with \"freeze\" is not modelled; use one or the other",
+        ));
     }
     Ok(())
 }
@@ -1250,7 +1254,11 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             format!(
                 "{pp} stages x {virtual_stages} virtual stages = {chunks} chunks, but the workload has only {} layers; allowed: at most one chunk per layer ({})",
                 tf.layers,
-                if tf.layers >= pp { format!("virtual_stages <= {}", tf.layers / pp) } else { format!("pp <= {}", tf.layers) }
+                if tf.layers >= pp {
+                    format!("virtual_stages <= {}", tf.layers / pp)
+                } else {
+                    format!("pp <= {}", tf.layers)
+                }
             ),
         ));
     }

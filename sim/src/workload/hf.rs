@@ -12,8 +12,15 @@ fn get_u32(v: &Value, keys: &[&str]) -> Option<u32> {
 
 /// Keys by which Hugging Face configs declare routed experts (Mixtral, Qwen-MoE, DeepSeek-V2/3,
 /// Switch/NLLB-MoE, DBRX's `ffn_config`, GPT-OSS, Llama 4, OLMoE).
-const EXPERT_KEYS: [&str; 7] =
-    ["num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok", "moe_k", "expert_capacity"];
+const EXPERT_KEYS: [&str; 7] = [
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_experts_per_tok",
+    "moe_k",
+    "expert_capacity",
+];
 
 /// The expert count (or routing key) of a mixture-of-experts config, if it is one: such a model
 /// is not a dense transformer, and simulating it as one would be silently wrong.
