@@ -10,7 +10,8 @@
 
 use crate::policy::gemini::{self, Access, ChunkSearch, Eviction, Move, STEADY_CUDA_CAP_RATIO};
 
-use super::{NONE, Program, StreamKind};
+use super::{NONE, Program};
+use crate::report::timeline::StreamKind;
 
 /// One unit access of the warm-up lowering (for the TP group's first device).
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,158 @@
+//! The ops of each block (a transformer layer, the embedding, the head, a net's layer),
+//! created once per unit shape and device class and shared by every step that runs them.
+
+use super::builder::Builder;
+use super::program::NONE;
+use crate::plan::{Recompute, Unit};
+use crate::scenario::Scenario;
+use crate::workload::{LayerOp, LayerShape, TpMode};
+
+/// The ops of one kind of block (a transformer layer, the embedding, the head), with their
+/// op-instance ids for forward and backward.
+pub(super) struct Block {
+    pub(super) ops: Vec<LayerOp>,
+    pub(super) fwd: Vec<u32>,
+    pub(super) bwd: Vec<u32>,
+    /// Activation bytes kept for backward under the plan's recomputation.
+    pub(super) saved: f64,
+    /// Activation bytes kept without recomputation (what a full recomputation rebuilds).
+    pub(super) saved_full: f64,
+}
+
+/// The blocks of one unit shape, and what crosses a stage boundary for it.
+pub(super) struct UnitBlocks {
+    /// Distinct layer blocks (one for a transformer, one per layer for a net).
+    layers: Vec<Block>,
+    /// Block of each layer.
+    kind_of: Vec<usize>,
+    pub(super) embed: Block,
+    pub(super) head: Block,
+    /// Whether the embedding and head exist as blocks (a net folds them into its layers).
+    pub(super) edges: bool,
+    /// Bytes each layer's output puts on a stage boundary.
+    pub(super) boundary: Vec<f64>,
+}
+
+impl UnitBlocks {
+    pub(super) fn layer(&self, l: u32) -> &Block {
+        &self.layers[self.kind_of[l as usize]]
+    }
+}
+
+/// The blocks of every distinct unit shape (micro-batches, or TeraPipe's token slices) per
+/// device class (a heterogeneous cluster times each class's ops on its own device), and the
+/// shape of each unit: `(blocks[shape][class], shape_of[unit])`.
+pub(super) fn unit_blocks(b: &mut Builder, s: &Scenario, units: &[Unit]) -> (Vec<Vec<UnitBlocks>>, Vec<usize>) {
+    let mut shapes: Vec<Unit> = Vec::new();
+    let classes = s.cluster.overrides.len() as u16 + 1;
+    let mut blocks: Vec<Vec<UnitBlocks>> = Vec::new();
+    let mut shape_of = Vec::with_capacity(units.len());
+    for u in units {
+        let i = match shapes.iter().position(|x| x == u) {
+            Some(i) => i,
+            None => {
+                shapes.push(*u);
+                let per_class = (0..classes)
+                    .map(|cl| {
+                        b.class = cl;
+                        unit_blocks_for(b, s, *u)
+                    })
+                    .collect();
+                b.class = 0;
+                blocks.push(per_class);
+                shapes.len() - 1
+            }
+        };
+        shape_of.push(i);
+    }
+    (blocks, shape_of)
+}
+
+fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
+    let plan = &s.plan;
+    let w = &s.workload.transformer;
+    let e = plan.precision.activation_bytes();
+    if let Some(net) = &s.workload.net {
+        let boundary: Vec<f64> = net.layers.iter().map(|l| e * u.batch as f64 * l.output_elems).collect();
+        let layers = net
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                // Full recomputation keeps the layer's input.
+                let input = if i == 0 { 0.0 } else { boundary[i - 1] };
+                b.block(l.layer_ops(u.batch, e), plan.recompute, input)
+            })
+            .collect();
+        let empty = b.block(Vec::new(), Recompute::None, 0.0);
+        let empty2 = b.block(Vec::new(), Recompute::None, 0.0);
+        return UnitBlocks {
+            layers,
+            kind_of: (0..net.layers.len()).collect(),
+            embed: empty,
+            head: empty2,
+            edges: false,
+            boundary,
+        };
+    }
+    let shape = LayerShape {
+        micro_batch: u.batch,
+        seq_len: u.tokens,
+        tp: plan.tp,
+        tp_mode: plan.tp_mode,
+        context: u.context,
+        sequence_parallel: plan.sequence_parallel,
+        flash_attention: plan.flash_attention,
+        activation_bytes: e,
+    };
+    let boundary_bytes = e * u.batch as f64 * u.tokens as f64 * w.hidden as f64
+        / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
+    let layer = b.block(w.layer_ops(shape), plan.recompute, boundary_bytes);
+    // Under ring sequence parallelism the embedding and head are whole on each device, on
+    // its share of the tokens.
+    let edge_shape = if plan.ring() {
+        LayerShape { seq_len: u.tokens / plan.tp, tp: 1, tp_mode: TpMode::OneD, ..shape }
+    } else {
+        shape
+    };
+    // Embedding and head are not recomputed.
+    let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, 0.0);
+    let head = b.block(w.head_ops(edge_shape), Recompute::None, 0.0);
+    UnitBlocks {
+        layers: vec![layer],
+        kind_of: vec![0; w.layers as usize],
+        embed,
+        head,
+        edges: true,
+        boundary: vec![boundary_bytes; w.layers as usize],
+    }
+}
+
+impl Builder {
+    /// The forward and backward op instances of a block's compute ops, and what it keeps for
+    /// backward (under full recomputation, only its input of `full_input_bytes`).
+    fn block(&mut self, ops: Vec<LayerOp>, recompute: Recompute, full_input_bytes: f64) -> Block {
+        let mut fwd = Vec::new();
+        let mut bwd = Vec::new();
+        let mut saved = 0.0;
+        let mut saved_none = 0.0;
+        for op in &ops {
+            match op {
+                LayerOp::Compute(spec) => {
+                    fwd.push(self.op(spec, false));
+                    bwd.push(self.op(spec, true));
+                    saved += spec.saved.bytes(recompute);
+                    saved_none += spec.saved.bytes(Recompute::None);
+                }
+                LayerOp::Comm { .. } => {
+                    fwd.push(NONE);
+                    bwd.push(NONE);
+                }
+            }
+        }
+        if recompute == Recompute::Full {
+            saved = full_input_bytes;
+        }
+        Block { ops, fwd, bwd, saved, saved_full: saved_none }
+    }
+}

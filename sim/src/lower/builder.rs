@@ -1,0 +1,181 @@
+//! The program under construction and the primitives every pass uses: labels, ops, tasks on
+//! streams, shared collectives, memory events and host copies.
+
+use super::gemini;
+use super::program::*;
+use super::symmetry_is_exact;
+use crate::plan::P2p;
+use crate::report::timeline::{Label, Phase, StreamKind};
+use crate::scenario::Scenario;
+use crate::workload::OpSpec;
+use std::collections::HashMap;
+
+pub(super) struct Builder {
+    pub(super) p: Program,
+
+    labels: HashMap<Label, u32>,
+    /// Per-layer label ids: [layer][op][phase], built on first use.
+    pub(super) layer_labels: Vec<Vec<[u32; 3]>>,
+    pub(super) dev_index: Vec<u32>,
+    /// Device class of the ops being created.
+    pub(super) class: u16,
+    /// Data-parallel collective tasks per (stage, tp rank, stream), in creation order.
+    pub(super) dp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
+    /// How many data-parallel collectives each (replica, stage, tp rank, stream) has lowered.
+    pub(super) dp_seq: HashMap<(u32, u32, u32, u32), u32>,
+    collective_ids: HashMap<(u8, Vec<u32>, u64), u32>,
+    /// Gemini's warm-up log: every unit access, in program order per device.
+    pub(super) unit_log: Vec<gemini::UnitAccess>,
+    /// Blocking point-to-point (`plan.p2p`): the sends each compute stream's next task waits for.
+    pub(super) held_sends: Option<Vec<Vec<u32>>>,
+    /// Gradient-accumulation ops by (device class, bytes).
+    pub(super) accumulate_ops: HashMap<(u16, u64), u32>,
+}
+
+/// The phases a layer's ops are labelled with, in the order of `Builder::layer_labels`.
+pub(super) const PH: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::Recompute];
+
+impl Builder {
+    /// An empty program over the devices to simulate: all of them, or under symmetry (see
+    /// [`symmetry_is_exact`]) replica 0's only.
+    pub(super) fn new(s: &Scenario) -> Builder {
+        let plan = &s.plan;
+        let devices = plan.devices();
+        let symmetric = s.options.symmetry && symmetry_is_exact(plan, s.cluster.node.devices);
+        let simulated: Vec<u32> = (0..devices).filter(|&d| !symmetric || plan.coords(d).0 == 0).collect();
+        let mut dev_index = vec![NONE; devices as usize];
+        for (i, &d) in simulated.iter().enumerate() {
+            dev_index[d as usize] = i as u32;
+        }
+        let mirror: Vec<u32> = (0..devices)
+            .map(|d| {
+                let (_, st, t) = plan.coords(d);
+                if symmetric { dev_index[plan.device(0, st, t) as usize] } else { dev_index[d as usize] }
+            })
+            .collect();
+        Builder {
+            p: Program {
+                devices: simulated.clone(),
+                stages: simulated.iter().map(|&d| plan.coords(d).1).collect(),
+                mirror,
+                streams: vec![Vec::new(); simulated.len() * STREAMS],
+                symmetric,
+                ..Program::default()
+            },
+
+            labels: HashMap::new(),
+            layer_labels: Vec::new(),
+            dev_index,
+            dp_tasks: HashMap::new(),
+            class: 0,
+            dp_seq: HashMap::new(),
+            collective_ids: HashMap::new(),
+            unit_log: Vec::new(),
+            accumulate_ops: HashMap::new(),
+            held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
+        }
+    }
+
+    pub(super) fn label(&mut self, l: Label) -> u32 {
+        let next = self.p.labels.len() as u32;
+        *self.labels.entry(l.clone()).or_insert_with(|| {
+            self.p.labels.push(l);
+            next
+        })
+    }
+
+    pub(super) fn op(&mut self, spec: &OpSpec, backward: bool) -> u32 {
+        self.p.ops.push(OpInstance {
+            spec: spec.clone(),
+            backward,
+            on_host: false,
+            nvme_bytes: 0.0,
+            class: self.class,
+        });
+        (self.p.ops.len() - 1) as u32
+    }
+
+    /// A task on `streams` (several for a collective among them). Under blocking
+    /// point-to-point, a compute stream's new task waits for the sends held for it.
+    pub(super) fn task(&mut self, kind: TaskKind, payload: u32, label: u32, mb: u32, streams: &[u32]) -> u32 {
+        let id = self.p.tasks.len() as u32;
+        self.p.tasks.push(Task {
+            kind,
+            streams: u32::try_from(streams.len()).expect("streams bounded by the device limit"),
+            payload,
+            label,
+            micro_batch: mb,
+            memory: NONE,
+            stream: streams[0],
+        });
+        for &s in streams {
+            self.p.streams[s as usize].push(id);
+            if let Some(held) = self.held_sends.as_mut()
+                && Program::stream_kind(s) == StreamKind::Compute
+            {
+                for send in held[s as usize].drain(..) {
+                    self.p.deps.push((send, id));
+                }
+            }
+        }
+        id
+    }
+
+    /// The id of a collective, shared by every task with the same kind, members and size.
+    pub(super) fn collective_id(&mut self, kind: CollectiveKind, members: &[u32], bytes: f64) -> u32 {
+        let key = (kind as u8, members.to_vec(), bytes.to_bits());
+        let next = self.p.collectives.len() as u32;
+        if let Some(&id) = self.collective_ids.get(&key) {
+            return id;
+        }
+        self.p.collectives.push(Collective { kind, members: members.to_vec(), bytes });
+        self.collective_ids.insert(key, next);
+        next
+    }
+
+    /// Activation bytes allocated (or, negative, freed) at a task's start or end.
+    pub(super) fn memory(&mut self, task: u32, device: u32, at_end: bool, activation_bytes: f64, layer: i32) {
+        let tag = memory_tag(layer);
+        self.memory_event(task, MemoryEvent { device, at_end, activation_bytes, buffer_bytes: 0.0, next: NONE, tag });
+    }
+
+    /// Attach a memory event to a task (a task may carry several).
+    pub(super) fn memory_event(&mut self, task: u32, ev: MemoryEvent) {
+        let id = self.p.memory_events.len() as u32;
+        self.p.memory_events.push(ev);
+        let t = &mut self.p.tasks[task as usize];
+        if t.memory == NONE {
+            t.memory = id;
+            return;
+        }
+        let mut m = t.memory;
+        while self.p.memory_events[m as usize].next != NONE {
+            m = self.p.memory_events[m as usize].next;
+        }
+        self.p.memory_events[m as usize].next = id;
+    }
+
+    /// A copy between a device and its host (or the host's NVMe) on the device's host-copy
+    /// stream.
+    pub(super) fn host_copy(&mut self, device: u32, to_device: bool, bytes: f64, nvme: bool, label: u32) -> u32 {
+        self.p.host_copies.push(HostCopy { device, to_device, bytes, nvme });
+        let id = (self.p.host_copies.len() - 1) as u32;
+        let s = Program::stream_index(self.dev_index[device as usize], StreamKind::HostCopy);
+        self.task(TaskKind::HostCopy, id, label, NONE, &[s])
+    }
+
+    pub(super) fn compute_streams(&self, group: &[u32]) -> Vec<u32> {
+        group.iter().map(|&d| Program::stream_index(self.dev_index[d as usize], StreamKind::Compute)).collect()
+    }
+}
+
+/// One tensor-parallel group (a pipeline stage of one replica): what every step's lowering
+/// on it needs.
+pub(super) struct StepCtx {
+    /// The group's devices, in tensor-parallel rank order.
+    pub(super) group: Vec<u32>,
+    /// Their compute streams.
+    pub(super) streams: Vec<u32>,
+    /// The tensor-parallel grid's dimensions (see `TpMode::dims`).
+    pub(super) dims: Vec<u32>,
+}

@@ -1,0 +1,181 @@
+//! Compute tasks: a block's ops for one pass on every device of a tensor-parallel group (with
+//! the block's tensor-parallel collectives in between), recomputation, and gradient
+//! accumulation.
+
+use super::blocks::Block;
+use super::builder::{Builder, PH, StepCtx};
+use super::program::*;
+use super::tensor_parallel::collective_on_compute;
+use crate::report::timeline::{Label, Phase};
+use crate::workload::{LayerOp, OpSpec};
+
+/// Emit one block (a layer, the embedding or the head) for a pass on every device of the
+/// group. Compute ops get consecutive ids per op (device x of the group at `id + x`), so the
+/// returned first and last ids are those of the group's device 0 and device t-1. The first
+/// compute op allocates `alloc` activation bytes when it starts; the last frees `free` when
+/// it ends.
+pub(super) fn emit_block(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    blk: &Block,
+    layer: i32,
+    phase: Phase,
+    chunk: u32,
+    mb: u32,
+    alloc: f64,
+    free: f64,
+) -> (u32, u32) {
+    let backward = phase == Phase::Backward;
+    let n = blk.ops.len();
+    let t = ctx.group.len() as u32;
+    let mut first = NONE;
+    let mut last = NONE;
+    let compute_ops = blk.ops.iter().filter(|o| o.compute().is_some()).count();
+    let mut seen = 0;
+    for i in 0..n {
+        let j = if backward { n - 1 - i } else { i };
+        match &blk.ops[j] {
+            LayerOp::Compute(spec) => {
+                seen += 1;
+                let op = if backward { blk.bwd[j] } else { blk.fwd[j] };
+                let label = layer_label(b, layer, j, spec.name, phase, chunk);
+                let f = emit_group_compute(b, ctx, op, label, mb);
+                if first == NONE {
+                    first = f;
+                    if alloc > 0.0 {
+                        for x in 0..t {
+                            let di = Program::stream_device(ctx.streams[x as usize]);
+                            b.memory(f + x, di, false, alloc, layer);
+                        }
+                    }
+                }
+                last = f + t - 1;
+                if seen == compute_ops && free > 0.0 {
+                    for x in 0..t {
+                        let di = Program::stream_device(ctx.streams[x as usize]);
+                        b.memory(f + x, di, true, -free, layer);
+                    }
+                }
+            }
+            LayerOp::Comm { name, bytes, axis, forward, backward: bwd, root } => {
+                let kind = if backward { *bwd } else { *forward };
+                if let Some(kind) = kind {
+                    collective_on_compute(b, ctx, kind, (*axis, *root), name, *bytes, layer, phase, chunk, mb);
+                }
+            }
+        }
+    }
+    (first, last)
+}
+
+/// Re-run a layer's forward before its backward: all of it (full) or the core attention
+/// (selective). Returns the first and last task ids as [`emit_block`] does.
+pub(super) fn emit_recompute(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    blk: &Block,
+    layer: i32,
+    chunk: u32,
+    mb: u32,
+    selective_only: bool,
+    alloc: f64,
+) -> (u32, u32) {
+    let mut first = NONE;
+    let mut last = NONE;
+    for (j, op) in blk.ops.iter().enumerate() {
+        match op {
+            LayerOp::Compute(spec) => {
+                if selective_only && spec.saved.selective_bytes == 0.0 && spec.name != "scores" {
+                    continue;
+                }
+                let label = layer_label(b, layer, j, spec.name, Phase::Recompute, chunk);
+                let f = emit_group_compute(b, ctx, blk.fwd[j], label, mb);
+                if first == NONE {
+                    first = f;
+                    if alloc > 0.0 {
+                        for x in 0..ctx.group.len() as u32 {
+                            let di = Program::stream_device(ctx.streams[x as usize]);
+                            b.memory(f + x, di, false, alloc, layer);
+                        }
+                    }
+                }
+                last = f + ctx.group.len() as u32 - 1;
+            }
+            LayerOp::Comm { name, bytes, axis, forward: Some(kind), root, .. } => {
+                if !selective_only {
+                    collective_on_compute(
+                        b,
+                        ctx,
+                        *kind,
+                        (*axis, *root),
+                        name,
+                        *bytes,
+                        layer,
+                        Phase::Recompute,
+                        chunk,
+                        mb,
+                    );
+                }
+            }
+            LayerOp::Comm { .. } => {}
+        }
+    }
+    (first, last)
+}
+
+fn layer_label(b: &mut Builder, layer: i32, j: usize, name: &'static str, phase: Phase, chunk: u32) -> u32 {
+    let ph = PH.iter().position(|p| *p == phase).expect("layer phase");
+    if layer >= 0 {
+        let l = layer as usize;
+        if b.layer_labels[l].len() <= j {
+            b.layer_labels[l].resize(j + 1, [NONE; 3]);
+        }
+        let cached = b.layer_labels[l][j][ph];
+        if cached != NONE {
+            return cached;
+        }
+        let id = b.label(Label { op: name, layer, phase, chunk });
+        b.layer_labels[l][j][ph] = id;
+        id
+    } else {
+        b.label(Label { op: name, layer, phase, chunk })
+    }
+}
+
+/// One compute op on every device of the group; ids are consecutive.
+pub(super) fn emit_group_compute(b: &mut Builder, ctx: &StepCtx, op: u32, label: u32, mb: u32) -> u32 {
+    let first = b.p.tasks.len() as u32;
+    for &s in &ctx.streams {
+        b.task(TaskKind::Compute, op, label, mb, &[s]);
+    }
+    first
+}
+
+/// Adds a unit's new weight gradients (`params` on each device of the group) into those kept
+/// from the earlier micro-batches ([`OpSpec::grad_accumulate`]). Returns the last of the
+/// group's tasks, or `None` when there is nothing to add.
+pub(super) fn emit_grad_accumulate(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    params: f64,
+    grad_bytes: f64,
+    layer: i32,
+    chunk: u32,
+    mb: u32,
+) -> Option<u32> {
+    let spec = OpSpec::grad_accumulate(params, grad_bytes);
+    if spec.backward_bytes <= 0.0 {
+        return None;
+    }
+    let key = (b.class, spec.backward_bytes.to_bits());
+    let op = match b.accumulate_ops.get(&key) {
+        Some(&op) => op,
+        None => {
+            let op = b.op(&spec, true);
+            b.accumulate_ops.insert(key, op);
+            op
+        }
+    };
+    let label = b.label(Label { op: spec.name, layer, phase: Phase::Backward, chunk });
+    Some(emit_group_compute(b, ctx, op, label, mb) + ctx.streams.len() as u32 - 1)
+}

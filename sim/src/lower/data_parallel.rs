@@ -1,0 +1,202 @@
+//! Data-parallel synchronisation: gradient reduction in buckets during backward (all-reduce,
+//! or reduce-scatter under ZeRO), the all-gather of updated parameter shards after the
+//! optimizer step under ZeRO-1 and 2, and the collectives shared across replicas. (ZeRO-3's
+//! parameter gathers before each use are in `gather.rs`.)
+//!
+//! The decisions a framework profile changes live here, each in one named place:
+//! [`GRAD_SYNC_STREAM`] and [`PARAM_GATHER_STREAM`] (what the collectives overlap with),
+//! [`GradSync::reduces`] (which backward steps reduce), [`GradSync::bucket_bytes`] (bucket
+//! size) and [`grad_sync`]'s `after` (what a bucket waits for), and
+//! [`gather_updated_params`] (the post-step all-gather's buckets and what they wait for).
+
+use super::builder::Builder;
+use super::context::{Lowering, Stage};
+use super::program::*;
+use crate::plan::Plan;
+use crate::report::timeline::{Label, Phase, StreamKind};
+use crate::schedule::{Pass, Step};
+use std::collections::HashMap;
+
+/// The stream gradient reductions (and ZeRO-1/2's post-step all-gathers) run on: their own,
+/// so they overlap the backward compute that follows the bucket.
+pub(super) const GRAD_SYNC_STREAM: StreamKind = StreamKind::DataParallel;
+
+/// The stream ZeRO-3's per-unit parameter all-gathers run on: their own, so a gather overlaps
+/// the previous unit's compute (and the gradient reductions).
+pub(super) const PARAM_GATHER_STREAM: StreamKind = StreamKind::Gather;
+
+/// Data-parallel collectives of (stage, tp rank) across replicas, one per member group,
+/// created by the first replica that lowers it; later replicas find it by sequence number.
+pub(super) fn dp_collective(
+    b: &mut Builder,
+    plan: &Plan,
+    r: u32,
+    stage: u32,
+    x: u32,
+    kind: CollectiveKind,
+    bytes: f64,
+    name: &'static str,
+    stream: StreamKind,
+) -> u32 {
+    let seq_key = (r, stage, x, stream.index() as u32);
+    let n = *b.dp_seq.entry(seq_key).and_modify(|v| *v += 1).or_insert(0) as usize;
+    // Under ring sequence parallelism one collective spans the whole stage.
+    let x_key = if plan.ring() { 0 } else { x };
+    let list = b.dp_tasks.entry((stage, x_key, stream.index() as u32)).or_default();
+    if n < list.len() {
+        return list[n];
+    }
+    let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
+    let members = plan.sync_members(stage, x);
+    let streams: Vec<u32> = members
+        .iter()
+        .filter(|&&d| b.dev_index[d as usize] != NONE)
+        .map(|&d| Program::stream_index(b.dev_index[d as usize], stream))
+        .collect();
+    let id = b.collective_id(kind, &members, bytes);
+    let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
+    b.dp_tasks.entry((stage, x_key, stream.index() as u32)).or_default().push(task);
+    task
+}
+
+/// Gradient sync of one bucket for every device of the group, each after that device's
+/// task `after + x - (t-1)`; with the optimizer on the host, each device then copies its
+/// reduced shard to host memory. Returns the last task per device.
+fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32, to_host: bool) -> Vec<u32> {
+    let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
+    let t = plan.tp;
+    let label = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: stage });
+    let alone = plan.sync_degree() == 1;
+    (0..t)
+        .map(|x| {
+            let done = after + x - (t - 1);
+            // Without peers there is nothing to reduce, only the copy to the host.
+            let task = if alone {
+                done
+            } else {
+                let task = dp_collective(b, plan, r, stage, x, kind, bytes, "grad_sync", GRAD_SYNC_STREAM);
+                b.p.deps.push((done, task));
+                task
+            };
+            if !to_host {
+                return task;
+            }
+            let shard = if kind == CollectiveKind::ReduceScatter { bytes / plan.sync_degree() as f64 } else { bytes };
+            let copy = b.host_copy(plan.device(r, stage, x), false, shard, false, label);
+            b.p.deps.push((task, copy));
+            copy
+        })
+        .collect()
+}
+
+/// Gradient reduction of one stage, bucket by bucket as backward produces the gradients.
+pub(super) struct GradSync {
+    r: u32,
+    stage: u32,
+    /// Whether the stage reduces gradients at all: with data-parallel peers, or with the
+    /// optimizer on the host under ZeRO-2 and 3 (gradients stream there even without peers).
+    enabled: bool,
+    /// ZeRO-2 and 3 reduce every micro-batch's gradients (into this device's shard); below,
+    /// only each chunk's last backward micro-batch reduces the accumulated gradients.
+    every_micro_batch: bool,
+    /// The last backward micro-batch of each chunk on the stage.
+    last_bwd: HashMap<u32, u32>,
+    /// A bucket is reduced once it holds at least this many bytes.
+    bucket_bytes: f64,
+    /// Gradient bytes in the open bucket.
+    pending_bytes: f64,
+    /// With the optimizer on the host, each reduced bucket is copied there.
+    to_host: bool,
+    /// Per device of the group, the last task of the latest bucket's reduction (and copy);
+    /// empty before the first. The optimizer step waits for it.
+    pub(super) last_sync: Vec<u32>,
+}
+
+impl GradSync {
+    pub(super) fn new(lw: &Lowering, st: &Stage) -> GradSync {
+        GradSync {
+            r: st.r,
+            stage: st.stage,
+            enabled: lw.sync > 1 || (lw.host_opt && lw.z >= 2),
+            every_micro_batch: lw.z >= 2,
+            last_bwd: last_backward(&st.order),
+            bucket_bytes: Self::bucket_bytes(lw),
+            pending_bytes: 0.0,
+            to_host: lw.host_opt,
+            last_sync: Vec::new(),
+        }
+    }
+
+    /// The bucket size: `plan.bucket_bytes` (PyTorch DDP's `bucket_cap_mb`, DeepSpeed's
+    /// `reduce_bucket_size`); ZeRO-3 reduce-scatters each layer's gradients as soon as they
+    /// exist.
+    fn bucket_bytes(lw: &Lowering) -> f64 {
+        if lw.z3 { 0.0 } else { lw.plan.bucket_bytes }
+    }
+
+    /// Whether the backward of chunk `c` on unit `mb` reduces its gradients.
+    pub(super) fn reduces(&self, c: u32, mb: u32) -> bool {
+        self.enabled && (self.every_micro_batch || self.last_bwd.get(&c) == Some(&mb))
+    }
+
+    /// Add a unit's gradients to the open bucket without closing it (the head's, the
+    /// embedding's).
+    pub(super) fn add(&mut self, bytes: f64) {
+        self.pending_bytes += bytes;
+    }
+
+    /// Add a layer's gradients; when the bucket is full, reduce it after the layer's backward
+    /// (`after`: the last task of the group's last device, see [`grad_sync`]).
+    pub(super) fn add_layer(&mut self, b: &mut Builder, plan: &Plan, bytes: f64, after: u32) {
+        self.pending_bytes += bytes;
+        if self.pending_bytes >= self.bucket_bytes {
+            self.last_sync = grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host);
+            self.pending_bytes = 0.0;
+        }
+    }
+
+    /// At the end of a reducing backward step: reduce what the open bucket holds after the
+    /// step's last task `after`.
+    pub(super) fn flush(&mut self, b: &mut Builder, plan: &Plan, after: u32) {
+        if self.pending_bytes > 0.0 {
+            self.last_sync = grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host);
+            self.pending_bytes = 0.0;
+        }
+    }
+}
+
+/// The last backward micro-batch of each chunk in a stage's order.
+fn last_backward(order: &[Step]) -> HashMap<u32, u32> {
+    order.iter().filter(|st| st.pass == Pass::Backward).map(|st| (st.chunk, st.micro_batch)).collect()
+}
+
+/// ZeRO-1 and 2: after the optimizer step, all-gather the updated parameter shards in buckets
+/// like the gradients; the first bucket of device x waits for its step `opt_tasks[x]`, the
+/// others follow it on [`GRAD_SYNC_STREAM`].
+pub(super) fn gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, opt_tasks: &[u32]) {
+    let plan = lw.plan;
+    if !(1..3).contains(&lw.z) {
+        return;
+    }
+    let total = st.params * lw.wb;
+    let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
+    for i in 0..n {
+        let bytes = if i + 1 == n { total - plan.bucket_bytes * (n - 1) as f64 } else { plan.bucket_bytes };
+        for (x, &o) in opt_tasks.iter().enumerate() {
+            let g = dp_collective(
+                b,
+                plan,
+                st.r,
+                st.stage,
+                x as u32,
+                CollectiveKind::AllGather,
+                bytes,
+                "param_allgather",
+                GRAD_SYNC_STREAM,
+            );
+            if i == 0 {
+                b.p.deps.push((o, g));
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! ZeRO-3 (FSDP) parameter gathers before each use of a unit (a layer, the embedding, the
+//! head), with the fetch from the host tier when parameters are offloaded, and Gemini's chunk
+//! moves before each access.
+//!
+//! How far gathers run ahead of compute is decided in one place, [`Gathers::gate`].
+
+use super::builder::{Builder, StepCtx};
+use super::context::Lowering;
+use super::data_parallel::{PARAM_GATHER_STREAM, dp_collective};
+use super::gemini;
+use super::program::*;
+use crate::plan::{Plan, Tier};
+use crate::report::timeline::{Label, Phase};
+
+/// ZeRO-3 parameter gathers around each unit (a layer, the embedding, the head), and
+/// Gemini's chunk moves before each.
+pub(super) struct Gathers {
+    /// Device-0 id of the previous unit's first compute task (see [`Gathers::gate`]).
+    prev_first: u32,
+    /// Where parameters live between uses (`plan.offload.params`): off the device, each
+    /// gather first fetches this device's shard.
+    host: Tier,
+    /// Label of the parameter fetches, made on first use.
+    unit_label: u32,
+    /// Gemini: chunks move in the operator's hook, after the previous unit has run (no
+    /// prefetch), and every access is logged for the warm-up statistics.
+    dynamic: bool,
+    /// Gemini's steady-state moves per access, as (to device, bytes); `None` in the warm-up.
+    moves: Option<Vec<Vec<(bool, f64)>>>,
+    /// Accesses so far.
+    count: usize,
+    /// Device-0 id of the previous unit's last compute task (see [`Gathers::gate`]).
+    prev_last: u32,
+    /// The unit being gathered and its parameters (logged by `after`).
+    pending: (i32, f64),
+    /// Bytes per parameter of the gathered weights.
+    wb: f64,
+    /// Labels of chunk fetches and evictions.
+    labels: (u32, u32),
+}
+
+impl Gathers {
+    /// The gathers of one stage; `moves` are Gemini's steady-state moves per access (`None`
+    /// outside Gemini and in its warm-up).
+    pub(super) fn new(lw: &Lowering, moves: Option<Vec<Vec<(bool, f64)>>>) -> Gathers {
+        Gathers {
+            prev_first: NONE,
+            host: lw.plan.offload.params,
+            unit_label: NONE,
+            dynamic: lw.dynamic.is_some(),
+            moves,
+            count: 0,
+            prev_last: NONE,
+            pending: (0, 0.0),
+            wb: lw.wb,
+            labels: (NONE, NONE),
+        }
+    }
+
+    /// The prefetch decision: the task (device 0 of the group; device x waits for the one x
+    /// ids later) that the next unit's first fetch or gather waits for. ZeRO-3 waits for the
+    /// previous unit's first compute task, a prefetch of one unit (FSDP's limit on in-flight
+    /// all-gathers); Gemini for the previous unit's last, no prefetch (its chunks move in the
+    /// operator's hook). [`NONE`] before the stage's first unit.
+    fn gate(&self) -> u32 {
+        if self.dynamic { self.prev_last } else { self.prev_first }
+    }
+
+    /// Fetch (from the host tier if offloaded, or Gemini's moves) and all-gather a unit of
+    /// `params` parameters (unsharded) for every device of the group; returns the task each
+    /// device's compute waits for ([`NONE`] if nothing).
+    pub(super) fn before(
+        &mut self,
+        b: &mut Builder,
+        plan: &Plan,
+        r: u32,
+        stage: u32,
+        params: f64,
+        unit: i32,
+    ) -> Vec<u32> {
+        let bytes = params * self.wb;
+        if self.dynamic {
+            return self.before_dynamic(b, plan, r, stage, params, unit);
+        }
+        if self.unit_label == NONE {
+            self.unit_label = b.label(Label { op: "param_fetch", layer: -1, phase: Phase::Sync, chunk: stage });
+        }
+        (0..plan.tp)
+            .map(|x| {
+                let mut copy = NONE;
+                if self.host != Tier::Device {
+                    let d = plan.device(r, stage, x);
+                    copy = b.host_copy(
+                        d,
+                        true,
+                        bytes / plan.sync_degree() as f64,
+                        self.host == Tier::Nvme,
+                        self.unit_label,
+                    );
+                }
+                gather_after_copies(b, plan, r, stage, x, bytes, (copy, copy), self.gate())
+            })
+            .collect()
+    }
+
+    fn before_dynamic(&mut self, b: &mut Builder, plan: &Plan, r: u32, stage: u32, params: f64, unit: i32) -> Vec<u32> {
+        if self.labels.0 == NONE {
+            self.labels = (
+                b.label(Label { op: "chunk_fetch", layer: -1, phase: Phase::Sync, chunk: stage }),
+                b.label(Label { op: "chunk_evict", layer: -1, phase: Phase::Sync, chunk: stage }),
+            );
+        }
+        let k = self.count;
+        self.count += 1;
+        self.pending = (unit, params);
+        // Each access's moves are emitted once.
+        let moves = self.moves.as_mut().map(|m| std::mem::take(&mut m[k])).unwrap_or_default();
+        (0..plan.tp)
+            .map(|x| {
+                let d = plan.device(r, stage, x);
+                let di = b.dev_index[d as usize];
+                let (mut head, mut tail) = (NONE, NONE);
+                for &(to_device, bytes) in &moves {
+                    let label = if to_device { self.labels.0 } else { self.labels.1 };
+                    let copy = b.host_copy(d, to_device, bytes, false, label);
+                    // A fetched chunk takes room when its copy starts; an evicted one frees
+                    // it when its copy ends.
+                    b.memory_event(
+                        copy,
+                        MemoryEvent {
+                            device: di,
+                            at_end: !to_device,
+                            activation_bytes: 0.0,
+                            buffer_bytes: if to_device { bytes } else { -bytes },
+                            next: NONE,
+                            tag: memory_tag(unit),
+                        },
+                    );
+                    if head == NONE {
+                        head = copy;
+                    }
+                    tail = copy;
+                }
+                gather_after_copies(b, plan, r, stage, x, params * self.wb, (head, tail), self.gate())
+            })
+            .collect()
+    }
+
+    /// The unit's compute (first task `first`, last task of the group's last device `last`)
+    /// waits for its gather.
+    pub(super) fn after(&mut self, b: &mut Builder, ctx: &StepCtx, gathers: &[u32], first: u32, last: u32) {
+        for (x, &g) in gathers.iter().enumerate() {
+            if g != NONE {
+                b.p.deps.push((g, first + x as u32));
+            }
+        }
+        if self.dynamic {
+            let t = ctx.group.len() as u32;
+            self.prev_last = last + 1 - t;
+            b.unit_log.push(gemini::UnitAccess {
+                device: b.dev_index[ctx.group[0] as usize],
+                unit: self.pending.0,
+                params: self.pending.1,
+                first_task: first,
+            });
+        }
+        self.prev_first = first;
+    }
+}
+
+/// The all-gather of a unit of `bytes` for tensor-parallel rank `x` (none without data-parallel
+/// peers) after its host copies `first..=last` (on the host-copy stream, in order; [`NONE`] if
+/// none); the first of them, or the gather, waits for task `wait + x` of the previous unit.
+/// Returns what the unit's compute waits for ([`NONE`] if nothing).
+fn gather_after_copies(
+    b: &mut Builder,
+    plan: &Plan,
+    r: u32,
+    stage: u32,
+    x: u32,
+    bytes: f64,
+    (first, last): (u32, u32),
+    wait: u32,
+) -> u32 {
+    let g = if plan.sync_degree() > 1 {
+        dp_collective(b, plan, r, stage, x, CollectiveKind::AllGather, bytes, "param_gather", PARAM_GATHER_STREAM)
+    } else {
+        last
+    };
+    if last != NONE && g != last {
+        b.p.deps.push((last, g));
+    }
+    let head = if first == NONE { g } else { first };
+    if wait != NONE && head != NONE {
+        b.p.deps.push((wait + x, head));
+    }
+    g
+}
