@@ -1,0 +1,42 @@
+//! Checks and notes that span sections: what the training asks of the cluster's devices, and
+//! what the user should know about how the plan sits on the cluster.
+
+use super::reader::{Result, invalid};
+use super::training::Training;
+use crate::hardware::{ClusterSpec, Precision};
+use crate::plan::Plan;
+
+/// fp8 training needs fp8 matrix units on every device class: a device without them would
+/// silently run at its bf16 rate while the report claimed fp8.
+pub(super) fn check_fp8(cluster: &ClusterSpec, training: &Training) -> Result<()> {
+    if training.precision != Precision::Fp8 {
+        return Ok(());
+    }
+    match cluster.classes().find(|d| d.peak_flops.fp8.is_none()) {
+        None => Ok(()),
+        Some(d) => Err(invalid(
+            "training.precision",
+            format!(
+                "\"fp8\" needs fp8 tensor cores, and device {} has no fp8 peak; use \"bf16\" or \"fp16\", \
+                 or a device with fp8 (H100, H200, B200, MI300X), or give the device a peak_flops.fp8",
+                d.name
+            ),
+        )),
+    }
+}
+
+/// Notes on a plan outside common practice: tensor parallelism across nodes.
+pub(super) fn plan_notes(plan: &Plan, cluster: &ClusterSpec) -> Vec<String> {
+    let mut notes = Vec::new();
+    if plan.tp > cluster.node.devices {
+        notes.push(format!(
+            "tensor parallelism of {} spans {} nodes of {} devices: its collectives cross the inter-node \
+             network on every layer (as Colossal-AI's 2D/2.5D/3D modes run over 16-64 GPUs); Megatron-LM \
+             keeps tp inside a node",
+            plan.tp,
+            plan.tp.div_ceil(cluster.node.devices),
+            cluster.node.devices
+        ));
+    }
+    notes
+}

@@ -1,0 +1,116 @@
+//! `simulation`: how the engine models the interconnect and which devices it simulates, and
+//! the framework allowances (memory, host time per op) per device kind.
+
+use super::keys;
+use super::reader::{Obj, Result, invalid};
+use crate::hardware::DeviceKind;
+use serde::Serialize;
+
+/// How the engine models the interconnect and which devices it simulates.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SimOptions {
+    pub network: crate::network::NetworkKind,
+    /// Simulate one data-parallel replica and mirror it, where that is exact.
+    pub symmetry: bool,
+    /// Device memory the framework holds besides tensors (CUDA context, library
+    /// workspaces); `None`: the device kind's default (see [`SimOptions::framework_bytes`]).
+    pub framework_overhead_bytes: Option<u64>,
+    /// Host (framework) time to issue one op; `None`: the device kind's default (see
+    /// [`SimOptions::host_op_s`]).
+    pub host_op_s: Option<f64>,
+    /// Fraction of each device's memory kept free for the allocator's fragmentation and
+    /// reserve; `None`: the device kind's default (see [`SimOptions::headroom_bytes`]).
+    pub memory_headroom: Option<f64>,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            network: crate::network::NetworkKind::MaxMinFair,
+            symmetry: true,
+            framework_overhead_bytes: None,
+            host_op_s: None,
+            memory_headroom: None,
+        }
+    }
+}
+
+/// Default fraction of a GPU's memory a plan must leave free: PyTorch's caching allocator
+/// holds memory it cannot hand out (split blocks, rounding). GMLake (Guo et al., ASPLOS 2024)
+/// measured on average 9.2 GB of such fragmentation over eight LLM training setups on
+/// A100-80GB (11.5%, with recompute/offload/ZeRO, which fragment more); 10% is kept here.
+pub const DEFAULT_GPU_MEMORY_HEADROOM: f64 = 0.10;
+
+/// Default host time to issue one modelled op on a GPU from an eager framework (see
+/// [`SimOptions::host_op_s`]).
+pub const DEFAULT_GPU_HOST_OP_S: f64 = 10e-6;
+
+impl SimOptions {
+    /// The framework allowance on `device`: 0.5 GiB on a GPU by default (a PyTorch CUDA context
+    /// with cuBLAS and NCCL workspaces is 0.3-0.6 GiB; allocator fragmentation is not
+    /// included), nothing on FPGAs and CPUs.
+    pub fn framework_bytes(&self, device: &crate::hardware::DeviceSpec) -> f64 {
+        match self.framework_overhead_bytes {
+            Some(b) => b as f64,
+            None if device.kind == DeviceKind::Gpu => 0.5 * 1024f64.powi(3),
+            None => 0.0,
+        }
+    }
+
+    /// The memory fraction kept free on `device`: [`DEFAULT_GPU_MEMORY_HEADROOM`] on GPUs,
+    /// none on FPGAs (statically allocated buffers) and CPU devices, unless set.
+    pub fn headroom_fraction(&self, device: &crate::hardware::DeviceSpec) -> f64 {
+        match self.memory_headroom {
+            Some(h) => h,
+            None if device.kind == DeviceKind::Gpu => DEFAULT_GPU_MEMORY_HEADROOM,
+            None => 0.0,
+        }
+    }
+
+    /// The memory a plan may fill on `device`: its capacity less the allocator headroom.
+    pub fn usable_bytes(&self, device: &crate::hardware::DeviceSpec) -> f64 {
+        device.hbm_bytes * (1.0 - self.headroom_fraction(device))
+    }
+
+    /// Host time to issue one op on `device` (a GEMM's backward is two). An eager framework's
+    /// host thread runs Python, the dispatcher and autograd bookkeeping, then launches the
+    /// kernel; it runs ahead of the GPU except where it waits for a pipeline receive or a
+    /// gradient reduction, so this bounds only streams of short kernels. GPU default:
+    /// [`DEFAULT_GPU_HOST_OP_S`]; FPGAs and CPU devices (whose own time includes it): 0.
+    pub fn host_op_s(&self, device: &crate::hardware::DeviceSpec) -> f64 {
+        match self.host_op_s {
+            Some(s) => s,
+            None if device.kind == DeviceKind::Gpu => DEFAULT_GPU_HOST_OP_S,
+            None => 0.0,
+        }
+    }
+}
+
+pub(super) fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
+    let mut opts = SimOptions::default();
+    if let Some(o) = o {
+        o.only(keys::SIMULATION)?;
+        if let Some(h) = o.non_negative("memory_headroom")? {
+            if h >= 0.9 {
+                return Err(invalid(
+                    &o.key("memory_headroom"),
+                    format!("{h} leaves almost no memory; expected a fraction of device memory in [0, 0.9)"),
+                ));
+            }
+            opts.memory_headroom = Some(h);
+        }
+        if let Some(b) = o.non_negative("framework_overhead_bytes")? {
+            opts.framework_overhead_bytes = Some(b.round() as u64);
+        }
+        if let Some(h) = o.non_negative("host_op_s")? {
+            opts.host_op_s = Some(h);
+        }
+        if let Some(n) = o.choice("network", &crate::network::NetworkKind::NAMES, crate::network::NetworkKind::parse)? {
+            opts.network = n;
+        }
+        if let Some(s) = o.boolean("symmetry")? {
+            opts.symmetry = s;
+        }
+    }
+    Ok(opts)
+}
