@@ -23,7 +23,10 @@ pub fn run(full: bool, quick: bool) -> Result<(), String> {
         for symmetry in if full { vec![true, false] } else { vec![true] } {
             let s = case(nodes, dp, symmetry)?;
             let start = Instant::now();
-            let out = sim::simulate(&s, false);
+            let out = sim::try_simulate(&s, false).map_err(|e| {
+                let every = if symmetry { "" } else { ", every device" };
+                format!("bench case gpt3-175b on {} GPUs (dp={dp}{every}): {e}", s.cluster.device_count())
+            })?;
             let wall_s = start.elapsed().as_secs_f64();
             let r = &out.report;
             println!(
