@@ -1,4 +1,4 @@
-//! Valid but unusual scenarios: every key the parser accepts (see `sim/src/scenario/mod.rs`),
+//! Valid but unusual scenarios: every key the parser accepts (see `sim/src/scenario/`),
 //! with values drawn towards the edges of what is legal. Most draws respect the cross-key
 //! rules (dp x tp x pp = devices, tp divides the heads and stays in a node, whole
 //! micro-batches, ...) so that the simulator itself is reached; a few break them by chance.
