@@ -277,6 +277,9 @@ pub struct Plan {
     /// A partition policy the simulator resolves before lowering (`partition` then holds
     /// its result).
     pub partition_policy: Option<PartitionPolicy>,
+    /// What the training framework does that the plan does not say (overlap, gathers, fused
+    /// kernels, gradient dtype).
+    pub framework: crate::framework::Framework,
 }
 
 fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {

@@ -71,7 +71,22 @@ pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "device_overrides"
 pub const DEVICE_OVERRIDE: &[&str] = &["devices", "device"];
 
 /// `training`.
-pub const TRAINING: &[&str] = &["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "attention"];
+pub const TRAINING: &[&str] =
+    &["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "attention", "framework"];
+
+/// `training.framework` as an object: a profile named, with knobs overridden.
+pub const FRAMEWORK: &[&str] = &[
+    "name",
+    "grad_reduce",
+    "gather_prefetch",
+    "param_gather_overlap",
+    "tp_comm_overlap",
+    "grad_reduce_dtype",
+    "fused",
+];
+
+/// `training.framework.fused`: kernels fused or not.
+pub const FUSED: &[&str] = &["softmax", "bias_gelu", "bias_dropout_add", "adam"];
 
 /// `plan`.
 pub const PLAN: &[&str] = &[
@@ -113,6 +128,8 @@ pub const SECTIONS: &[(&str, &[&str])] = &[
     ("link", LINK),
     ("cluster.device_overrides[]", DEVICE_OVERRIDE),
     ("training", TRAINING),
+    ("training.framework", FRAMEWORK),
+    ("training.framework.fused", FUSED),
     ("plan", PLAN),
     ("plan.offload", OFFLOAD),
     ("plan.freeze", FREEZE),

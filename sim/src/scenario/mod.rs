@@ -5,6 +5,7 @@
 //! "not supported yet" error. Files the scenario points to (a Hugging Face `config.json`)
 //! are read by the caller through the `load` function, so this module does no I/O.
 
+pub mod framework;
 pub mod keys;
 pub mod limits;
 pub mod reader;
@@ -113,6 +114,9 @@ pub struct Training {
     pub seq_len: u32,
     pub precision: Precision,
     pub optimizer: Optimizer,
+    /// `training.framework` as written (resolved against the plan in [`Plan::framework`]).
+    #[serde(skip)]
+    pub framework: Option<framework::FrameworkSpec>,
 }
 
 /// A validated scenario.
@@ -736,7 +740,8 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
             DEFAULT_FLASH
         }
     };
-    Ok(Training { flash_attention, global_batch, micro_batch, seq_len, precision, optimizer })
+    let framework = framework::parse(o)?;
+    Ok(Training { flash_attention, global_batch, micro_batch, seq_len, precision, optimizer, framework })
 }
 
 /// `plan.freeze`: {"policy": "autofreeze", "alpha": a} | {"policy": "gradient", "trace": FILE}
@@ -1367,10 +1372,23 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
             format!("{e} (micro-batches per replica = global_batch / (dp x micro_batch) = {micro_batches})"),
         ));
     }
-    let bucket_bytes = o.positive("bucket_bytes")?.unwrap_or_else(|| {
-        dflt("bucket_bytes", "25 MiB (PyTorch DDP)");
-        25.0 * 1024.0 * 1024.0
-    });
+    let traits = crate::framework::PlanTraits {
+        tp,
+        pp,
+        zero_stage,
+        offloaded: offload.optimizer != Tier::Device || offload.params != Tier::Device,
+        gemini: offload.dynamic.is_some(),
+    };
+    let framework = framework::resolve(t.framework.as_ref(), traits, defaults);
+    let grad_bytes = framework.grad_reduce_bytes(t.precision.activation_bytes());
+    let bucket_bytes = match o.positive("bucket_bytes")? {
+        Some(b) => b,
+        None => {
+            let b = framework.bucket_bytes(dp, grad_bytes);
+            defaults.push(format!("plan.bucket_bytes = {:.0} MiB ({})", b / 1048576.0, framework.name));
+            b
+        }
+    };
     Ok(Plan {
         dp,
         tp,
@@ -1395,5 +1413,6 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         token_slices,
         frozen: crate::plan::Frozen::default(),
         partition_policy,
+        framework,
     })
 }
