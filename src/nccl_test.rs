@@ -22,6 +22,12 @@ pub struct Args {
     /// Nodes the collective spans.
     #[arg(long, default_value_t = 1)]
     nodes: u32,
+    /// NICs per node, overriding the preset's.
+    #[arg(long)]
+    nics: Option<u32>,
+    /// NIC link preset, overriding the preset's (e.g. ib-hdr, eth-100g).
+    #[arg(long)]
+    nic: Option<String>,
     /// GPUs taking part on each node (default: all of the node's).
     #[arg(long)]
     gpus: Option<u32>,
@@ -76,10 +82,22 @@ fn parse_size(key: &str, s: &str) -> Result<u64, String> {
 
 pub fn run(a: &Args) -> Result<(), String> {
     let kind = parse_op(&a.op)?;
-    let node = catalog::node_preset(&a.node).ok_or_else(|| {
+    let mut node = catalog::node_preset(&a.node).ok_or_else(|| {
         let names: Vec<String> = catalog::nodes().into_iter().map(|n| n.name).collect();
         format!("--node: unknown node preset {:?}; expected one of {}", a.node, names.join(", "))
     })?;
+    if let Some(n) = a.nics {
+        if n == 0 || n > node.devices {
+            return Err(format!("--nics: {n} is outside 1 to {} (one per GPU at most)", node.devices));
+        }
+        node.nics = n;
+    }
+    if let Some(name) = &a.nic {
+        node.nic = catalog::link_preset(name).ok_or_else(|| {
+            let names: Vec<String> = catalog::links().into_iter().map(|l| l.name).collect();
+            format!("--nic: unknown link preset {name:?}; expected one of {}", names.join(", "))
+        })?;
+    }
     if a.nodes == 0 || a.nodes > MAX_NODES {
         return Err(format!("--nodes: {} is outside 1 to {MAX_NODES}", a.nodes));
     }

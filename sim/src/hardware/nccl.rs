@@ -252,6 +252,9 @@ pub struct Plan {
     /// Data rate on each GPU's busiest link that this algorithm, protocol and channel count
     /// allow (at most the links' own rate).
     pub bus_bytes_per_s: f64,
+    /// The same on all the communicator's channels (what NCCL's choice compares).
+    #[serde(skip)]
+    pub full_bus_bytes_per_s: f64,
     /// Bytes on the wire per byte of data (protocol flags).
     pub wire_factor: f64,
     /// Bytes each GPU's busiest link carries per byte of the message (ring all-reduce
@@ -380,6 +383,7 @@ pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
                 max_channels: NVLS_CHANNELS[a],
                 latency_s: lat * US,
                 bus_bytes_per_s: algbw.min(link),
+                full_bus_bytes_per_s: algbw.min(link),
                 wire_factor: 1.0,
                 link_bytes_per_byte: 1.0,
             };
@@ -390,7 +394,9 @@ pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
 }
 
 /// A plan with its channel count: NCCL drops channels while each would get fewer than
-/// `threads x threshold` bytes, and the bandwidth falls with them.
+/// `threads x threshold` bytes (enqueue.cc). A channel moves at most the ring graph's speed
+/// per channel (search.cc's `bwIntra`: the port's bandwidth over the graph's channels) times
+/// the protocol's data fraction, so a message on few channels cannot fill the links.
 #[allow(clippy::too_many_arguments)]
 fn finish(
     sys: &NcclSystem,
@@ -408,13 +414,15 @@ fn finish(
     while nc >= 2 && s.bytes < nc as f64 * per_channel {
         nc -= 1;
     }
+    let channel_bw = sys.intra_bytes_per_s / sys.graph_channels as f64 / wire;
     Plan {
         algo,
         proto,
         channels: nc,
         max_channels: sys.channels,
         latency_s,
-        bus_bytes_per_s: bus * nc as f64 / sys.channels as f64,
+        bus_bytes_per_s: bus.min(nc as f64 * channel_bw),
+        full_bus_bytes_per_s: bus,
         wire_factor: wire,
         link_bytes_per_byte: link_bytes,
     }
@@ -424,10 +432,7 @@ fn finish(
 /// does), then run on the channels the message size allows.
 pub fn choose(sys: &NcclSystem, s: &Shape) -> Option<Plan> {
     let all = candidates(sys, s);
-    let full = |p: &Plan| {
-        let bus = p.bus_bytes_per_s * p.max_channels as f64 / p.channels.max(1) as f64;
-        p.latency_s + s.bytes * p.link_bytes_per_byte / bus
-    };
+    let full = |p: &Plan| p.latency_s + s.bytes * p.link_bytes_per_byte / p.full_bus_bytes_per_s;
     all.into_iter().min_by(|a, b| full(a).total_cmp(&full(b)))
 }
 
