@@ -28,6 +28,8 @@ mod report;
 mod honest;
 // Traces (filters, Perfetto protobuf), output paths checked first, replay limits.
 mod outputs;
+// Collectives as NCCL runs them (trainsim nccl-test) against published nccl-tests curves.
+mod nccl;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
 mod workload;
 // Inputs that once crashed or gave impossible numbers (tests/data/regressions): each ends in a
