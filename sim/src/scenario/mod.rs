@@ -106,8 +106,8 @@ impl SimOptions {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Training {
-    /// Fused (FlashAttention) or materialised attention.
-    pub flash_attention: bool,
+    /// Fused (a FlashAttention generation) or materialised attention.
+    pub attention: crate::hardware::kernels::Attention,
     pub global_batch: u32,
     pub micro_batch: u32,
     pub seq_len: u32,
@@ -725,18 +725,15 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
             format!("{micro_batch} is larger than global_batch {global_batch}"),
         ));
     }
-    let flash_attention = match o.choice("attention", keys::ATTENTION, |s| match s {
-        "flash" => Some(true),
-        "naive" => Some(false),
-        _ => None,
-    })? {
-        Some(f) => f,
+    let attention = match o.choice("attention", keys::ATTENTION, crate::hardware::kernels::Attention::parse)? {
+        Some(a) => a,
         None => {
             defaults.push(format!("training.attention = {}", if DEFAULT_FLASH { "flash" } else { "naive" }));
-            DEFAULT_FLASH
+            crate::hardware::kernels::Attention::parse(if DEFAULT_FLASH { "flash" } else { "naive" })
+                .expect("a known attention")
         }
     };
-    Ok(Training { flash_attention, global_batch, micro_batch, seq_len, precision, optimizer })
+    Ok(Training { attention, global_batch, micro_batch, seq_len, precision, optimizer })
 }
 
 /// `plan.freeze`: {"policy": "autofreeze", "alpha": a} | {"policy": "gradient", "trace": FILE}
@@ -1383,7 +1380,8 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         zero_stage,
         sequence_parallel,
         tp_mode,
-        flash_attention: t.flash_attention,
+        attention: t.attention,
+        fusion: crate::workload::Fusion::default(),
         partition,
         micro_batches,
         micro_batch: t.micro_batch,
