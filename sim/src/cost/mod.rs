@@ -88,7 +88,11 @@ impl ComputeModel {
             weights_on_chip: false,
             arch: kernels::arch_of(device),
             tiling: kernels::gemm_tiling(kernels::arch_of(device)),
-            peak16_flops: device.peak_flops.at(if precision == Precision::Fp16 { Precision::Fp16 } else { Precision::Bf16 }),
+            peak16_flops: device.peak_flops.at(if precision == Precision::Fp16 {
+                Precision::Fp16
+            } else {
+                Precision::Bf16
+            }),
             fp8: precision == Precision::Fp8 && device.peak_flops.fp8.is_some(),
         }
     }

@@ -204,8 +204,7 @@ const TRITON_A100: ([[f64; 2]; 2], [[f64; 2]; 2]) = from_combined([[100.0, 80.0]
 
 const FA2_PAPER_FIG4: &str = "Dao 2023 (FlashAttention-2, arXiv 2307.08691) Figure 4, A100 80GB SXM4 forward + backward \
      (= flash-attn assets/flash2_a100_fwd_bwd_benchmark.png)";
-const FA3_PAPER_FIG56: &str =
-    "Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Figures 5 (forward) and 6 (backward, non-causal), H100 80GB SXM5";
+const FA3_PAPER_FIG56: &str = "Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Figures 5 (forward) and 6 (backward, non-causal), H100 80GB SXM5";
 
 /// Every published kernel/architecture pair. Causal backward on H100 was not published: it
 /// takes the forward's causal-to-non-causal ratio. Triton on H100 has no backward figure: it

@@ -103,7 +103,7 @@ pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
                 context: 0,
                 sequence_parallel: plan.sequence_parallel,
                 attention: plan.attention,
-        fusion: plan.fusion,
+                fusion: plan.fusion,
                 activation_bytes: 2.0,
             };
             let layer = w.layer_ops(shape).len() as u64;

@@ -114,7 +114,14 @@ pub enum OpClass {
     /// One fused attention kernel over `heads` (batch x heads on the device) independent
     /// heads: `q` queries attend to `context` earlier keys plus (all of, or under a causal
     /// mask the earlier of) their own `q` keys, at head dimension `head_dim`.
-    Attention { heads: f64, q: f64, context: f64, head_dim: f64, causal: bool, kernel: crate::hardware::kernels::FlashKernel },
+    Attention {
+        heads: f64,
+        q: f64,
+        context: f64,
+        head_dim: f64,
+        causal: bool,
+        kernel: crate::hardware::kernels::FlashKernel,
+    },
 }
 
 impl OpClass {
