@@ -24,6 +24,8 @@ mod partition;
 mod policy_regressions;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
+// Compute kernels (fused attention, GEMM shapes) against published microbenchmarks.
+mod kernels;
 // Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.
 mod honest;
 // Traces (filters, Perfetto protobuf), output paths checked first, replay limits.

@@ -16,6 +16,7 @@
 //! Presets live in [`catalog`]; a scenario may also describe its own devices, nodes and links.
 
 pub mod catalog;
+pub mod kernels;
 pub mod nccl;
 
 use serde::Serialize;

@@ -107,13 +107,14 @@ fn two_bw_keeps_two_weight_versions_and_drops_the_flush() {
 }
 
 /// One A100 (with `hbm` bytes of memory) training a 2.6B-parameter model: its mixed-precision
-/// Adam states take 16 bytes per parameter (41 GB), its fp16 weights alone 5.2 GB.
+/// Adam states take 16 bytes per parameter (41 GB), its fp16 weights alone 5.2 GB. One
+/// framework for every policy (by default the plan would pick Colossal-AI for Gemini only).
 fn one_gpu(offload: &str, hbm: f64) -> scenario::Scenario {
     let device = format!(r#", "device": {{"preset": "a100-sxm-40gb", "hbm_bytes": {hbm}}}"#);
     let text = format!(
         r#"{{"workload": {{"transformer": {{"layers": 32, "hidden": 2560, "heads": 20, "vocab": 50257}}}},
             "cluster": {{"node": {{"preset": "dgx-a100-40gb", "devices": 1{device}}}, "nodes": 1}},
-            "training": {{"global_batch": 8, "micro_batch": 4, "seq_len": 1024, "precision": "fp16", "optimizer": "adam"}},
+            "training": {{"global_batch": 8, "micro_batch": 4, "seq_len": 1024, "precision": "fp16", "optimizer": "adam", "framework": "colossal-ai"}},
             "plan": {{"dp": 1, "recompute": "full", "offload": {offload}}}}}"#
     );
     scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"))

@@ -141,7 +141,7 @@ pub const SECTIONS: &[(&str, &[&str])] = &[
 /// itself rather than through a type's `NAMES` (kept here so the docs test sees them).
 pub const SCHEDULES: &[&str] = &["gpipe", "1f1b", "interleaved", "2bw", "flush"];
 pub const TP_MODES: &[&str] = &["1d", "2d", "2.5d", "3d"];
-pub const ATTENTION: &[&str] = &["flash", "naive"];
+pub const ATTENTION: &[&str] = &crate::hardware::kernels::Attention::NAMES;
 pub const MLP: &[&str] = &["gelu", "swiglu"];
 pub const NORM: &[&str] = &["layernorm", "rmsnorm"];
 pub const DEVICE_KINDS: &[&str] = &["gpu", "fpga", "cpu"];

@@ -107,8 +107,9 @@ impl SimOptions {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Training {
-    /// Fused (FlashAttention) or materialised attention.
-    pub flash_attention: bool,
+    /// Fused (a FlashAttention generation) or materialised attention, as written; `None`:
+    /// the framework's ([`Plan::attention`] holds the one simulated).
+    pub attention: Option<crate::hardware::kernels::Attention>,
     pub global_batch: u32,
     pub micro_batch: u32,
     pub seq_len: u32,
@@ -242,8 +243,6 @@ impl Scenario {
     }
 }
 
-/// Attention kernels when the scenario does not say: see README ("What is modelled").
-pub const DEFAULT_FLASH: bool = false;
 
 /// Parse and validate a scenario from its JSON text. `load` reads a file named in it.
 pub fn parse(text: &str, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Scenario> {
@@ -729,19 +728,10 @@ fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<T
             format!("{micro_batch} is larger than global_batch {global_batch}"),
         ));
     }
-    let flash_attention = match o.choice("attention", keys::ATTENTION, |s| match s {
-        "flash" => Some(true),
-        "naive" => Some(false),
-        _ => None,
-    })? {
-        Some(f) => f,
-        None => {
-            defaults.push(format!("training.attention = {}", if DEFAULT_FLASH { "flash" } else { "naive" }));
-            DEFAULT_FLASH
-        }
-    };
+    // Absent: the framework's (resolved with the plan).
+    let attention = o.choice("attention", keys::ATTENTION, crate::hardware::kernels::Attention::parse)?;
     let framework = framework::parse(o)?;
-    Ok(Training { flash_attention, global_batch, micro_batch, seq_len, precision, optimizer, framework })
+    Ok(Training { attention, global_batch, micro_batch, seq_len, precision, optimizer, framework })
 }
 
 /// `plan.freeze`: {"policy": "autofreeze", "alpha": a} | {"policy": "gradient", "trace": FILE}
@@ -1381,6 +1371,14 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
     };
     let framework = framework::resolve(t.framework.as_ref(), traits, defaults);
     let grad_bytes = framework.grad_reduce_bytes(t.precision.activation_bytes());
+    let attention = match t.attention {
+        Some(a) => a,
+        None => {
+            let name = if framework.flash_attention { "flash" } else { "naive" };
+            defaults.push(format!("training.attention = {name} ({})", framework.name));
+            crate::hardware::kernels::Attention::parse(name).expect("a known attention")
+        }
+    };
     let bucket_bytes = match o.positive("bucket_bytes")? {
         Some(b) => b,
         None => {
@@ -1401,7 +1399,11 @@ fn parse_plan(o: &Obj, w: &Workload, c: &ClusterSpec, t: &Training, defaults: &m
         zero_stage,
         sequence_parallel,
         tp_mode,
-        flash_attention: t.flash_attention,
+        attention,
+        fusion: crate::workload::Fusion {
+            scale_mask_softmax: framework.fused.softmax,
+            bias_dropout_add: framework.fused.bias_dropout_add,
+        },
         partition,
         micro_batches,
         micro_batch: t.micro_batch,
