@@ -21,6 +21,7 @@ mod exec;
 mod figure;
 mod gantt;
 mod memory_plot;
+mod nccl_test;
 mod outputs;
 mod summary;
 mod validate_plot;
@@ -47,6 +48,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Time one collective alone over a range of sizes, as nccl-tests does (size, time,
+    /// algbw, busbw, and NCCL's algorithm and protocol).
+    NcclTest(nccl_test::Args),
     /// Simulate one training iteration of a scenario file.
     Simulate {
         /// The scenario (JSON; every key is in docs/scenario.md).
@@ -315,6 +319,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Bench { full, quick } => bench::run(full, quick),
+        Command::NcclTest(args) => nccl_test::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

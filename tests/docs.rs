@@ -263,3 +263,18 @@ fn report_docs_list_every_key_the_commands_print() {
     args[0] = &"validate";
     check_report_section(&docs, "validate --json", &[json_of(&args)]);
 }
+
+/// `docs/reference/frameworks.md` is the profiles as the code holds them.
+#[test]
+fn frameworks_reference_matches_the_profiles() {
+    let want = sim::framework::reference_markdown();
+    let path = repo("docs/reference/frameworks.md");
+    if std::env::var_os("TRAINSIM_BLESS").is_some() {
+        std::fs::write(&path, &want).expect("write docs/reference/frameworks.md");
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "docs/reference/frameworks.md is out of date: run TRAINSIM_BLESS=1 cargo test --release --test tests frameworks"
+    );
+}

@@ -14,7 +14,8 @@ fn shape(b: u32, s: u32, tp: u32, mode: TpMode) -> LayerShape {
         tp_mode: mode,
         context: 0,
         sequence_parallel: false,
-        flash_attention: false,
+        attention: sim::hardware::kernels::Attention::Naive,
+        fusion: Default::default(),
         activation_bytes: 2.0,
     }
 }

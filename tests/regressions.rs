@@ -196,7 +196,8 @@ fn variant(dir: &TempDir, file: &str, name: &str, edit: impl Fn(&mut Value)) -> 
 }
 
 /// dp = 256 sits between dp = 248 and dp = 264 (a u8 stream count made it run in half the
-/// time); ZeRO-1 and ZeRO-3 at dp = 256 and 512 complete.
+/// time); ZeRO-1 and ZeRO-3 at dp = 256 and 512 complete. Not strictly: NCCL's tree
+/// all-reduce pays log2(nodes) network hops, the same for 32 and 33 nodes.
 #[test]
 fn data_parallel_time_grows_through_256_replicas() {
     let dir = TempDir::new("dp256");
@@ -211,7 +212,8 @@ fn data_parallel_time_grows_through_256_replicas() {
             util::num(&util::simulate_json(&p), "/iteration_s")
         })
         .collect();
-    assert!(times[0] < times[1] && times[1] < times[2], "iteration_s at dp 248, 256, 264: {times:?}");
+    let grows = times[0] <= times[1] && times[1] <= times[2] && times[0] < times[2];
+    assert!(grows && times[1] < 1.1 * times[0], "iteration_s at dp 248, 256, 264: {times:?}");
     for zero in [1u32, 3] {
         let p = variant(&dir, "a_zero3_dp256_deadlock_min.json", &format!("z{zero}.json"), |v| {
             v["cluster"]["nodes"] = 256.into();

@@ -24,10 +24,14 @@ mod partition;
 mod policy_regressions;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
+// Compute kernels (fused attention, GEMM shapes) against published microbenchmarks.
+mod kernels;
 // Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.
 mod honest;
 // Traces (filters, Perfetto protobuf), output paths checked first, replay limits.
 mod outputs;
+// Collectives as NCCL runs them (trainsim nccl-test) against published nccl-tests curves.
+mod nccl;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
 mod workload;
 // Inputs that once crashed or gave impossible numbers (tests/data/regressions): each ends in a

@@ -65,7 +65,8 @@ fn shape(b: u32, s: u32, t: u32, sp: bool) -> LayerShape {
         tp: t,
         tp_mode: TpMode::OneD,
         context: 0,
-        flash_attention: false,
+        attention: sim::hardware::kernels::Attention::Naive,
+        fusion: Default::default(),
         sequence_parallel: sp,
         activation_bytes: 2.0,
     }

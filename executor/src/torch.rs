@@ -197,7 +197,7 @@ impl Device for TorchDevice {
     fn run_op(&mut self, op: &OpInstance, ctx: &OpContext) -> Result<f64> {
         let spec = &op.spec;
         let name = spec.name;
-        if let OpClass::Gemm { batch, m, n, k } = spec.class {
+        if let Some((batch, m, n, k)) = spec.class.gemm_shape() {
             let (batch, m) = (count(name, "batch", batch)?, count(name, "m", m)?);
             let (n, k) = (count(name, "n", n)?, count(name, "k", k)?);
             return Ok(self.gemm(batch, m, n, k, op.backward));

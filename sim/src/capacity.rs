@@ -199,10 +199,14 @@ fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report)> {
     let start = (knob(s, vary) / g).max(min);
     // A model the simulator refuses (too large to lower, past the clock) does not fit.
     let report = |x: &Scenario, u: u32| crate::try_simulate(&sized(x, vary, u * g), false).ok().map(|x| x.report);
+    let probe_at = |x: &Scenario, u: u32| match report(x, u) {
+        Some(r) => Probe { fits: r.fits, pressure: r.memory_pressure },
+        None => Probe { fits: false, pressure: f64::INFINITY },
+    };
     let fits = |x: &Scenario, u: u32| report(x, u).is_some_and(|r| r.fits);
     let fast = probe(s);
     let found =
-        if fast.plan.micro_batches == s.plan.micro_batches { None } else { search(|u| fits(&fast, u), min, start) };
+        if fast.plan.micro_batches == s.plan.micro_batches { None } else { search(|u| probe_at(&fast, u), min, start) };
     let confirmed = found.and_then(|u| {
         let r = report(s, u).filter(|r| r.fits)?;
         (!fits(s, u + 1)).then_some((u, r))
@@ -210,37 +214,93 @@ fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report)> {
     let (u, r) = match confirmed {
         Some(c) => c,
         None => {
-            let u = search(|u| fits(s, u), min, start)?;
+            let u = search(|u| probe_at(s, u), min, start)?;
             (u, report(s, u)?)
         }
     };
     Some((u * g, r))
 }
 
-/// The largest `v >= min` with `fits(v)`, assuming `fits` holds up to some value and no
-/// further; the search starts at `start`.
-fn search(fits: impl Fn(u32) -> bool, min: u32, start: u32) -> Option<u32> {
-    let (mut lo, mut hi) = if fits(start) {
-        let (mut lo, mut hi) = (start, start.saturating_mul(2).max(start + 1));
-        // Grow until it does not fit (bounded: 1M layers or h = 128M is beyond any cluster).
-        while fits(hi) {
-            lo = hi;
-            hi = hi.saturating_mul(2);
-            if hi > 1 << 20 {
-                return Some(lo);
+/// One simulated size: whether it fits, and how full its fullest memory is (1 = full).
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    fits: bool,
+    pressure: f64,
+}
+
+/// Past this knob value no cluster fits the model (1M layers, or h = 128M).
+const KNOB_LIMIT: u32 = 1 << 20;
+
+/// Where the pressure line through two probes reaches 1 (memory grows about linearly with
+/// layers, and with the square of the width over a few steps; the brackets keep the answer
+/// exact either way).
+fn crossing(a: (u32, f64), b: (u32, f64)) -> Option<f64> {
+    let slope = (b.1 - a.1) / (b.0 as f64 - a.0 as f64);
+    (slope.is_finite() && slope > 0.0).then(|| a.0 as f64 + (1.0 - a.1) / slope)
+}
+
+/// The largest `v >= min` that fits, assuming sizes fit up to some value and no further;
+/// the search starts at `start`. Each simulation is seconds on a large cluster, so the next
+/// size is where the measured memory pressure extrapolates to full (false position, with a
+/// bisection step whenever that fails to halve the bracket), not a blind doubling and halving.
+fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32) -> Option<u32> {
+    let first = at(start);
+    let (mut lo, mut hi) = if first.fits {
+        // Grow until a size does not fit.
+        let mut lo = (start, first.pressure);
+        let mut prev: Option<(u32, f64)> = None;
+        loop {
+            let guess = match prev.and_then(|p| crossing(p, lo)) {
+                Some(x) => x * 1.02,
+                // One point: the pressure's fixed part is unknown, so scaling by 1 / pressure
+                // undershoots, which keeps the step safe.
+                None if lo.1 > 0.0 => lo.0 as f64 / lo.1,
+                None => lo.0 as f64 * 2.0,
+            };
+            let next = (guess.ceil() as u64)
+                .clamp(lo.0 as u64 + 1, (lo.0 as u64 * 8).max(lo.0 as u64 + 1))
+                .min(KNOB_LIMIT as u64) as u32;
+            if next <= lo.0 {
+                return Some(lo.0);
             }
+            let p = at(next);
+            if !p.fits {
+                break (lo, (next, p.pressure));
+            }
+            if next >= KNOB_LIMIT {
+                return Some(next);
+            }
+            prev = Some(lo);
+            lo = (next, p.pressure);
         }
-        (lo, hi)
-    } else if start > min && fits(min) {
-        (min, start)
+    } else if start > min {
+        let m = at(min);
+        if !m.fits {
+            return None;
+        }
+        ((min, m.pressure), (start, first.pressure))
     } else {
         return None;
     };
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) { lo = mid } else { hi = mid }
+    while hi.0 - lo.0 > 1 {
+        let half = lo.0 + (hi.0 - lo.0) / 2;
+        let width = hi.0 - lo.0;
+        let mid =
+            crossing(lo, hi).map(|x| (x.floor() as u64).clamp(lo.0 as u64 + 1, hi.0 as u64 - 1) as u32).unwrap_or(half);
+        let p = at(mid);
+        if p.fits {
+            lo = (mid, p.pressure)
+        } else {
+            hi = (mid, p.pressure)
+        }
+        // False position can creep from one side; bisect when it did not halve the bracket.
+        if hi.0 - lo.0 > width / 2 && hi.0 - lo.0 > 1 {
+            let p = at(lo.0 + (hi.0 - lo.0) / 2);
+            let h = lo.0 + (hi.0 - lo.0) / 2;
+            if p.fits { lo = (h, p.pressure) } else { hi = (h, p.pressure) }
+        }
     }
-    Some(lo)
+    Some(lo.0)
 }
 
 pub fn capacity(s: &Scenario, vary: Vary, policies: &[Policy]) -> CapacityReport {
@@ -304,6 +364,31 @@ mod tests {
         let device = r.policies[0].max_params;
         for c in &r.policies[1..] {
             assert!(c.max_params > device, "{} holds no more than the devices alone: {c:?}", c.policy);
+        }
+    }
+
+    /// The search finds the exact edge for fixed-plus-linear and quadratic pressures, from
+    /// below and above the edge, and needs far fewer simulations than doubling and halving
+    /// (about 2 log2(edge), 40 here).
+    #[test]
+    fn search_finds_the_exact_edge_in_few_probes() {
+        use std::cell::Cell;
+        let cases: [(&str, fn(u32) -> f64); 3] = [
+            ("linear", |u| 0.3 + 0.7 * u as f64 / 700_000.0),
+            ("quadratic", |u| 0.1 + (u as f64 / 90_000.0).powi(2)),
+            ("steps", |u| 0.2 + 0.8 * (u / 8) as f64 / 613.0),
+        ];
+        for (name, f) in cases {
+            let edge = (1..KNOB_LIMIT).take_while(|&u| f(u) <= 1.0).last().unwrap();
+            for start in [1, 50, edge + 5000] {
+                let calls = Cell::new(0);
+                let at = |u: u32| {
+                    calls.set(calls.get() + 1);
+                    Probe { fits: f(u) <= 1.0, pressure: f(u) }
+                };
+                assert_eq!(search(at, 1, start), Some(edge), "{name} from {start}");
+                assert!(calls.get() <= 24, "{name} from {start}: {} probes", calls.get());
+            }
         }
     }
 }

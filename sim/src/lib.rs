@@ -9,6 +9,7 @@
 pub mod capacity;
 pub mod cost;
 pub mod engine;
+pub mod framework;
 pub mod hardware;
 pub mod lower;
 pub mod network;

@@ -21,7 +21,8 @@ fn shape(s: &Scenario) -> LayerShape {
         tp_mode: p.tp_mode,
         context: 0,
         sequence_parallel: p.sequence_parallel,
-        flash_attention: p.flash_attention,
+        attention: p.attention,
+        fusion: p.fusion,
         activation_bytes: p.precision.activation_bytes(),
     }
 }

@@ -263,7 +263,8 @@ impl Device for CpuDevice {
 
     fn run_op(&mut self, op: &OpInstance, ctx: &OpContext) -> Result<f64> {
         match op.spec.class {
-            OpClass::Gemm { batch, m, n, k } => {
+            OpClass::Gemm { .. } | OpClass::Attention { .. } => {
+                let (batch, m, n, k) = op.spec.class.gemm_shape().expect("a product");
                 let name = op.spec.name;
                 let (batch, m) = (count(name, "batch", batch)?, count(name, "m", m)?);
                 let (n, k) = (count(name, "n", n)?, count(name, "k", k)?);

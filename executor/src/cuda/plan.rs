@@ -11,6 +11,7 @@
 use crate::shapes::{count, fit_gemm};
 use crate::{ExecError, OpContext, Result};
 use sim::lower::OpInstance;
+#[cfg(test)]
 use sim::workload::OpClass;
 
 /// The most bytes one device buffer holds; a bigger op runs shrunk and its time is scaled up
@@ -167,7 +168,7 @@ pub(super) fn plan(op: &OpInstance, ctx: &OpContext, cap_bytes: usize, host_cap_
     }
     let precision = Precision::for_element_bytes(ctx.element_bytes);
     let nothing = Plan { work: Work::Nothing, scale: 1.0 };
-    if let OpClass::Gemm { batch, m, n, k } = spec.class {
+    if let Some((batch, m, n, k)) = spec.class.gemm_shape() {
         let (batch, m) = (count(name, "batch", batch)?, count(name, "m", m)?);
         let (n, k) = (count(name, "n", n)?, count(name, "k", k)?);
         if batch == 0 || m == 0 || n == 0 || k == 0 {

@@ -1,16 +1,21 @@
 //! Cost models: how long an op takes on a device, and the static memory of a plan.
 //!
 //! Compute follows a roofline: `max(flops / (peak x efficiency(shape)), bytes / (bandwidth x
-//! mem_efficiency)) + launch`. The GEMM efficiency starts from the device's large-GEMM
-//! efficiency and loses what tile quantization (partial 128x128 output tiles), wave
-//! quantization (the last wave of tiles leaves SMs idle) and a short K loop (prologue and
-//! epilogue of the main loop, two 32-deep steps) cost. A [`Calibration`] from measurements
-//! replaces the device defaults.
+//! mem_efficiency)) + launch` per kernel. The GEMM efficiency starts from the device's
+//! large-GEMM efficiency and loses what tile quantization (partial output tiles of the tile
+//! cuBLAS picks on the architecture), wave quantization (the last wave of tiles leaves SMs
+//! idle) and a short K loop (the pipeline's prologue steps) cost; the tilings are in
+//! `hardware::kernels`. Fused attention follows the published kernel rates ([`attention`]).
+//! Under fp8 only the GEMMs run at the fp8 peak, each paying Transformer Engine's
+//! cast-transpose kernels as memory-bound work; attention's products stay 16-bit. A
+//! [`Calibration`] from measurements replaces the device defaults.
 //! Communication time is not here: the engine moves bytes over links (see `network`).
 
+pub mod attention;
 pub mod memory;
 pub mod slice;
 
+use crate::hardware::kernels::{self, GemmTiling, GpuArch};
 use crate::hardware::{DeviceKind, DeviceSpec, Precision};
 use crate::workload::{OpClass, OpSpec};
 
@@ -19,10 +24,10 @@ use crate::workload::{OpClass, OpSpec};
 pub fn memory_kernel(name: &str) -> &'static str {
     match name {
         "ln1" | "ln2" | "final_norm" => "ln1",
-        "softmax" => "softmax",
+        "softmax" | "attn_scale" | "attn_mask" => "softmax",
         "act" => "act",
         "attn_dropout" => "attn_dropout",
-        "dropout_residual" => "dropout_residual",
+        "dropout_residual" | "dropout" | "fp8_cast" => "dropout_residual",
         "optimizer" | "cpu_optimizer" => "optimizer",
         _ => "embedding",
     }
@@ -52,10 +57,18 @@ pub struct ComputeModel {
     /// GEMM weights sit in on-chip memory (an FPGA whose stage fits its SRAM): they are not
     /// read from device memory.
     weights_on_chip: bool,
+    arch: Option<GpuArch>,
+    tiling: GemmTiling,
+    /// The 16-bit tensor peak: attention's products under fp8 training.
+    peak16_flops: f64,
+    /// GEMMs run in fp8 (with cast-transpose kernels around them).
+    fp8: bool,
 }
 
-const TILE: f64 = 128.0;
-const K_STEP: f64 = 32.0;
+/// The materialised attention's batched products, which stay 16-bit under fp8 training.
+fn attention_product(name: &str) -> bool {
+    matches!(name, "scores" | "attn_v" | "flash_attn")
+}
 
 impl ComputeModel {
     pub fn new(device: &DeviceSpec, precision: Precision, calibration: Option<Calibration>) -> ComputeModel {
@@ -73,6 +86,14 @@ impl ComputeModel {
             op_rates: Vec::new(),
             op_factors: device.op_efficiency.clone(),
             weights_on_chip: false,
+            arch: kernels::arch_of(device),
+            tiling: kernels::gemm_tiling(kernels::arch_of(device)),
+            peak16_flops: device.peak_flops.at(if precision == Precision::Fp16 {
+                Precision::Fp16
+            } else {
+                Precision::Bf16
+            }),
+            fp8: precision == Precision::Fp8 && device.peak_flops.fp8.is_some(),
         }
     }
 
@@ -88,30 +109,37 @@ impl ComputeModel {
         self
     }
 
-    /// Fraction of peak a GEMM of this shape reaches.
+    /// Fraction of peak a GEMM of this shape reaches: the large-GEMM efficiency, times the
+    /// best tile's output utilisation (partial edge tiles) and wave utilisation (the last of
+    /// `ceil(tiles / SMs)` waves part-empty), times the K loop's share outside its prologue.
     pub fn gemm_efficiency(&self, batch: f64, m: f64, n: f64, k: f64) -> f64 {
-        let k_eff = (k / K_STEP) / (k / K_STEP + 2.0);
+        let t = &self.tiling;
+        let k_eff = (k / t.k_step) / (k / t.k_step + t.prologue_steps);
         if !self.quantize {
             return self.gemm_efficiency * k_eff;
         }
-        let tm = (m / TILE).ceil().max(1.0);
-        let tn = (n / TILE).ceil().max(1.0);
-        let tile_util = (m * n) / (tm * tn * TILE * TILE);
-        let tiles = batch * tm * tn;
-        let waves = (tiles / self.units).ceil().max(1.0);
-        let wave_util = tiles / (waves * self.units);
-        self.gemm_efficiency * tile_util * wave_util * k_eff
+        let util = |(tile_m, tile_n): (f64, f64)| {
+            let tm = (m / tile_m).ceil().max(1.0);
+            let tn = (n / tile_n).ceil().max(1.0);
+            let tile_util = (m * n) / (tm * tn * tile_m * tile_n);
+            let tiles = batch * tm * tn;
+            let waves = (tiles / self.units).ceil().max(1.0);
+            tile_util * tiles / (waves * self.units)
+        };
+        let best = t.tiles.iter().map(|&tile| util(tile)).fold(0.0, f64::max);
+        self.gemm_efficiency * best * k_eff
     }
 
     pub fn memory_s(&self, bytes: f64) -> f64 {
         bytes / self.mem_bytes_per_s
     }
 
-    /// Seconds for one op, forward or backward.
+    /// Seconds for one op, forward or backward, with the launch of each kernel it runs.
     pub fn op_s(&self, op: &OpSpec, backward: bool) -> f64 {
         let (flops, mut bytes) =
             if backward { (op.backward_flops, op.backward_bytes) } else { (op.forward_flops, op.forward_bytes) };
         let factor = self.op_factors.iter().find(|(n, _)| n == op.name).map_or(1.0, |(_, f)| *f);
+        let mut extra_s = 0.0;
         let compute = match op.class {
             OpClass::Gemm { batch, m, n, k } => {
                 if self.weights_on_chip {
@@ -119,7 +147,15 @@ impl ComputeModel {
                     let passes = if backward { 2.0 } else { 1.0 };
                     bytes = (bytes - passes * batch * k * n * bytes_per_elem(op, batch, m, n, k, backward)).max(0.0);
                 }
-                flops / (self.peak_flops * self.gemm_efficiency(batch, m, n, k) * factor)
+                let peak = if self.fp8 && attention_product(op.name) { self.peak16_flops } else { self.peak_flops };
+                if self.fp8 && !attention_product(op.name) {
+                    extra_s = self.fp8_cast_s(batch, m, n, k, backward);
+                }
+                flops / (peak * self.gemm_efficiency(batch, m, n, k) * factor)
+            }
+            OpClass::Attention { q, context, head_dim, causal, kernel, .. } => {
+                let e = attention::efficiency(self.arch, kernel, q, context, head_dim, causal, backward);
+                flops / (self.peak16_flops * e * factor)
             }
             OpClass::Memory => {
                 let family = memory_kernel(op.name);
@@ -129,7 +165,15 @@ impl ComputeModel {
                 0.0
             }
         };
-        compute.max(self.memory_s(bytes)) + launches(op, backward) * self.launch_s
+        compute.max(self.memory_s(bytes)) + extra_s + launches(op, backward) * self.launch_s
+    }
+
+    /// Transformer Engine's fp8 casts around one GEMM, as memory-bound kernels: forward casts
+    /// (and transposes) the input and the weight, backward the output gradient.
+    fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool) -> f64 {
+        let per = kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM;
+        let (elems, casts) = if backward { (m * n, 1.0) } else { (m * k + k * n, 2.0) };
+        self.memory_s(per * batch * elems) + casts * self.launch_s
     }
 
     pub fn launch_s(&self) -> f64 {
@@ -137,9 +181,16 @@ impl ComputeModel {
     }
 }
 
-/// Kernels an op launches: the backward of a GEMM is two GEMMs.
+/// Kernels an op launches: the backward of a GEMM is two GEMMs (data and weight
+/// gradients); FlashAttention-2's backward is three (`flash_bwd_dot_do_o`, the main
+/// `flash_bwd_dq_dk_dv` loop and `flash_bwd_convert_dq`; flash-attn
+/// `csrc/flash_attn/src/flash_bwd_launch_template.h`).
 pub fn launches(op: &OpSpec, backward: bool) -> f64 {
-    if backward && matches!(op.class, OpClass::Gemm { .. }) { 2.0 } else { 1.0 }
+    match op.class {
+        OpClass::Gemm { .. } if backward => 2.0,
+        OpClass::Attention { .. } if backward => 3.0,
+        _ => 1.0,
+    }
 }
 
 /// Bytes per element of a GEMM op, recovered from its byte count (batch x e x (mk + kn + mn)

@@ -57,7 +57,8 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
         tp_mode: plan.tp_mode,
         context: c,
         sequence_parallel: plan.sequence_parallel,
-        flash_attention: plan.flash_attention,
+        attention: plan.attention,
+        fusion: plan.fusion,
         activation_bytes: plan.precision.activation_bytes(),
     };
     let intra = s.cluster.node.intra_node.as_ref();

@@ -11,8 +11,14 @@
 //!               + all-gather(n) inside each node           k-1 steps of n/k
 //! ```
 //! Every step ends when its slowest flow ends (the members synchronise each step).
+//!
+//! On NVIDIA GPUs collectives run as NCCL runs them instead ([`nccl_steps`]): NCCL's
+//! algorithm and protocol for the message size ([`crate::hardware::nccl`]), its latency, and
+//! flat rings that cross nodes through every NIC (one ring per NIC, NCCL's channels), with a
+//! ceiling on each flow for the protocol's and the channels' bandwidth.
 
 use crate::hardware::Topology;
+use crate::hardware::nccl::{self, Algo, Coll, Plan, Shape};
 use crate::lower::{Collective, CollectiveKind};
 
 /// One flow of a step, in cluster device numbering.
@@ -21,6 +27,8 @@ pub struct StepFlow {
     pub source: u32,
     pub target: u32,
     pub bytes: f64,
+    /// The flow's own ceiling (bytes/s), infinite when only the links limit it.
+    pub cap_bytes_per_s: f64,
 }
 
 /// One step: flows that all start together; the step ends with the last. A chain's hops
@@ -29,6 +37,8 @@ pub struct StepFlow {
 pub struct Step {
     pub flows: Vec<StepFlow>,
     pub chain: bool,
+    /// Fixed time before the step's flows start; `None`: the routes' latencies.
+    pub latency_s: Option<f64>,
 }
 
 pub type Steps = Vec<Step>;
@@ -39,10 +49,15 @@ fn ring_steps(out: &mut Steps, rings: &[Vec<u32>], steps: u32, chunk_bytes: f64)
         for ring in rings {
             let p = ring.len();
             for i in 0..p {
-                step.push(StepFlow { source: ring[i], target: ring[(i + 1) % p], bytes: chunk_bytes });
+                step.push(StepFlow {
+                    source: ring[i],
+                    target: ring[(i + 1) % p],
+                    bytes: chunk_bytes,
+                    cap_bytes_per_s: f64::INFINITY,
+                });
             }
         }
-        out.push(Step { flows: step, chain: false });
+        out.push(Step { flows: step, chain: false, latency_s: None });
     }
 }
 
@@ -53,26 +68,21 @@ pub fn expand(c: &Collective, topo: &Topology) -> Steps {
     if p <= 1 || c.bytes <= 0.0 {
         return out;
     }
+    if let Some(steps) = nccl_steps(c, topo) {
+        return steps;
+    }
     // Broadcast and reduce: a pipelined chain from (to) the first member; all hops move the
     // whole message at once, so the chain costs its latency plus n / bandwidth.
     if matches!(c.kind, CollectiveKind::Broadcast | CollectiveKind::Reduce) {
         let m = &c.members;
         let hops = (0..m.len() - 1).map(|i| {
             let (a, b) = if c.kind == CollectiveKind::Broadcast { (m[i], m[i + 1]) } else { (m[i + 1], m[i]) };
-            StepFlow { source: a, target: b, bytes: c.bytes }
+            StepFlow { source: a, target: b, bytes: c.bytes, cap_bytes_per_s: f64::INFINITY }
         });
-        out.push(Step { flows: hops.collect(), chain: true });
+        out.push(Step { flows: hops.collect(), chain: true, latency_s: None });
         return out;
     }
-    // Group members by node, keeping ring order.
-    let mut nodes: Vec<(u32, Vec<u32>)> = Vec::new();
-    for &m in &c.members {
-        let n = topo.node_of(m);
-        match nodes.iter_mut().find(|(x, _)| *x == n) {
-            Some((_, v)) => v.push(m),
-            None => nodes.push((n, vec![m])),
-        }
-    }
+    let nodes = by_node(&c.members, topo);
     let k = nodes[0].1.len();
     let hierarchical = nodes.len() > 1
         && k > 1
@@ -110,4 +120,108 @@ pub fn expand(c: &Collective, topo: &Topology) -> Steps {
         CollectiveKind::Broadcast | CollectiveKind::Reduce => unreachable!("handled above"),
     }
     out
+}
+
+/// Members grouped by node, keeping ring order.
+fn by_node(members: &[u32], topo: &Topology) -> Vec<(u32, Vec<u32>)> {
+    let mut nodes: Vec<(u32, Vec<u32>)> = Vec::new();
+    for &m in members {
+        let n = topo.node_of(m);
+        match nodes.iter_mut().find(|(x, _)| *x == n) {
+            Some((_, v)) => v.push(m),
+            None => nodes.push((n, vec![m])),
+        }
+    }
+    nodes
+}
+
+/// NCCL's rings over a collective's members: inside a node in the members' order, then on to
+/// the next node. Across nodes with k > 1 members on each there is one ring per NIC used
+/// (at most k), each entering and leaving every node through a different GPU and so a
+/// different NIC, as NCCL's channels do; each ring carries an equal part of the message.
+fn nccl_rings(members: &[u32], topo: &Topology) -> Vec<Vec<u32>> {
+    let nodes = by_node(members, topo);
+    let k = nodes[0].1.len();
+    let even = nodes.iter().all(|(_, v)| v.len() == k);
+    if nodes.len() == 1 || k == 1 || !even || !topo.same_switch(nodes[0].1[0], nodes[0].1[1]) {
+        return vec![members.to_vec()];
+    }
+    let rings = (topo.nics as usize).min(k).max(1);
+    (0..rings)
+        .map(|r| {
+            let shift = r * k / rings;
+            nodes.iter().flat_map(|(_, v)| (0..k).map(move |i| v[(i + shift) % k])).collect()
+        })
+        .collect()
+}
+
+/// What NCCL would do for this collective on this topology (`None` off NVIDIA GPUs).
+pub fn nccl_plan(c: &Collective, topo: &Topology) -> Option<Plan> {
+    let sys = topo.nccl()?;
+    let p = c.members.len() as u32;
+    if p < 2 || c.bytes <= 0.0 {
+        return None;
+    }
+    let nodes = by_node(&c.members, topo).len() as u32;
+    let rings = nccl_rings(&c.members, topo).len() as f64;
+    let link = if nodes == 1 {
+        sys.intra_bytes_per_s
+    } else if rings > 1.0 {
+        sys.intra_bytes_per_s.min(rings * topo.nic_bytes_per_s())
+    } else {
+        topo.nic_bytes_per_s()
+    };
+    let coll = match c.kind {
+        CollectiveKind::AllReduce => Coll::AllReduce,
+        CollectiveKind::ReduceScatter => Coll::ReduceScatter,
+        CollectiveKind::AllGather => Coll::AllGather,
+        CollectiveKind::Broadcast => Coll::Broadcast,
+        CollectiveKind::Reduce => Coll::Reduce,
+    };
+    nccl::choose(sys, &Shape { coll, ranks: p, nodes, bytes: c.bytes, link_bus_bytes_per_s: link })
+}
+
+/// The collective as NCCL runs it: one step holding all its bytes (a ring's steps move the
+/// same bytes over the same pairs, so the engine would merge them anyway), NCCL's latency
+/// before it, and each flow no faster than the plan's bus bandwidth allows.
+pub fn nccl_steps(c: &Collective, topo: &Topology) -> Option<Steps> {
+    let plan = nccl_plan(c, topo)?;
+    let n = c.bytes;
+    let p = c.members.len();
+    let wire = plan.wire_factor;
+    let flow = |source: u32, target: u32, bytes: f64, cap: f64| StepFlow {
+        source,
+        target,
+        bytes: bytes * wire,
+        cap_bytes_per_s: cap * wire,
+    };
+    let (flows, chain) = match (plan.algo, c.kind) {
+        (_, CollectiveKind::Broadcast | CollectiveKind::Reduce) => {
+            let m = &c.members;
+            let hops = (0..p - 1).map(|i| {
+                let (a, b) = if c.kind == CollectiveKind::Broadcast { (m[i], m[i + 1]) } else { (m[i + 1], m[i]) };
+                flow(a, b, n, plan.bus_bytes_per_s)
+            });
+            (hops.collect(), true)
+        }
+        (Algo::Nvls, _) => {
+            // Each GPU sends its buffer to the switch once and receives the result once.
+            let m = &c.members;
+            ((0..p).map(|i| flow(m[i], m[(i + 1) % p], n, plan.bus_bytes_per_s)).collect(), false)
+        }
+        _ => {
+            let rings = nccl_rings(&c.members, topo);
+            let r = rings.len() as f64;
+            // Each link of a ring carries link_bytes_per_byte x n / r over the whole collective.
+            let bytes = n * plan.link_bytes_per_byte / r;
+            let mut flows = Vec::with_capacity(rings.len() * p);
+            for ring in &rings {
+                for i in 0..p {
+                    flows.push(flow(ring[i], ring[(i + 1) % p], bytes, plan.bus_bytes_per_s / r));
+                }
+            }
+            (flows, false)
+        }
+    };
+    Some(vec![Step { flows, chain, latency_s: Some(plan.latency_s) }])
 }

@@ -7,6 +7,7 @@
 //! move each device's usage. Nothing here knows what a layer is.
 
 pub mod collective;
+pub mod lone;
 pub mod queue;
 pub mod run;
 

@@ -102,7 +102,8 @@ struct Expanded {
 }
 
 struct ExpStep {
-    flows: Vec<([u32; 2], f64, u32, u32)>,
+    /// (links, bytes, source, target, ceiling in bytes/s)
+    flows: Vec<([u32; 2], f64, u32, u32, f64)>,
     latency_ns: u64,
 }
 
@@ -478,6 +479,7 @@ impl<'a> Engine<'a> {
             .map(|st| {
                 let mut latency = 0.0f64;
                 let chain = st.chain;
+                let fixed = st.latency_s;
                 let flows = st
                     .flows
                     .iter()
@@ -491,10 +493,10 @@ impl<'a> Engine<'a> {
                                 *l = self.topo.map_link(*l, &map);
                             }
                         }
-                        (links, f.bytes, f.source, f.target)
+                        (links, f.bytes, f.source, f.target, f.cap_bytes_per_s)
                     })
                     .collect();
-                (ExpStep { flows, latency_ns: ns(latency) }, chain)
+                (ExpStep { flows, latency_ns: ns(fixed.unwrap_or(latency)) }, chain)
             })
             .collect::<Vec<_>>();
         // Consecutive ring steps over the same pairs move the same bytes over the same links,
@@ -507,7 +509,10 @@ impl<'a> Engine<'a> {
                 && !last_chain
                 && merged.last().is_some_and(|m: &ExpStep| {
                     m.flows.len() == st.flows.len()
-                        && m.flows.iter().zip(&st.flows).all(|(a, b)| a.0 == b.0 && a.2 == b.2 && a.3 == b.3)
+                        && m.flows
+                            .iter()
+                            .zip(&st.flows)
+                            .all(|(a, b)| a.0 == b.0 && a.2 == b.2 && a.3 == b.3 && a.4 == b.4)
                 });
             if same {
                 let m = merged.last_mut().expect("checked");
@@ -525,8 +530,19 @@ impl<'a> Engine<'a> {
         self.expanded[c as usize] = Some(Expanded { steps, members });
     }
 
-    fn add_flow(&mut self, slot: u32, links: [u32; 2], len: u8, bytes: f64, source: u32, target: u32, now: u64) {
-        let id = self.net.add(now, &links[..len as usize], bytes) as usize;
+    #[allow(clippy::too_many_arguments)]
+    fn add_flow(
+        &mut self,
+        slot: u32,
+        links: [u32; 2],
+        len: u8,
+        bytes: f64,
+        cap: f64,
+        source: u32,
+        target: u32,
+        now: u64,
+    ) {
+        let id = self.net.add_capped(now, &links[..len as usize], bytes, cap) as usize;
         if self.flow_owner.len() <= id {
             self.flow_owner.resize(id + 1, NONE);
             self.flow_start.resize(id + 1, 0);
@@ -553,13 +569,13 @@ impl<'a> Engine<'a> {
         let a = &self.active[slot as usize];
         if a.collective == NONE {
             let (r, source, target, bytes) = self.single_route(a.task);
-            self.add_flow(slot, r.links, r.len, bytes, source, target, now);
+            self.add_flow(slot, r.links, r.len, bytes, f64::INFINITY, source, target, now);
         } else {
             let (c, step) = (a.collective as usize, a.step as usize);
             let n = self.expanded[c].as_ref().expect("expanded").steps[step].flows.len();
             for i in 0..n {
-                let (links, bytes, s, t) = self.expanded[c].as_ref().expect("expanded").steps[step].flows[i];
-                self.add_flow(slot, links, 2, bytes, s, t, now);
+                let (links, bytes, s, t, cap) = self.expanded[c].as_ref().expect("expanded").steps[step].flows[i];
+                self.add_flow(slot, links, 2, bytes, cap, s, t, now);
             }
         }
         if self.active[slot as usize].pending == 0 {

@@ -13,8 +13,11 @@ fn link(bw: f64, lat: f64) -> LinkSpec {
     LinkSpec { name: "test".into(), bandwidth_bytes_per_s: bw, latency_s: lat, efficiency: 1.0, source: String::new() }
 }
 
+/// A cluster of FPGAs (no NCCL: collectives are the plain rings these tests check against the
+/// alpha-beta formulas; NCCL's expansion is checked below and in `tests/nccl.rs`).
 fn cluster(devices_per_node: u32, nodes: u32, intra: LinkSpec, nic: LinkSpec) -> ClusterSpec {
     let mut node = catalog::node_preset("dgx-a100-80gb").expect("preset");
+    node.device = catalog::device("alveo-u280").expect("preset");
     node.devices = devices_per_node;
     node.intra_node = Some(intra);
     node.nic = nic;
@@ -325,4 +328,53 @@ fn collectives_over_256_members_complete_and_grow_with_members() {
         .map(|&n| lone_collective(CollectiveKind::AllReduce, 8, n / 8, 1e6, link(1e11, 1e-6), link(1e10, 5e-6)))
         .collect();
     assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
+}
+
+fn nccl_program(n: u32, collectives: &[(CollectiveKind, f64, StreamKind)]) -> Program {
+    let mut p = empty_program(n);
+    for (i, &(kind, bytes, stream)) in collectives.iter().enumerate() {
+        p.collectives.push(Collective { kind, members: (0..n).collect(), bytes });
+        let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, stream)).collect();
+        push(&mut p, TaskKind::Collective, i as u32, &streams, 0);
+    }
+    p
+}
+
+/// On GPUs a collective alone takes what NCCL's model says of its plan: the flows, their
+/// ceilings and the wire bytes reproduce latency + link bytes / bus bandwidth.
+#[test]
+fn a_lone_nccl_collective_takes_its_plans_time() {
+    for (node, nodes) in [("dgx-a100-80gb", 1u32), ("dgx-h100", 1), ("dgx-a100-80gb", 2)] {
+        let c = ClusterSpec::new(catalog::node_preset(node).expect("preset"), nodes);
+        let topo = Topology::new(&c);
+        let n = 8 * nodes;
+        for kind in [CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+            for bytes in [8.0, 4096.0, 1e6, 3e7, 1e9] {
+                let p = nccl_program(n, &[(kind, bytes, StreamKind::Compute)]);
+                let plan = collective::nccl_plan(&p.collectives[0], &topo).expect("GPU cluster");
+                let got = run(&p, &topo, &[], &HostCosts::default(), opts()).expect("runs").iteration_ns as f64;
+                let want = plan.time_s(bytes) * 1e9;
+                assert!((got - want).abs() <= want * 1e-3 + 2.0, "{node} x{nodes} {kind:?} {bytes}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+/// Two large all-reduces at once over the same GPUs share their ports: together they take
+/// about twice as long as one, not as long.
+#[test]
+fn concurrent_nccl_collectives_share_links() {
+    let c = ClusterSpec::new(catalog::node_preset("dgx-a100-80gb").expect("preset"), 1);
+    let topo = Topology::new(&c);
+    let one = nccl_program(8, &[(CollectiveKind::AllReduce, 1e9, StreamKind::Compute)]);
+    let two = nccl_program(
+        8,
+        &[
+            (CollectiveKind::AllReduce, 1e9, StreamKind::Compute),
+            (CollectiveKind::AllReduce, 1e9, StreamKind::DataParallel),
+        ],
+    );
+    let t1 = run(&one, &topo, &[], &HostCosts::default(), opts()).expect("runs").iteration_ns as f64;
+    let t2 = run(&two, &topo, &[], &HostCosts::default(), opts()).expect("runs").iteration_ns as f64;
+    assert!(t2 > 1.95 * t1 && t2 < 2.05 * t1, "{t1} vs {t2}");
 }

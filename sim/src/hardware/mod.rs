@@ -16,6 +16,8 @@
 //! Presets live in [`catalog`]; a scenario may also describe its own devices, nodes and links.
 
 pub mod catalog;
+pub mod kernels;
+pub mod nccl;
 
 use serde::Serialize;
 
@@ -259,6 +261,8 @@ pub struct Topology {
     capacity_bytes_per_s: Vec<f64>,
     latency_s: Vec<f64>,
     has_intra: bool,
+    /// How NCCL sees the cluster (GPU clusters only): collectives run as NCCL runs them.
+    nccl: Option<nccl::NcclSystem>,
 }
 
 /// A route: at most two links, plus the summed latency.
@@ -315,6 +319,7 @@ impl Topology {
             capacity_bytes_per_s: capacity,
             latency_s: latency,
             has_intra: intra.is_some(),
+            nccl: nccl::NcclSystem::new(cluster),
         }
     }
 
@@ -324,6 +329,15 @@ impl Topology {
 
     pub fn capacities(&self) -> &[f64] {
         &self.capacity_bytes_per_s
+    }
+
+    pub fn nccl(&self) -> Option<&nccl::NcclSystem> {
+        self.nccl.as_ref()
+    }
+
+    /// Effective bandwidth of one NIC, per direction.
+    pub fn nic_bytes_per_s(&self) -> f64 {
+        self.capacity_bytes_per_s[self.nic_base as usize]
     }
 
     pub fn node_of(&self, device: u32) -> u32 {

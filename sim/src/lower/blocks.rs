@@ -102,7 +102,8 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
         tp_mode: plan.tp_mode,
         context: u.context,
         sequence_parallel: plan.sequence_parallel,
-        flash_attention: plan.flash_attention,
+        attention: plan.attention,
+        fusion: plan.fusion,
         activation_bytes: e,
     };
     let boundary_bytes = e * u.batch as f64 * u.tokens as f64 * w.hidden as f64

@@ -102,7 +102,8 @@ pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
                 tp_mode: plan.tp_mode,
                 context: 0,
                 sequence_parallel: plan.sequence_parallel,
-                flash_attention: plan.flash_attention,
+                attention: plan.attention,
+                fusion: plan.fusion,
                 activation_bytes: 2.0,
             };
             let layer = w.layer_ops(shape).len() as u64;

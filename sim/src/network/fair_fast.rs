@@ -84,6 +84,26 @@ pub(super) fn rerate_component(net: &mut Network, now: u64, seed: u32) {
             }
         }
         debug_assert!(best_link != usize::MAX);
+        // A flow whose ceiling is below the fair share freezes at its ceiling first.
+        let mut capped = usize::MAX;
+        for j in 0..s.flows.len() {
+            let c = net.flows[s.flows[j] as usize].cap;
+            if !s.frozen[j] && c < best && (capped == usize::MAX || c < net.flows[s.flows[capped] as usize].cap) {
+                capped = j;
+            }
+        }
+        if capped != usize::MAX {
+            s.frozen[capped] = true;
+            unfrozen -= 1;
+            let fl = &mut net.flows[s.flows[capped] as usize];
+            fl.rate = fl.cap;
+            for &l in &fl.links[..fl.len as usize] {
+                let p = pos(&s.links, l);
+                s.link_left[p] -= fl.cap;
+                s.link_count[p] -= 1;
+            }
+            continue;
+        }
         let k = s.links[best_link];
         for j in 0..s.flows.len() {
             if s.frozen[j] {

@@ -51,6 +51,9 @@ struct Flow {
     links: [u32; 2],
     len: u8,
     remaining_bytes: f64,
+    /// The most this flow can take, whatever the links leave (e.g. a collective using few
+    /// channels); infinite when only the links limit it.
+    cap: f64,
     rate: f64,
     updated_ns: u64,
     version: u32,
@@ -101,7 +104,14 @@ impl Network {
 
     /// Start a flow of `bytes` over `links` (one or two links) at `now`.
     pub fn add(&mut self, now: u64, links: &[u32], bytes: f64) -> FlowId {
+        self.add_capped(now, links, bytes, f64::INFINITY)
+    }
+
+    /// Start a flow that never runs faster than `cap_bytes_per_s` (max-min fair sharing with
+    /// a per-flow ceiling: the ceiling acts as a private link of that capacity).
+    pub fn add_capped(&mut self, now: u64, links: &[u32], bytes: f64, cap_bytes_per_s: f64) -> FlowId {
         debug_assert!(!links.is_empty() && links.len() <= 2);
+        debug_assert!(cap_bytes_per_s > 0.0);
         let mut l = [links[0], links[0]];
         if links.len() > 1 {
             l[1] = links[1];
@@ -110,6 +120,7 @@ impl Network {
             links: l,
             len: links.len() as u8,
             remaining_bytes: bytes,
+            cap: cap_bytes_per_s,
             rate: 0.0,
             updated_ns: now,
             version: 0,
@@ -179,6 +190,11 @@ impl Network {
             .collect()
     }
 
+    /// Ceilings of every live flow, in id order (for tests).
+    pub fn live_caps(&self) -> Vec<f64> {
+        self.flows.iter().filter(|f| f.live).map(|f| f.cap).collect()
+    }
+
     /// Links of every live flow, in id order (for tests).
     pub fn live_routes(&self) -> Vec<Vec<u32>> {
         self.flows.iter().filter(|f| f.live).map(|f| f.links[..f.len as usize].to_vec()).collect()
@@ -198,8 +214,7 @@ impl Network {
         match self.kind {
             NetworkKind::Ideal => {
                 let f = &mut self.flows[seed as usize];
-                let cap =
-                    f.links[..f.len as usize].iter().map(|&k| self.capacity[k as usize]).fold(f64::INFINITY, f64::min);
+                let cap = f.links[..f.len as usize].iter().map(|&k| self.capacity[k as usize]).fold(f.cap, f64::min);
                 f.rate = cap;
                 self.changes.push(Reschedule {
                     id: seed,

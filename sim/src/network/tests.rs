@@ -1,4 +1,4 @@
-use super::fair_slow::max_min_rates;
+use super::fair_slow::{max_min_rates, max_min_rates_capped};
 use super::*;
 use rand::RngExt;
 use rand::SeedableRng;
@@ -35,9 +35,11 @@ fn fast_fair_sharing_matches_slow_reference_on_random_inputs() {
                 } else {
                     vec![a]
                 };
-                live.push(net.add(now, &route, rng.random_range(1.0..1e9f64)));
+                // Some flows have a ceiling of their own (a collective on few channels).
+                let ceiling = if rng.random_bool(0.3) { rng.random_range(0.5..60.0f64) * 1e9 } else { f64::INFINITY };
+                live.push(net.add_capped(now, &route, rng.random_range(1.0..1e9f64), ceiling));
             }
-            let expect = max_min_rates(&caps, &net.live_routes());
+            let expect = max_min_rates_capped(&caps, &net.live_routes(), &net.live_caps());
             let got: Vec<f64> = net.live_rates().into_iter().map(|(_, r)| r).collect();
             assert_eq!(expect.len(), got.len());
             for (e, g) in expect.iter().zip(&got) {
@@ -58,6 +60,10 @@ fn fair_shares_never_exceed_capacity_and_saturate_a_bottleneck() {
     }
     // Link 1 (4) is shared by flows 0 and 2: 2 each. Link 2 (6) then gives 3 each to 1, 3.
     assert_eq!(r, vec![2.0, 3.0, 2.0, 3.0]);
+    // A ceiling of 1 on flow 0 leaves link 1's other 3 to flow 2; link 0 (10) then has 9 for
+    // flows 1 and 3, but link 2 (6) limits them to 3 each.
+    let r = max_min_rates_capped(&caps, &flows, &[1.0, f64::INFINITY, f64::INFINITY, f64::INFINITY]);
+    assert_eq!(r, vec![1.0, 3.0, 3.0, 3.0]);
 }
 
 #[test]

@@ -256,8 +256,11 @@ pub struct Plan {
     pub rank_order: RankOrder,
     /// Whether a stage's next op waits for its pipeline send.
     pub p2p: P2p,
-    /// Fused attention kernels (`training.attention`: "flash") rather than materialised scores.
-    pub flash_attention: bool,
+    /// Fused attention kernels (`training.attention`: "flash", or a named generation) or
+    /// materialised scores.
+    pub attention: crate::hardware::kernels::Attention,
+    /// Which elementwise kernels are fused (a framework profile's choice).
+    pub fusion: crate::workload::Fusion,
     /// Layers of each pipeline chunk (pp x virtual_stages entries, in model order).
     pub partition: Vec<u32>,
     pub micro_batches: u32,
@@ -277,6 +280,9 @@ pub struct Plan {
     /// A partition policy the simulator resolves before lowering (`partition` then holds
     /// its result).
     pub partition_policy: Option<PartitionPolicy>,
+    /// What the training framework does that the plan does not say (overlap, gathers, fused
+    /// kernels, gradient dtype).
+    pub framework: crate::framework::Framework,
 }
 
 fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {

@@ -101,6 +101,13 @@ pub struct Report {
     /// Memory kept free for the allocator on the node's device (`simulation.memory_headroom`):
     /// a plan fits when its peak is at most `memory_capacity_bytes - memory_headroom_bytes`.
     pub memory_headroom_bytes: f64,
+    /// The fullest memory tier: the largest of each device's peak over its usable bytes and
+    /// each node's host and NVMe use over their capacity (infinite when Gemini finds no room
+    /// for a unit's chunks). The plan fits when it is at most 1. Not printed: `fits`,
+    /// `peak_memory_bytes` and the capacities say the same to a reader; capacity searches
+    /// interpolate on it.
+    #[serde(skip)]
+    pub memory_pressure: f64,
     pub peak_memory_device: u32,
     /// The breakdown's buffers include this allowance for the framework (CUDA context,
     /// library workspaces); set it with `simulation.framework_overhead_bytes`.
@@ -177,6 +184,9 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     // Gemini fails when a unit's chunks find no room beside its non-model memory.
     let fits_hbm = (0..nd).all(|d| totals[d].total() <= s.options.usable_bytes(s.cluster.device_of(p.devices[d])))
         && p.chunk_placement.iter().all(|c| c.feasible);
+    let hbm_pressure = (0..nd)
+        .map(|d| totals[d].total() / s.options.usable_bytes(s.cluster.device_of(p.devices[d])).max(1.0))
+        .fold(0.0, f64::max);
     // Host and NVMe are per node: the node's devices' shares add up.
     let per_node = s.cluster.node.devices as f64;
     let host_worst = p.host_memory.iter().copied().max_by(|a, b| a.total().total_cmp(&b.total())).unwrap_or_default();
@@ -231,6 +241,13 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         peak_memory_bytes: totals[worst].total(),
         memory_capacity_bytes: capacity,
         memory_headroom_bytes: capacity - s.options.usable_bytes(&s.cluster.node.device),
+        memory_pressure: if p.chunk_placement.iter().all(|c| c.feasible) {
+            hbm_pressure
+                .max(host_node / s.cluster.node.host.dram_bytes.max(1.0))
+                .max(nvme_node / s.cluster.node.host.nvme_bytes.max(1.0))
+        } else {
+            f64::INFINITY
+        },
         peak_memory_device: p.devices[worst],
         framework_overhead_bytes: s.options.framework_bytes(&s.cluster.node.device),
         host_op_s: s.options.host_op_s(&s.cluster.node.device),

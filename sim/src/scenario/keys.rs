@@ -71,7 +71,22 @@ pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "device_overrides"
 pub const DEVICE_OVERRIDE: &[&str] = &["devices", "device"];
 
 /// `training`.
-pub const TRAINING: &[&str] = &["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "attention"];
+pub const TRAINING: &[&str] =
+    &["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "attention", "framework"];
+
+/// `training.framework` as an object: a profile named, with knobs overridden.
+pub const FRAMEWORK: &[&str] = &[
+    "name",
+    "grad_reduce",
+    "gather_prefetch",
+    "param_gather_overlap",
+    "tp_comm_overlap",
+    "grad_reduce_dtype",
+    "fused",
+];
+
+/// `training.framework.fused`: kernels fused or not.
+pub const FUSED: &[&str] = &["softmax", "bias_gelu", "bias_dropout_add", "adam"];
 
 /// `plan`.
 pub const PLAN: &[&str] = &[
@@ -113,6 +128,8 @@ pub const SECTIONS: &[(&str, &[&str])] = &[
     ("link", LINK),
     ("cluster.device_overrides[]", DEVICE_OVERRIDE),
     ("training", TRAINING),
+    ("training.framework", FRAMEWORK),
+    ("training.framework.fused", FUSED),
     ("plan", PLAN),
     ("plan.offload", OFFLOAD),
     ("plan.freeze", FREEZE),
@@ -124,7 +141,7 @@ pub const SECTIONS: &[(&str, &[&str])] = &[
 /// itself rather than through a type's `NAMES` (kept here so the docs test sees them).
 pub const SCHEDULES: &[&str] = &["gpipe", "1f1b", "interleaved", "2bw", "flush"];
 pub const TP_MODES: &[&str] = &["1d", "2d", "2.5d", "3d"];
-pub const ATTENTION: &[&str] = &["flash", "naive"];
+pub const ATTENTION: &[&str] = &crate::hardware::kernels::Attention::NAMES;
 pub const MLP: &[&str] = &["gelu", "swiglu"];
 pub const NORM: &[&str] = &["layernorm", "rmsnorm"];
 pub const DEVICE_KINDS: &[&str] = &["gpu", "fpga", "cpu"];

@@ -12,6 +12,7 @@
 
 mod checks;
 mod cluster;
+pub mod framework;
 pub mod keys;
 pub mod limits;
 mod options;
@@ -27,7 +28,7 @@ mod workload;
 pub use options::{DEFAULT_GPU_HOST_OP_S, DEFAULT_GPU_MEMORY_HEADROOM, SimOptions};
 pub use reader::{Result, ScenarioError};
 pub use run::{FreezePolicy, FreezeSpec, RunSpec};
-pub use training::{DEFAULT_FLASH, Training};
+pub use training::Training;
 
 use crate::hardware::{ClusterSpec, DeviceKind};
 use crate::plan::Plan;

@@ -164,10 +164,31 @@ pub(super) fn parse_plan(
             format!("{e} (micro-batches per replica = global_batch / (dp x micro_batch) = {micro_batches})"),
         ));
     }
-    let bucket_bytes = o.positive("bucket_bytes")?.unwrap_or_else(|| {
-        dflt("bucket_bytes", "25 MiB (PyTorch DDP)");
-        25.0 * 1024.0 * 1024.0
-    });
+    let traits = crate::framework::PlanTraits {
+        tp,
+        pp,
+        zero_stage,
+        offloaded: offload.optimizer != Tier::Device || offload.params != Tier::Device,
+        gemini: offload.dynamic.is_some(),
+    };
+    let framework = super::framework::resolve(t.framework.as_ref(), traits, defaults);
+    let grad_bytes = framework.grad_reduce_bytes(t.precision.activation_bytes());
+    let attention = match t.attention {
+        Some(a) => a,
+        None => {
+            let name = if framework.flash_attention { "flash" } else { "naive" };
+            defaults.push(format!("training.attention = {name} ({})", framework.name));
+            crate::hardware::kernels::Attention::parse(name).expect("a known attention")
+        }
+    };
+    let bucket_bytes = match o.positive("bucket_bytes")? {
+        Some(b) => b,
+        None => {
+            let b = framework.bucket_bytes(dp, grad_bytes);
+            defaults.push(format!("plan.bucket_bytes = {:.0} MiB ({})", b / 1048576.0, framework.name));
+            b
+        }
+    };
     Ok(Plan {
         dp,
         tp,
@@ -180,7 +201,11 @@ pub(super) fn parse_plan(
         zero_stage,
         sequence_parallel,
         tp_mode,
-        flash_attention: t.flash_attention,
+        attention,
+        fusion: crate::workload::Fusion {
+            scale_mask_softmax: framework.fused.softmax,
+            bias_dropout_add: framework.fused.bias_dropout_add,
+        },
         partition,
         micro_batches,
         micro_batch: t.micro_batch,
@@ -192,6 +217,7 @@ pub(super) fn parse_plan(
         token_slices,
         frozen: crate::plan::Frozen::default(),
         partition_policy,
+        framework,
     })
 }
 

@@ -10,17 +10,19 @@ use serde::Serialize;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Training {
-    /// Fused (FlashAttention) or materialised attention.
-    pub flash_attention: bool,
+    /// Fused (a FlashAttention generation) or materialised attention, as written; `None`:
+    /// the framework's ([`crate::plan::Plan::attention`] holds the one simulated).
+    pub attention: Option<crate::hardware::kernels::Attention>,
     pub global_batch: u32,
     pub micro_batch: u32,
     pub seq_len: u32,
     pub precision: Precision,
     pub optimizer: Optimizer,
+    /// `training.framework` as written (resolved against the plan in
+    /// [`crate::plan::Plan::framework`]).
+    #[serde(skip)]
+    pub framework: Option<super::framework::FrameworkSpec>,
 }
-
-/// Attention kernels when the scenario does not say: see README ("What is modelled").
-pub const DEFAULT_FLASH: bool = false;
 
 pub(super) fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) -> Result<Training> {
     o.only(keys::TRAINING)?;
@@ -52,16 +54,8 @@ pub(super) fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) 
             format!("{micro_batch} is larger than global_batch {global_batch}"),
         ));
     }
-    let flash_attention = match o.choice("attention", keys::ATTENTION, |s| match s {
-        "flash" => Some(true),
-        "naive" => Some(false),
-        _ => None,
-    })? {
-        Some(f) => f,
-        None => {
-            defaults.push(format!("training.attention = {}", if DEFAULT_FLASH { "flash" } else { "naive" }));
-            DEFAULT_FLASH
-        }
-    };
-    Ok(Training { flash_attention, global_batch, micro_batch, seq_len, precision, optimizer })
+    // Absent: the framework's (resolved with the plan).
+    let attention = o.choice("attention", keys::ATTENTION, crate::hardware::kernels::Attention::parse)?;
+    let framework = super::framework::parse(o)?;
+    Ok(Training { attention, global_batch, micro_batch, seq_len, precision, optimizer, framework })
 }

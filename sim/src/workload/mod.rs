@@ -111,6 +111,50 @@ pub enum OpClass {
     Gemm { batch: f64, m: f64, n: f64, k: f64 },
     /// Bandwidth-bound: norms, softmax, element-wise, embedding lookups, optimizer.
     Memory,
+    /// One fused attention kernel over `heads` (batch x heads on the device) independent
+    /// heads: `q` queries attend to `context` earlier keys plus (all of, or under a causal
+    /// mask the earlier of) their own `q` keys, at head dimension `head_dim`.
+    Attention {
+        heads: f64,
+        q: f64,
+        context: f64,
+        head_dim: f64,
+        causal: bool,
+        kernel: crate::hardware::kernels::FlashKernel,
+    },
+}
+
+impl OpClass {
+    /// The matrix product an op amounts to, (batch, m, n, k): a fused attention as its
+    /// score product with the keys a query reads on average (what an executor runs in its
+    /// place).
+    pub fn gemm_shape(&self) -> Option<(f64, f64, f64, f64)> {
+        match *self {
+            OpClass::Gemm { batch, m, n, k } => Some((batch, m, n, k)),
+            OpClass::Attention { heads, q, context, head_dim, causal, .. } => {
+                Some((heads, q, context + if causal { q / 2.0 } else { q }, head_dim))
+            }
+            OpClass::Memory => None,
+        }
+    }
+}
+
+/// Which elementwise kernels a framework fuses (a framework profile switches them; the
+/// defaults are the fused counts the op list always had). Unfused, eager PyTorch runs:
+/// scaling, masking and softmax of the scores as three kernels (`scores / sqrt(d)`,
+/// `masked_fill`, `softmax`; Hugging Face GPT-2's `_attn`), and dropout then the residual add
+/// as two (`nn.Dropout`, `x + y`), where Megatron-LM fuses each into one
+/// (`FusedScaleMaskSoftmax`, `bias_dropout_add_fused_train`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Fusion {
+    pub scale_mask_softmax: bool,
+    pub bias_dropout_add: bool,
+}
+
+impl Default for Fusion {
+    fn default() -> Fusion {
+        Fusion { scale_mask_softmax: true, bias_dropout_add: true }
+    }
 }
 
 /// Activation bytes an op keeps for backward, per micro-batch.
@@ -277,8 +321,10 @@ pub struct LayerShape {
     /// otherwise).
     pub context: u32,
     pub sequence_parallel: bool,
-    /// Fused attention (FlashAttention) instead of materialised scores.
-    pub flash_attention: bool,
+    /// Fused attention (a FlashAttention generation) or materialised scores.
+    pub attention: crate::hardware::kernels::Attention,
+    /// Which elementwise kernels are fused.
+    pub fusion: Fusion,
     /// Bytes of an activation element (2 for fp16/bf16).
     pub activation_bytes: f64,
 }

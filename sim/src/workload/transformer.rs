@@ -271,16 +271,25 @@ impl TransformerConfig {
         // Under token slicing the slice's queries also attend to `context` earlier tokens,
         // whose keys and values earlier slices computed and keep.
         let keys = s + shape.context as f64;
-        if shape.flash_attention {
-            // One fused kernel (FlashAttention-2): scores never reach memory; it keeps Q, K,
+        let kernel = shape.attention.fused_kernel(d, e == 2.0);
+        if let Some(kernel) = kernel {
+            // One fused kernel (FlashAttention): scores never reach memory; it keeps Q, K,
             // V (and the output, kept by out_proj) and recomputes the scores in backward,
             // whose matrix products are 2.5x the forward's. A causal mask skips the blocks
             // above the diagonal: a query reads its context and half the slice on average.
+            // Its time per shape is `cost::attention`'s (published rates per kernel).
             let read = if self.causal { shape.context as f64 + s / 2.0 } else { keys };
             let flops = 4.0 * heads * s * read * d;
             ops.push(LayerOp::Compute(OpSpec {
                 name: "flash_attn",
-                class: OpClass::Gemm { batch: heads, m: s, n: read, k: d },
+                class: OpClass::Attention {
+                    heads,
+                    q: s,
+                    context: shape.context as f64,
+                    head_dim: d,
+                    causal: self.causal,
+                    kernel,
+                },
                 forward_flops: flops,
                 forward_bytes: e * (2.0 * sbh + 2.0 * s * b * kv) / t,
                 backward_flops: 2.5 * flops,
@@ -298,6 +307,14 @@ impl TransformerConfig {
                 Saved { sharded_bytes: e * (sbh + s * b * kv) / t, ..Saved::default() },
             )));
             let scores_bytes = b * a * s * keys / t;
+            if !shape.fusion.scale_mask_softmax {
+                // Eager attention scales the scores and masks them before the softmax, each
+                // a pass over the score matrix (read and write).
+                ops.push(LayerOp::Compute(mem_op("attn_scale", 2.0 * scores_bytes * e, Saved::default())));
+                if self.causal {
+                    ops.push(LayerOp::Compute(mem_op("attn_mask", 2.0 * scores_bytes * e, Saved::default())));
+                }
+            }
             ops.push(LayerOp::Compute(mem_op(
                 "softmax",
                 2.0 * scores_bytes * e,
@@ -325,7 +342,7 @@ impl TransformerConfig {
         if tp {
             ops.push(g_op("attn_out"));
         }
-        ops.push(residual(self.dropout, sbh * rep, e));
+        ops.extend(residual(self.dropout, shape.fusion.bias_dropout_add, sbh * rep, e));
         ops.push(norm("ln2"));
         if tp {
             ops.push(f_op("mlp_in"));
@@ -342,7 +359,7 @@ impl TransformerConfig {
         if tp {
             ops.push(g_op("mlp_out"));
         }
-        ops.push(residual(self.dropout, sbh * rep, e));
+        ops.extend(residual(self.dropout, shape.fusion.bias_dropout_add, sbh * rep, e));
         ops
     }
 
@@ -490,10 +507,21 @@ fn mem_op(name: &'static str, bytes: f64, saved: Saved) -> OpSpec {
     }
 }
 
-fn residual(dropout: bool, elems: f64, e: f64) -> LayerOp {
-    LayerOp::Compute(mem_op(
+fn residual(dropout: bool, fused: bool, elems: f64, e: f64) -> Vec<LayerOp> {
+    if dropout && !fused {
+        // Dropout (read, write, and its mask) and then the residual add (two reads, a write).
+        return vec![
+            LayerOp::Compute(mem_op(
+                "dropout",
+                (2.0 * e + 1.0) * elems,
+                Saved { replicated_bytes: elems, ..Saved::default() },
+            )),
+            LayerOp::Compute(mem_op("dropout_residual", 3.0 * elems * e, Saved::default())),
+        ];
+    }
+    vec![LayerOp::Compute(mem_op(
         "dropout_residual",
         3.0 * elems * e + if dropout { elems } else { 0.0 },
         Saved { replicated_bytes: if dropout { elems } else { 0.0 }, ..Saved::default() },
-    ))
+    ))]
 }

@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Predict every point of data/nccl_measurements.json with `trainsim nccl-test` and print
+predicted against measured bus bandwidth (and small-message time), with the error, the
+algorithm and protocol NCCL's model picks, and the mean and worst error per table.
+
+Usage, from the repository root after cargo build --release:
+    experiments/validation/nccl/compare.py
+"""
+import json, os, subprocess, sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+data = json.load(open(os.path.join(here, '..', 'data', 'nccl_measurements.json')))
+
+
+def run(p):
+    args = ['target/release/trainsim', 'nccl-test', '--json', '--op', p['op'], '--node', p['node'],
+            '--nodes', str(p.get('nodes', 1)), '--gpus', str(p['gpus']),
+            '--min-bytes', p['size'], '--max-bytes', p['size']]
+    if 'nics' in p:
+        args += ['--nics', str(p['nics'])]
+    if 'nic' in p:
+        args += ['--nic', p['nic']]
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{p['id']}: {out.stderr.strip()}")
+    return json.loads(out.stdout)['results'][0]
+
+
+def table(title, rows, key, unit, pred_key):
+    print(f"\n## {title}\n")
+    print(f"| point | size | measured {unit} | predicted {unit} | error | algorithm/protocol |")
+    print("|---|---|---|---|---|---|")
+    errs = []
+    for p in rows:
+        r = run(p)
+        got, want = r[pred_key], p[key]
+        e = got / want - 1
+        errs.append(abs(e))
+        flag = ' (known miss)' if 'known_miss' in p else ''
+        print(f"| {p['id']}{flag} | {p['size']} | {want} | {got:.1f} | {e*100:+.0f}% | {r['algorithm']}/{r['protocol']} |")
+    within = sum(e <= 0.15 for e in errs)
+    print(f"\nmean |error| {sum(errs)/len(errs)*100:.0f}%, worst {max(errs)*100:.0f}%, "
+          f"{within} of {len(errs)} points within 15%")
+
+
+table('Bus bandwidth at large sizes', data['bus_bandwidth'], 'busbw_GBps', 'busbw GB/s', 'busbw_GBps')
+table('Small-message time (8 B all-reduce, ' + data['latency_source'][:60] + '...)',
+      data['latency'], 'time_us', 'us', 'time_us')

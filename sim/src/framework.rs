@@ -1,0 +1,429 @@
+//! Framework profiles: what a training framework does that a parallel plan does not say.
+//!
+//! Two runs of the same plan differ by framework: whether the gradient reduction overlaps the
+//! backward pass, how parameters are gathered under ZeRO-3, which kernels are fused, in which
+//! dtype gradients travel. A profile holds these behaviours as data; the lowering reads them.
+//! Every value carries its source in [`Framework::sources`] (and `docs/reference/frameworks.md`,
+//! which `tests/docs.rs` keeps in step with [`NAMES`]).
+
+use serde::Serialize;
+
+/// The frameworks a scenario can name in `training.framework`.
+pub const NAMES: [&str; 6] =
+    ["megatron-lm-2021", "megatron-core", "deepspeed", "pytorch-fsdp", "colossal-ai", "pytorch-ddp"];
+
+/// How gradients of a data-parallel group are reduced during an iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradReduce {
+    /// Bucket by bucket as the backward pass produces them, on a communication stream.
+    Overlapped,
+    /// Once, after the last micro-batch's backward (one contiguous buffer).
+    AfterBackward,
+}
+
+/// The unit in which ZeRO-3 parameters are gathered.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Gather {
+    /// One all-gather per layer (an FSDP unit wrapping a transformer block); `prefetch`
+    /// further layers' gathers may be in flight while a layer computes.
+    PerLayer { prefetch: u32 },
+    /// Module by module, prefetching up to `prefetch_bucket_params` parameters ahead, with at
+    /// most `max_live_params` gathered at once (DeepSpeed ZeRO-3).
+    PerModule { prefetch_bucket_params: f64, max_live_params: f64 },
+}
+
+/// The dtype gradients are reduced in.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReduceDtype {
+    /// The training precision (2 bytes under bf16/fp16).
+    Params,
+    /// fp32 (4 bytes).
+    Fp32,
+}
+
+/// The data-parallel gradient bucket size.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Bucket {
+    /// A fixed size in bytes.
+    Bytes { bytes: f64 },
+    /// max(min_params, per_rank_params x dp) parameters (Megatron-Core).
+    Params { min_params: f64, per_rank_params: f64 },
+}
+
+/// Kernels a framework fuses (each fused kernel reads its input and writes its output once).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Fused {
+    /// Scale, causal mask and softmax in one kernel (materialised attention only).
+    pub softmax: bool,
+    /// Bias add and GeLU in one kernel.
+    pub bias_gelu: bool,
+    /// Bias add, dropout and residual add in one kernel.
+    pub bias_dropout_add: bool,
+    /// Adam over all parameters in a few multi-tensor kernels rather than a kernel per tensor
+    /// and per elementwise step.
+    pub adam: bool,
+}
+
+/// A framework's behaviour, as data.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Framework {
+    pub name: String,
+    /// The version whose code the behaviours were read from.
+    pub version: String,
+    pub grad_reduce: GradReduce,
+    /// ZeRO-3 / sharded data parallelism: how parameters are gathered.
+    pub gather: Gather,
+    /// Megatron-Core's distributed optimizer: the updated parameters' all-gather overlaps the
+    /// next iteration's forward instead of ending the step.
+    pub param_gather_overlap: bool,
+    /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
+    pub tp_comm_overlap: bool,
+    pub bucket: Bucket,
+    pub grad_reduce_dtype: ReduceDtype,
+    /// Fused attention rather than materialised scores (`training.attention` overrides).
+    pub flash_attention: bool,
+    pub fused: Fused,
+    /// (behaviour, source) pairs.
+    pub sources: Vec<(&'static str, &'static str)>,
+}
+
+const MEGATRON_2021: &str = "NVIDIA/Megatron-LM v2.5 (2021)";
+const MEGATRON_CORE: &str = "NVIDIA/Megatron-LM core_r0.9.0 (2024)";
+const DEEPSPEED: &str = "microsoft/DeepSpeed v0.14 (2024)";
+const FSDP: &str = "pytorch/pytorch v2.1 (2023), torch.distributed.fsdp";
+const COLOSSAL: &str = "hpcaitech/ColossalAI v0.3 (2023)";
+const DDP: &str = "pytorch/pytorch v2.1 (2023), torch.nn.parallel.DistributedDataParallel";
+
+/// PyTorch DDP's default bucket (`bucket_cap_mb=25`).
+const DDP_BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
+
+/// The profile named `name` (one of [`NAMES`]).
+pub fn profile(name: &str) -> Option<Framework> {
+    let all_fused = Fused { softmax: true, bias_gelu: true, bias_dropout_add: true, adam: true };
+    let eager = Fused { softmax: false, bias_gelu: false, bias_dropout_add: false, adam: false };
+    let one_layer = Gather::PerLayer { prefetch: 1 };
+    let f = match name {
+        "megatron-lm-2021" => Framework {
+            name: name.into(),
+            version: MEGATRON_2021.into(),
+            grad_reduce: GradReduce::AfterBackward,
+            gather: one_layer,
+            param_gather_overlap: false,
+            tp_comm_overlap: false,
+            bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
+            grad_reduce_dtype: ReduceDtype::Fp32,
+            flash_attention: false,
+            fused: all_fused,
+            sources: vec![
+                (
+                    "grad_reduce",
+                    "megatron/training.py train_step: model.allreduce_gradients() after forward_backward_func returns (local DDP, one contiguous buffer), v2.5",
+                ),
+                (
+                    "grad_reduce_dtype",
+                    "megatron/arguments.py: with bf16 it turns accumulate_allreduce_grads_in_fp32 on (gradients accumulated and all-reduced in fp32)",
+                ),
+                (
+                    "attention",
+                    "megatron/model/transformer.py CoreAttention: baddbmm scores, FusedScaleMaskSoftmax (megatron/fused_kernels), no FlashAttention in 2021",
+                ),
+                (
+                    "fused",
+                    "megatron/arguments.py defaults: masked_softmax_fusion, bias_gelu_fusion, bias_dropout_fusion on; apex FusedAdam and FusedLayerNorm",
+                ),
+            ],
+        },
+        "megatron-core" => Framework {
+            name: name.into(),
+            version: MEGATRON_CORE.into(),
+            grad_reduce: GradReduce::Overlapped,
+            gather: one_layer,
+            param_gather_overlap: true,
+            tp_comm_overlap: true,
+            bucket: Bucket::Params { min_params: 40e6, per_rank_params: 1e6 },
+            grad_reduce_dtype: ReduceDtype::Fp32,
+            flash_attention: true,
+            fused: all_fused,
+            sources: vec![
+                (
+                    "grad_reduce",
+                    "megatron/core/distributed/distributed_data_parallel_config.py overlap_grad_reduce (the gradient all-reduce or reduce-scatter runs during backward); --overlap-grad-reduce",
+                ),
+                (
+                    "param_gather_overlap",
+                    "distributed_data_parallel_config.py overlap_param_gather (the parameter all-gather runs during the forward); --overlap-param-gather",
+                ),
+                (
+                    "bucket",
+                    "distributed_data_parallel_config.py bucket_size: default max(40000000, 1000000 * dp_size) parameters",
+                ),
+                (
+                    "grad_reduce_dtype",
+                    "megatron/training/arguments.py: bf16 with fp32 main grads sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16",
+                ),
+                (
+                    "tp_comm_overlap",
+                    "megatron/core/model_parallel_config.py tp_comm_overlap (Transformer Engine userbuffers, with sequence parallelism); --tp-comm-overlap",
+                ),
+                (
+                    "attention",
+                    "megatron/core/transformer/custom_layers/transformer_engine.py TEDotProductAttention (cuDNN / FlashAttention fused attention)",
+                ),
+                (
+                    "fused",
+                    "Transformer Engine fused LayerNorm-Linear, bias-GeLU and bias-dropout-add (megatron/core/fusions), apex/TE FusedAdam",
+                ),
+            ],
+        },
+        "deepspeed" => Framework {
+            name: name.into(),
+            version: DEEPSPEED.into(),
+            grad_reduce: GradReduce::Overlapped,
+            gather: Gather::PerModule { prefetch_bucket_params: 5e7, max_live_params: 1e9 },
+            param_gather_overlap: false,
+            tp_comm_overlap: false,
+            // reduce_bucket_size 5e8 elements, in the training precision.
+            bucket: Bucket::Params { min_params: 5e8, per_rank_params: 0.0 },
+            grad_reduce_dtype: ReduceDtype::Params,
+            flash_attention: false,
+            fused: Fused { adam: true, ..eager },
+            sources: vec![
+                (
+                    "grad_reduce",
+                    "deepspeed/runtime/zero/config.py overlap_comm (ZeRO-3 default true); docs deepspeed.readthedocs.io zero3.html",
+                ),
+                (
+                    "gather",
+                    "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order",
+                ),
+                ("bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8 elements"),
+                (
+                    "grad_reduce_dtype",
+                    "deepspeed/runtime/config.py communication_data_type: default None, the model's dtype",
+                ),
+                (
+                    "attention",
+                    "the model's own attention (Hugging Face / DeepSpeed examples of 2021-2023 materialise scores)",
+                ),
+                ("fused", "deepspeed/ops/adam FusedAdam (multi-tensor apply); other ops eager PyTorch"),
+            ],
+        },
+        "pytorch-fsdp" => Framework {
+            name: name.into(),
+            version: FSDP.into(),
+            grad_reduce: GradReduce::Overlapped,
+            gather: one_layer,
+            param_gather_overlap: false,
+            tp_comm_overlap: false,
+            bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
+            grad_reduce_dtype: ReduceDtype::Params,
+            flash_attention: true,
+            fused: eager,
+            sources: vec![
+                (
+                    "gather",
+                    "docs.pytorch.org/docs/stable/notes/fsdp.html: implicit forward prefetch (next all-gather on a separate stream); backward_prefetch=BACKWARD_PRE; limit_all_gathers=True default since pytorch#104900 (two all-gathers in flight)",
+                ),
+                (
+                    "grad_reduce",
+                    "torch/distributed/fsdp/_runtime_utils.py: each unit's reduce-scatter in its post-backward hook on a separate stream",
+                ),
+                ("grad_reduce_dtype", "torch.distributed.fsdp.MixedPrecision: reduce_dtype defaults to param_dtype"),
+                (
+                    "attention",
+                    "torch.nn.functional.scaled_dot_product_attention selects the FlashAttention-2 kernel on sm80+ (PyTorch 2.1)",
+                ),
+                (
+                    "fused",
+                    "eager PyTorch: one kernel per elementwise op; torch.optim.AdamW foreach (not fused) by default",
+                ),
+            ],
+        },
+        "colossal-ai" => Framework {
+            name: name.into(),
+            version: COLOSSAL.into(),
+            grad_reduce: GradReduce::Overlapped,
+            gather: one_layer,
+            param_gather_overlap: false,
+            tp_comm_overlap: false,
+            // LowLevelZeroPlugin reduce_bucket_size_in_m = 12 (million elements).
+            bucket: Bucket::Params { min_params: 12e6, per_rank_params: 0.0 },
+            grad_reduce_dtype: ReduceDtype::Params,
+            flash_attention: false,
+            fused: Fused { adam: true, ..eager },
+            sources: vec![
+                ("grad_reduce", "colossalai/booster/plugin/low_level_zero_plugin.py overlap_communication=True"),
+                ("bucket", "low_level_zero_plugin.py reduce_bucket_size_in_m=12"),
+                (
+                    "gather",
+                    "colossalai/zero/gemini: chunk-based (plan.offload.policy \"gemini\" models the chunk manager)",
+                ),
+                ("fused", "colossalai/nn/optimizer HybridAdam / FusedAdam"),
+            ],
+        },
+        "pytorch-ddp" => Framework {
+            name: name.into(),
+            version: DDP.into(),
+            grad_reduce: GradReduce::Overlapped,
+            gather: one_layer,
+            param_gather_overlap: false,
+            tp_comm_overlap: false,
+            bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
+            grad_reduce_dtype: ReduceDtype::Params,
+            flash_attention: true,
+            fused: eager,
+            sources: vec![
+                (
+                    "grad_reduce",
+                    "torch/nn/parallel/distributed.py: autograd hooks all-reduce each bucket as it fills, overlapping backward",
+                ),
+                ("bucket", "DistributedDataParallel bucket_cap_mb=25"),
+                (
+                    "attention",
+                    "torch.nn.functional.scaled_dot_product_attention (FlashAttention-2 on sm80+, PyTorch 2.1)",
+                ),
+                ("fused", "eager PyTorch: one kernel per elementwise op"),
+            ],
+        },
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// The plan's features that pick a framework when the scenario names none.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanTraits {
+    pub tp: u32,
+    pub pp: u32,
+    pub zero_stage: u8,
+    pub offloaded: bool,
+    pub gemini: bool,
+}
+
+/// The framework a plan most likely runs on, and why (listed in `defaults_applied`):
+/// Megatron for tensor or pipeline parallelism, Colossal-AI for Gemini, DeepSpeed for
+/// ZeRO-Offload and ZeRO-1/2, PyTorch FSDP for ZeRO-3, PyTorch DDP otherwise.
+pub fn default_for(t: PlanTraits) -> (&'static str, &'static str) {
+    if t.gemini {
+        ("colossal-ai", "Gemini is Colossal-AI's")
+    } else if t.tp > 1 || t.pp > 1 {
+        ("megatron-core", "tensor or pipeline parallelism")
+    } else if t.offloaded {
+        ("deepspeed", "ZeRO-Offload is DeepSpeed's")
+    } else if t.zero_stage == 3 {
+        ("pytorch-fsdp", "ZeRO-3 without offload")
+    } else if t.zero_stage > 0 {
+        ("deepspeed", "ZeRO-1/2")
+    } else {
+        ("pytorch-ddp", "data parallelism only")
+    }
+}
+
+impl Framework {
+    /// The gradient bucket in bytes for a data-parallel group of `dp` ranks whose gradients
+    /// travel at `grad_bytes` bytes per parameter.
+    pub fn bucket_bytes(&self, dp: u32, grad_bytes: f64) -> f64 {
+        match self.bucket {
+            Bucket::Bytes { bytes } => bytes,
+            Bucket::Params { min_params, per_rank_params } => min_params.max(per_rank_params * dp as f64) * grad_bytes,
+        }
+    }
+
+    /// Bytes per parameter of a reduced gradient, training at `param_bytes` per parameter.
+    pub fn grad_reduce_bytes(&self, param_bytes: f64) -> f64 {
+        match self.grad_reduce_dtype {
+            ReduceDtype::Params => param_bytes,
+            ReduceDtype::Fp32 => 4.0,
+        }
+    }
+}
+
+/// `docs/reference/frameworks.md`, rendered from the profiles (a test keeps the file equal).
+pub fn reference_markdown() -> String {
+    let mut s = String::from(
+        "# Framework profiles\n\n\
+         What `training.framework` selects (see `docs/scenario.md`). Generated from\n\
+         `sim/src/framework.rs` by `TRAINSIM_BLESS=1 cargo test --release --test tests frameworks`;\n\
+         edit the profiles there, not this file.\n",
+    );
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    for n in NAMES {
+        let f = profile(n).expect("profile");
+        let gather = match f.gather {
+            Gather::PerLayer { prefetch } => format!("per layer, {prefetch} layer(s) prefetched"),
+            Gather::PerModule { prefetch_bucket_params, max_live_params } => format!(
+                "per module, prefetch bucket {:.0}M parameters, at most {:.0}M live",
+                prefetch_bucket_params / 1e6,
+                max_live_params / 1e6
+            ),
+        };
+        let bucket = match f.bucket {
+            Bucket::Bytes { bytes } => format!("{:.0} MiB", bytes / 1048576.0),
+            Bucket::Params { min_params, per_rank_params } if per_rank_params > 0.0 => {
+                format!("max({:.0}M, {:.0}M x dp) parameters", min_params / 1e6, per_rank_params / 1e6)
+            }
+            Bucket::Params { min_params, .. } => format!("{:.0}M parameters", min_params / 1e6),
+        };
+        let reduce = match f.grad_reduce {
+            GradReduce::Overlapped => "bucket by bucket, overlapping backward",
+            GradReduce::AfterBackward => "once, after the last backward",
+        };
+        let dtype = match f.grad_reduce_dtype {
+            ReduceDtype::Params => "the training precision",
+            ReduceDtype::Fp32 => "fp32",
+        };
+        s += &format!("\n## `{n}`\n\nRead from {}.\n\n| behaviour | value |\n|---|---|\n", f.version);
+        s += &format!("| gradient reduction | {reduce} |\n| gradient bucket | {bucket} |\n");
+        s += &format!("| gradient dtype | {dtype} |\n| ZeRO-3 gathers | {gather} |\n");
+        s += &format!("| parameter all-gather overlaps next forward | {} |\n", yes(f.param_gather_overlap));
+        s += &format!("| TP communication overlaps GEMMs | {} |\n", yes(f.tp_comm_overlap));
+        s += &format!("| attention | {} |\n", if f.flash_attention { "fused (flash)" } else { "materialised scores" });
+        s += &format!(
+            "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {} |\n\nSources:\n\n",
+            yes(f.fused.softmax),
+            yes(f.fused.bias_gelu),
+            yes(f.fused.bias_dropout_add),
+            yes(f.fused.adam)
+        );
+        for (what, src) in &f.sources {
+            s += &format!("- {what}: {src}\n");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_has_a_profile_with_sources() {
+        for n in NAMES {
+            let f = profile(n).expect(n);
+            assert_eq!(f.name, n);
+            assert!(!f.sources.is_empty(), "{n} has no sources");
+        }
+        assert!(profile("megatron").is_none());
+    }
+
+    #[test]
+    fn megatron_core_buckets_grow_with_dp() {
+        let f = profile("megatron-core").unwrap();
+        assert_eq!(f.bucket_bytes(8, 4.0), 40e6 * 4.0);
+        assert_eq!(f.bucket_bytes(128, 4.0), 128e6 * 4.0);
+    }
+
+    #[test]
+    fn defaults_follow_the_plan() {
+        let t = PlanTraits { tp: 1, pp: 1, zero_stage: 0, offloaded: false, gemini: false };
+        assert_eq!(default_for(t).0, "pytorch-ddp");
+        assert_eq!(default_for(PlanTraits { zero_stage: 3, ..t }).0, "pytorch-fsdp");
+        assert_eq!(default_for(PlanTraits { zero_stage: 3, offloaded: true, ..t }).0, "deepspeed");
+        assert_eq!(default_for(PlanTraits { pp: 4, zero_stage: 1, ..t }).0, "megatron-core");
+        assert_eq!(default_for(PlanTraits { gemini: true, tp: 2, ..t }).0, "colossal-ai");
+    }
+}

@@ -1,0 +1,370 @@
+//! The compute kernels' catalog: per GPU architecture and kernel generation, the constants
+//! the cost model needs beyond a device's datasheet (tile shapes cuBLAS picks, fused
+//! attention's measured throughput, the fp8 casts), each with its source.
+//!
+//! Nothing here is fitted to a training run. The fused-attention rates are the published
+//! microbenchmarks themselves (one number per head dimension and mask at the longest
+//! sequence measured, plus a per-query-block overhead read off the shortest one); the
+//! model in `cost::attention` derives every other shape from them.
+
+use super::{DeviceKind, DeviceSpec};
+
+/// GPU architecture, which sets the kernels available and their shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuArch {
+    /// sm70 (V100).
+    Volta,
+    /// sm75 (T4, RTX 5000).
+    Turing,
+    /// sm80 (A100).
+    Ampere,
+    /// sm90 (H100, H200).
+    Hopper,
+}
+
+/// The architecture of a device, from its preset family name; `None` for CPUs, FPGAs and
+/// GPUs the catalog does not know (they keep the generic model).
+pub fn arch_of(device: &DeviceSpec) -> Option<GpuArch> {
+    if device.kind != DeviceKind::Gpu {
+        return None;
+    }
+    let n = device.name.to_ascii_lowercase();
+    if n.starts_with("h100") || n.starts_with("h200") || n.starts_with("gh200") {
+        Some(GpuArch::Hopper)
+    } else if n.starts_with("a100") || n.starts_with("a800") {
+        Some(GpuArch::Ampere)
+    } else if n.starts_with("v100") {
+        Some(GpuArch::Volta)
+    } else if n.contains("rtx5000") || n.contains("rtx-5000") || n.starts_with("t4") {
+        Some(GpuArch::Turing)
+    } else {
+        None
+    }
+}
+
+/// A fused-attention kernel family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlashKernel {
+    /// The generation appropriate to the device (`"flash"`): FlashAttention-3 on Hopper,
+    /// FlashAttention-2 on Ampere, FlashAttention (v1) before.
+    Auto,
+    /// FlashAttention (Dao et al. 2022), flash-attn 1.x.
+    V1,
+    /// FlashAttention-2 (Dao 2023), flash-attn 2.x.
+    V2,
+    /// FlashAttention-3 (Shah et al. 2024), Hopper only.
+    V3,
+    /// cuDNN's fused attention (PyTorch SDPA's cuDNN backend, Transformer Engine).
+    Cudnn,
+    /// FlashAttention in Triton (flash-attn's `flash_attn_triton.py`; llm-foundry's
+    /// `attn_impl: triton`).
+    Triton,
+}
+
+/// How attention runs: materialised scores, or one fused kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Attention {
+    /// QK^T, softmax, dropout and PV as separate kernels (Megatron-LM 2021, eager PyTorch).
+    Naive,
+    Fused(FlashKernel),
+}
+
+impl serde::Serialize for Attention {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl Attention {
+    /// Values of `training.attention`.
+    pub const NAMES: [&'static str; 7] = ["naive", "flash", "flash1", "flash2", "flash3", "cudnn", "triton"];
+
+    pub fn parse(name: &str) -> Option<Attention> {
+        Some(match name {
+            "naive" => Attention::Naive,
+            "flash" => Attention::Fused(FlashKernel::Auto),
+            "flash1" => Attention::Fused(FlashKernel::V1),
+            "flash2" => Attention::Fused(FlashKernel::V2),
+            "flash3" => Attention::Fused(FlashKernel::V3),
+            "cudnn" => Attention::Fused(FlashKernel::Cudnn),
+            "triton" => Attention::Fused(FlashKernel::Triton),
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Naive => "naive",
+            Attention::Fused(k) => match k {
+                FlashKernel::Auto => "flash",
+                FlashKernel::V1 => "flash1",
+                FlashKernel::V2 => "flash2",
+                FlashKernel::V3 => "flash3",
+                FlashKernel::Cudnn => "cudnn",
+                FlashKernel::Triton => "triton",
+            },
+        }
+    }
+
+    pub fn is_fused(self) -> bool {
+        matches!(self, Attention::Fused(_))
+    }
+
+    /// The fused kernel, if it can run a head dimension of `head_dim` at 16-bit precision
+    /// (`sixteen_bit`); otherwise attention falls back to the materialised path, as PyTorch's
+    /// SDPA does. Limits: flash-attn 2.x and 3.x and cuDNN take head dimensions that are
+    /// multiples of 8 up to 256 (flash-attn README, "head dimensions up to 256"); flash-attn
+    /// 1.x and the Triton kernel up to 128 (`flash_attn_triton.py`: `assert d <= 128`); none
+    /// runs fp32.
+    pub fn fused_kernel(self, head_dim: f64, sixteen_bit: bool) -> Option<FlashKernel> {
+        let Attention::Fused(k) = self else { return None };
+        let max = match k {
+            FlashKernel::V1 | FlashKernel::Triton => 128.0,
+            _ => 256.0,
+        };
+        let whole = head_dim.fract() == 0.0 && (head_dim as u64).is_multiple_of(8);
+        (sixteen_bit && whole && head_dim <= max).then_some(k)
+    }
+}
+
+impl FlashKernel {
+    /// The generation `Auto` stands for on `arch`.
+    pub fn resolve(self, arch: Option<GpuArch>) -> FlashKernel {
+        match (self, arch) {
+            (FlashKernel::Auto, Some(GpuArch::Hopper)) => FlashKernel::V3,
+            (FlashKernel::Auto, Some(GpuArch::Ampere) | None) => FlashKernel::V2,
+            (FlashKernel::Auto, _) => FlashKernel::V1,
+            (k, _) => k,
+        }
+    }
+
+    /// Head dimensions the kernel is compiled for: a head dimension in between runs padded
+    /// to the next one (the kernel-selection cliff). flash-attn 2.x instantiates hdim 32, 64,
+    /// 96, 128, 192, 256 (`csrc/flash_attn/src/flash_fwd_hdim*.cu`), flash-attn 3.x hdim 64,
+    /// 96, 128, 192, 256 (`hopper/instantiations/`), flash-attn 1.x 16, 32, 64, 128; the
+    /// Triton kernel pads to the next power of two (`BLOCK_HEADDIM =
+    /// max(next_power_of_2(d), 16)`); cuDNN takes any multiple of 8 (no padding). Dao-AILab/
+    /// flash-attention at 0251105a2fb19d2957484b7f023cd8c115286ced.
+    pub fn padded_head_dim(self, head_dim: f64) -> f64 {
+        let templates: &[f64] = match self {
+            FlashKernel::V1 => &[16.0, 32.0, 64.0, 128.0],
+            FlashKernel::V2 | FlashKernel::Auto => &[32.0, 64.0, 96.0, 128.0, 192.0, 256.0],
+            FlashKernel::V3 => &[64.0, 96.0, 128.0, 192.0, 256.0],
+            FlashKernel::Triton => return head_dim.max(16.0).log2().ceil().exp2(),
+            FlashKernel::Cudnn => return head_dim,
+        };
+        templates.iter().copied().find(|&t| t >= head_dim).unwrap_or(head_dim)
+    }
+}
+
+/// Published throughput of a fused-attention kernel on one architecture, in TFLOP/s with
+/// the FlashAttention benchmarks' FLOP count (4·s²·d per head forward, halved under a causal
+/// mask; backward 2.5x the forward), batch x sequence = 16k tokens, hidden 2048.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionRates {
+    pub arch: GpuArch,
+    pub kernel: FlashKernel,
+    /// Forward and backward at sequence 16k: `[head dim 64, 128][non-causal, causal]`.
+    pub fwd_16k_tflops: [[f64; 2]; 2],
+    pub bwd_16k_tflops: [[f64; 2]; 2],
+    /// A head dimension of 256 against 128, same kernel and mask (forward).
+    pub hdim256_over_128: f64,
+    /// Per query block (128 queries), the fixed work (load Q, rescale and write O; in
+    /// backward also dQ's accumulation) in units of one 128-key block's work, read off the
+    /// 512-token point against the 16k one (see `cost::attention`).
+    pub fwd_overhead_blocks: f64,
+    pub bwd_overhead_blocks: f64,
+    pub source: &'static str,
+}
+
+/// Where only forward + backward was published, the split uses the kernel's
+/// backward-to-forward rate ratio: FlashAttention-2 on A100 reaches 73% of peak forward
+/// (230 TFLOP/s) and 203 TFLOP/s forward + backward at hdim 128 (Dao 2023, section 4.1 and
+/// Figure 4b), so backward runs at 2.5 / (3.5/203 - 1/230) = 194 TFLOP/s, 0.843 of forward.
+const A100_BWD_OVER_FWD: f64 = 0.843;
+
+/// Split a forward + backward rate `r` into (forward, backward) with backward = k x forward.
+const fn split(r: f64, k: f64) -> (f64, f64) {
+    let fwd = r * (1.0 + 2.5 / k) / 3.5;
+    (fwd, k * fwd)
+}
+
+const fn from_combined(r: [[f64; 2]; 2]) -> ([[f64; 2]; 2], [[f64; 2]; 2]) {
+    let k = A100_BWD_OVER_FWD;
+    let (a, b) = (split(r[0][0], k), split(r[0][1], k));
+    let (c, d) = (split(r[1][0], k), split(r[1][1], k));
+    ([[a.0, b.0], [c.0, d.0]], [[a.1, b.1], [c.1, d.1]])
+}
+
+const FA2_A100: ([[f64; 2]; 2], [[f64; 2]; 2]) = from_combined([[176.0, 171.0], [203.0, 189.0]]);
+const FA1_A100: ([[f64; 2]; 2], [[f64; 2]; 2]) = from_combined([[110.0, 97.0], [83.0, 83.0]]);
+const TRITON_A100: ([[f64; 2]; 2], [[f64; 2]; 2]) = from_combined([[100.0, 80.0], [95.0, 80.0]]);
+
+const FA2_PAPER_FIG4: &str = "Dao 2023 (FlashAttention-2, arXiv 2307.08691) Figure 4, A100 80GB SXM4 forward + backward \
+     (= flash-attn assets/flash2_a100_fwd_bwd_benchmark.png)";
+const FA3_PAPER_FIG56: &str = "Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Figures 5 (forward) and 6 (backward, non-causal), H100 80GB SXM5";
+
+/// Every published kernel/architecture pair. Causal backward on H100 was not published: it
+/// takes the forward's causal-to-non-causal ratio. Triton on H100 has no backward figure: it
+/// takes FlashAttention-2's backward-to-forward ratio there.
+pub const ATTENTION_RATES: &[AttentionRates] = &[
+    AttentionRates {
+        arch: GpuArch::Ampere,
+        kernel: FlashKernel::V2,
+        fwd_16k_tflops: FA2_A100.0,
+        bwd_16k_tflops: FA2_A100.1,
+        // FA3 paper Figure 5e vs 5c: FlashAttention-2 at hdim 256 runs 326 against 370 at 128.
+        hdim256_over_128: 326.0 / 370.0,
+        // 512 tokens at 0.75 of 16k (Figure 4a, hdim 64: 132 vs 176).
+        fwd_overhead_blocks: 1.39,
+        bwd_overhead_blocks: 1.39,
+        source: FA2_PAPER_FIG4,
+    },
+    AttentionRates {
+        arch: GpuArch::Ampere,
+        kernel: FlashKernel::V1,
+        fwd_16k_tflops: FA1_A100.0,
+        bwd_16k_tflops: FA1_A100.1,
+        hdim256_over_128: 1.0,
+        // Figure 4a, FlashAttention: 91 vs 110.
+        fwd_overhead_blocks: 0.87,
+        bwd_overhead_blocks: 0.87,
+        source: FA2_PAPER_FIG4,
+    },
+    AttentionRates {
+        arch: GpuArch::Ampere,
+        kernel: FlashKernel::Triton,
+        fwd_16k_tflops: TRITON_A100.0,
+        bwd_16k_tflops: TRITON_A100.1,
+        hdim256_over_128: 1.0,
+        // Figure 4a, FlashAttention Triton: 90 vs 100.
+        fwd_overhead_blocks: 0.46,
+        bwd_overhead_blocks: 0.46,
+        source: FA2_PAPER_FIG4,
+    },
+    AttentionRates {
+        arch: GpuArch::Hopper,
+        kernel: FlashKernel::V3,
+        fwd_16k_tflops: [[497.0, 473.0], [648.0, 616.0]],
+        bwd_16k_tflops: [[474.0, 474.0 * 473.0 / 497.0], [561.0, 561.0 * 616.0 / 648.0]],
+        hdim256_over_128: 756.0 / 648.0,
+        // hdim 128, 512 vs 16k: forward 467 vs 648, backward 316 vs 561.
+        fwd_overhead_blocks: 1.62,
+        bwd_overhead_blocks: 3.28,
+        source: FA3_PAPER_FIG56,
+    },
+    AttentionRates {
+        arch: GpuArch::Hopper,
+        kernel: FlashKernel::V2,
+        fwd_16k_tflops: [[324.0, 299.0], [370.0, 335.0]],
+        bwd_16k_tflops: [[291.0, 291.0 * 299.0 / 324.0], [322.0, 322.0 * 335.0 / 370.0]],
+        hdim256_over_128: 326.0 / 370.0,
+        // hdim 128: forward 309 vs 370, backward 214 vs 322.
+        fwd_overhead_blocks: 0.82,
+        bwd_overhead_blocks: 2.12,
+        source: FA3_PAPER_FIG56,
+    },
+    AttentionRates {
+        arch: GpuArch::Hopper,
+        kernel: FlashKernel::Cudnn,
+        fwd_16k_tflops: [[413.0, 388.0], [595.0, 539.0]],
+        bwd_16k_tflops: [[433.0, 433.0 * 388.0 / 413.0], [516.0, 516.0 * 539.0 / 595.0]],
+        hdim256_over_128: 581.0 / 595.0,
+        // hdim 128: forward 497 vs 595, backward 305 vs 516.
+        fwd_overhead_blocks: 0.82,
+        bwd_overhead_blocks: 2.92,
+        source: FA3_PAPER_FIG56,
+    },
+    AttentionRates {
+        arch: GpuArch::Hopper,
+        kernel: FlashKernel::Triton,
+        fwd_16k_tflops: [[404.0, 363.0], [395.0, 378.0]],
+        bwd_16k_tflops: [
+            [404.0 * 291.0 / 324.0, 363.0 * 291.0 / 324.0],
+            [395.0 * 322.0 / 370.0, 378.0 * 322.0 / 370.0],
+        ],
+        hdim256_over_128: 1.0,
+        // Figure 5c, Triton: 323 vs 395; backward as FlashAttention-2's.
+        fwd_overhead_blocks: 0.93,
+        bwd_overhead_blocks: 2.12,
+        source: FA3_PAPER_FIG56,
+    },
+];
+
+/// The published rates for `kernel` (resolved) on `arch`. A pair nobody measured borrows
+/// the nearest one, named in `cost::attention`'s notes: cuDNN on Ampere takes
+/// FlashAttention-2's rates, FlashAttention-3 off Hopper (it does not run there) takes
+/// FlashAttention-2's, and Volta/Turing (no FlashAttention-2 there) take the Ampere
+/// FlashAttention (v1) fractions of peak.
+pub fn attention_rates(arch: Option<GpuArch>, kernel: FlashKernel) -> (&'static AttentionRates, GpuArch) {
+    let arch = arch.unwrap_or(GpuArch::Ampere);
+    let find = |a: GpuArch, k: FlashKernel| ATTENTION_RATES.iter().find(|r| r.arch == a && r.kernel == k);
+    let k = kernel.resolve(Some(arch));
+    let r = match arch {
+        GpuArch::Hopper => find(arch, k),
+        GpuArch::Ampere => find(arch, k).or_else(|| find(arch, FlashKernel::V2)),
+        GpuArch::Volta | GpuArch::Turing => find(GpuArch::Ampere, k).or_else(|| find(GpuArch::Ampere, FlashKernel::V1)),
+    };
+    let r = r.or_else(|| find(GpuArch::Ampere, FlashKernel::V2)).expect("FlashAttention-2 on A100 is in the catalog");
+    (r, r.arch)
+}
+
+/// Peak dense 16-bit tensor rate (TFLOP/s) of the devices the attention rates were measured
+/// on: A100 SXM 312, H100 SXM 989 (datasheets). A rate becomes a fraction of this peak and
+/// is applied to the simulated device's own peak.
+pub fn measured_peak_tflops(arch: GpuArch) -> f64 {
+    match arch {
+        GpuArch::Hopper => 989.4,
+        _ => 312.0,
+    }
+}
+
+/// The GEMM tiling cuBLAS uses on an architecture: the output tiles its heuristics choose
+/// between (the best-utilised one is modelled as picked) and the K loop (K per main-loop
+/// step, and the pipeline stages its prologue fills before the first MMA).
+#[derive(Clone, Copy, Debug)]
+pub struct GemmTiling {
+    pub tiles: &'static [(f64, f64)],
+    pub k_step: f64,
+    pub prologue_steps: f64,
+    pub source: &'static str,
+}
+
+/// cuBLAS kernel names carry their tiling: Ampere's `ampere_bf16_s16816gemm_bf16_256x128_ldg8_
+/// f2f_stages_32x3_tn` and `..._128x128_..._stages_32x3` (256x128 or 128x128 tiles, K step 32, three
+/// stages: two fill the pipeline); Hopper's `sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_
+/// tilesize128x256x64_warpgroupsize2x1x1_..._stage4` and `tilesize128x128x64` (K step 64, four
+/// stages of TMA loads, three ahead of the first WGMMA) — as Nsight Systems traces of PyTorch
+/// training show them. Volta/Turing and unknown GPUs keep the generic 128x128, K 32, two-step
+/// prologue.
+pub fn gemm_tiling(arch: Option<GpuArch>) -> GemmTiling {
+    match arch {
+        Some(GpuArch::Ampere) => GemmTiling {
+            tiles: &[(256.0, 128.0), (128.0, 256.0), (128.0, 128.0)],
+            k_step: 32.0,
+            prologue_steps: 2.0,
+            source: "cuBLAS sm80 kernel names (256x128 / 128x128, stages_32x3)",
+        },
+        Some(GpuArch::Hopper) => GemmTiling {
+            tiles: &[(128.0, 256.0), (256.0, 128.0), (128.0, 128.0)],
+            k_step: 64.0,
+            prologue_steps: 3.0,
+            source: "cuBLAS sm90 kernel names (tilesize128x256x64 / 128x128x64, stage4)",
+        },
+        _ => GemmTiling {
+            tiles: &[(128.0, 128.0)],
+            k_step: 32.0,
+            prologue_steps: 2.0,
+            source: "generic 128x128 tile, K step 32",
+        },
+    }
+}
+
+/// Bytes per element that Transformer Engine's fp8 casts move around a GEMM: its fused
+/// cast-transpose reads the 16-bit tensor once and writes the fp8 copy and its transpose
+/// (2 + 1 + 1 bytes), for the input and the weight in forward and the output gradient in
+/// backward (Transformer Engine docs, "FP8 primer": the `cast_transpose` kernels, and
+/// delayed scaling's amax bookkeeping, negligible next to them).
+pub const FP8_CAST_TRANSPOSE_BYTES_PER_ELEM: f64 = 4.0;

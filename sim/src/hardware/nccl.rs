@@ -1,0 +1,494 @@
+//! How NCCL runs a collective: which algorithm (ring, tree, NVLS) and protocol (LL, LL128,
+//! Simple) it picks for a message size, the latency it pays, the bandwidth each protocol
+//! reaches and how many channels a message of that size uses.
+//!
+//! Every constant is NCCL's own, from NVIDIA/nccl v2.30.7 (commit
+//! 5067397c2676d5aed50042fc39e5c8ee96eb0027): `src/graph/tuning.cc` (base and hardware
+//! latencies, per-protocol bandwidth refinements, the tree correction factors),
+//! `src/enqueue.cc` (channel and thread choice per message), `src/include/comm.h` and
+//! `src/include/device.h` (thread thresholds and thread counts), `src/graph/search.cc` and
+//! `src/graph/connect.cc` (how many channels a ring graph has), `src/transport/nvls.cc` (NVLS
+//! channels). The link bandwidths come from this crate's link presets (`catalog.rs`), which
+//! cite measured nccl-tests bus bandwidths; nothing here is fitted to a training run.
+//!
+//! What NCCL calls the bus bandwidth of an algorithm is, in this model, the data rate on each
+//! GPU's busiest link. The engine moves the bytes over the links (so concurrent collectives
+//! share them) with a ceiling per flow taken from the chosen algorithm, protocol and channels.
+
+use super::{ClusterSpec, DeviceKind, DeviceSpec};
+use serde::Serialize;
+
+pub const SOURCE: &str = "NVIDIA/nccl v2.30.7 (commit 5067397c2676d5aed50042fc39e5c8ee96eb0027)";
+
+/// GPU generation, as NCCL indexes its tables (compute capability < 80, 8x, 9x, >= 100).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Volta,
+    Ampere,
+    Hopper,
+    Blackwell,
+}
+
+impl Arch {
+    /// The generation of a GPU preset, from its name; an unknown GPU is taken as Ampere.
+    /// `None` for CPUs and FPGAs (NCCL does not run there).
+    pub fn of(device: &DeviceSpec) -> Option<Arch> {
+        if device.kind != DeviceKind::Gpu {
+            return None;
+        }
+        let n = device.name.to_ascii_lowercase();
+        let has = |keys: &[&str]| keys.iter().any(|k| n.contains(k));
+        Some(if has(&["v100", "rtx5000", "t4", "rtx-5000"]) {
+            Arch::Volta
+        } else if has(&["h100", "h200", "h800", "h20", "gh200"]) {
+            Arch::Hopper
+        } else if has(&["b100", "b200", "b300", "gb200", "gb300"]) {
+            Arch::Blackwell
+        } else {
+            Arch::Ampere
+        })
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algo {
+    Ring,
+    Tree,
+    Nvls,
+}
+
+impl Algo {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::Tree => "tree",
+            Algo::Nvls => "nvls",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Proto {
+    #[serde(rename = "LL")]
+    Ll,
+    #[serde(rename = "LL128")]
+    Ll128,
+    Simple,
+}
+
+impl Proto {
+    pub const ALL: [Proto; 3] = [Proto::Ll, Proto::Ll128, Proto::Simple];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Ll => "LL",
+            Proto::Ll128 => "LL128",
+            Proto::Simple => "Simple",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The collectives NCCL tunes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coll {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Reduce,
+}
+
+// ---- tuning.cc: latencies in microseconds, [LL, LL128, Simple] ----
+
+/// `baseLatencies` of Tree and Ring.
+const BASE_LAT_TREE_US: [f64; 3] = [6.8, 14.0, 8.4];
+const BASE_LAT_RING_US: [f64; 3] = [6.6, 14.0, 8.4];
+/// `hwLatencies[NVLINK]` for Tree, Ring and NVLS.
+const NVLINK_TREE_US: [f64; 3] = [0.6, 1.25, 4.0];
+const NVLINK_RING_US: [f64; 3] = [0.6, 1.9, 3.4];
+const NVLINK_NVLS_US: [f64; 3] = [0.0, 0.0, 25.0];
+/// `hwLatencies[PCI]` for Tree and Ring.
+const PCI_TREE_US: [f64; 3] = [1.0, 1.9, 4.0];
+const PCI_RING_US: [f64; 3] = [1.0, 2.5, 5.7];
+/// `hwLatencies[NET]` for Tree and Ring.
+const NET_TREE_US: [f64; 3] = [5.0, 8.5, 14.0];
+const NET_RING_US: [f64; 3] = [2.7, 4.0, 14.0];
+/// `getNetOverhead` on x86 Intel hosts (AMD: 2.0), tripled for Simple.
+const NET_OVERHEAD_US: f64 = 1.0;
+
+// ---- tuning.cc: bandwidth ceilings in GB/s, [arch][1 node, 2 nodes, more] ----
+
+/// `llMaxBws`: single node by GPU generation; several nodes by host CPU (row 0, Intel).
+const LL_MAX_BWS: [[f64; 3]; 4] = [[39.0, 39.0, 20.4], [87.7, 22.5, 19.0], [141.0, 45.0, 35.0], [282.0, 90.0, 70.0]];
+const PER_CH_MAX_RING_LL128_BWS: [[f64; 3]; 4] =
+    [[20.0, 20.0, 20.0], [20.0, 20.0, 20.0], [36.7, 36.7, 36.7], [40.0, 40.0, 40.0]];
+const PER_CH_MAX_TREE_LL128_BWS: [[f64; 3]; 4] =
+    [[20.0, 20.0, 20.0], [20.0, 20.0, 20.0], [36.7, 36.7, 29.0], [55.6, 31.67, 20.0]];
+const PER_CH_MAX_TREE_BWS: [[f64; 3]; 4] =
+    [[26.5, 18.5, 10.0], [24.0, 23.6, 17.8], [38.7, 41.4, 36.0], [70.0, 42.8, 24.0]];
+/// `nvlsEfficiency` (Volta and Ampere have no NVLS).
+const NVLS_EFFICIENCY: [f64; 4] = [0.0, 0.0, 0.85, 0.74];
+/// LL carries 4 bytes of data and 4 of flag per 8-byte store (tuning.cc halves its bandwidth;
+/// sjeaugey, NVIDIA/nccl #281).
+const LL_DATA_FRACTION: f64 = 0.5;
+/// LL128 carries 120 data bytes per 128-byte line; tuning.cc rounds the ring's to 0.92.
+const LL128_RING_FRACTION: f64 = 0.92;
+const LL128_DATA_FRACTION: f64 = 120.0 / 128.0;
+/// Tree all-reduce's bandwidth refinements.
+const TREE_ALLREDUCE_FRACTION: f64 = 0.92;
+const TREE_LL_DIVISOR: f64 = 3.8;
+const TREE_LL128_ONE_NODE_FRACTION: f64 = 7.0 / 9.0;
+/// Ring Simple all-reduce across nodes: latency x1.4 on compute capability >= 80 (x1.9
+/// before) once each channel-rank slice reaches 64 bytes ("plateau effect of ring").
+const RING_PLATEAU: [f64; 2] = [1.9, 1.4];
+
+/// `treeCorrectionFactor[proto][log2(bytes / 64)]`, 64 B to 256 MB.
+const TREE_CORRECTION: [[f64; 24]; 3] = [
+    [
+        1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.7, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.0, 1.0,
+        1.0, 1.0,
+    ],
+    [
+        1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.8, 0.8, 0.7, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.8, 0.9, 0.9, 0.9, 0.9, 1.0,
+        1.0, 1.0,
+    ],
+    [
+        0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7, 0.8, 0.9,
+        0.9, 0.9,
+    ],
+];
+
+// ---- channels and threads (device.h, comm.h, enqueue.cc, search.cc, connect.cc, nvls.cc) ----
+
+/// Threads per channel: `NCCL_LL_MAX_NTHREADS`, `NCCL_LL128_MAX_NTHREADS`,
+/// `NCCL_SIMPLE_MAX_NTHREADS`.
+const MAX_THREADS: [f64; 3] = [512.0, 640.0, 512.0];
+/// Bytes per thread before another channel is used: `NCCL_LL_THREAD_THRESHOLD` (times the
+/// ranks for a ring), `NCCL_LL128_THREAD_THRESHOLD`, `NCCL_SIMPLE_THREAD_THRESHOLD`.
+const THREAD_THRESHOLD: [f64; 3] = [8.0, 8.0, 64.0];
+/// `MAXCHANNELS`.
+const MAX_CHANNELS: u32 = 64;
+/// Ring search speeds per channel (GB/s), `speedArrayIntra`, `sm90SpeedArrayIntra`,
+/// `sm100SpeedArrayIntra`.
+const SPEEDS: [f64; 13] = [40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0];
+const SPEEDS_SM90: [f64; 11] = [60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0];
+const SPEEDS_SM100: [f64; 12] = [90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0];
+/// `NVLS_NCHANNELS_SM90`, `NVLS_NCHANNELS_SM100`.
+const NVLS_CHANNELS: [u32; 4] = [0, 0, 16, 32];
+
+const GB: f64 = 1e9;
+const US: f64 = 1e-6;
+
+/// What NCCL knows of a cluster's hardware.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NcclSystem {
+    pub arch: Arch,
+    /// GPUs of a node talk over NVLink (else over PCIe).
+    pub nvlink: bool,
+    /// NVLink SHARP: Hopper or later on NVSwitch (an NVLink node of more than two GPUs).
+    pub nvls: bool,
+    /// Effective bandwidth of a GPU's port to its node's switch, per direction.
+    pub intra_bytes_per_s: f64,
+    /// Channels of NCCL's ring graph inside a node and of a communicator (twice the graph's).
+    pub graph_channels: u32,
+    pub channels: u32,
+}
+
+impl NcclSystem {
+    /// NCCL's view of a cluster of NVIDIA GPUs; `None` for CPUs and FPGAs.
+    pub fn new(cluster: &ClusterSpec) -> Option<NcclSystem> {
+        let node = &cluster.node;
+        let arch = Arch::of(&node.device)?;
+        let intra = node.intra_node.as_ref();
+        let nvlink = intra.is_some_and(|l| l.name.to_ascii_lowercase().starts_with("nvlink"));
+        let intra_bytes_per_s = intra.map_or(node.nic.effective_bytes_per_s(), |l| l.effective_bytes_per_s());
+        let graph_channels = ring_graph_channels(arch, intra_bytes_per_s / GB);
+        Some(NcclSystem {
+            arch,
+            nvlink,
+            nvls: arch >= Arch::Hopper && nvlink && node.devices > 2,
+            intra_bytes_per_s,
+            graph_channels,
+            channels: (2 * graph_channels).min(MAX_CHANNELS),
+        })
+    }
+}
+
+/// Channels of the ring graph that NCCL's search finds on a switch giving `total_gbps` per
+/// GPU: the fastest speed per channel that fits, as many channels as fit at it, then doubled
+/// at half the speed when the speed is high (`ncclTopoDupChannels`).
+fn ring_graph_channels(arch: Arch, total_gbps: f64) -> u32 {
+    let speeds: &[f64] = match arch {
+        Arch::Volta | Arch::Ampere => &SPEEDS,
+        Arch::Hopper => &SPEEDS_SM90,
+        Arch::Blackwell => &SPEEDS_SM100,
+    };
+    let speed = speeds.iter().copied().find(|&s| s <= total_gbps).unwrap_or(speeds[speeds.len() - 1]);
+    let n = ((total_gbps / speed).floor() as u32).max(1);
+    let dup = speed >= 25.0 && !(arch > Arch::Ampere && speed < 50.0 && n > 4);
+    if dup { (2 * n).min(MAX_CHANNELS) } else { n }
+}
+
+/// How NCCL runs one collective.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub algo: Algo,
+    pub proto: Proto,
+    /// Channels this message uses, of the communicator's.
+    pub channels: u32,
+    pub max_channels: u32,
+    /// Fixed time of the collective (NCCL's latency model).
+    pub latency_s: f64,
+    /// Data rate on each GPU's busiest link that this algorithm, protocol and channel count
+    /// allow (at most the links' own rate).
+    pub bus_bytes_per_s: f64,
+    /// The same on all the communicator's channels (what NCCL's choice compares).
+    #[serde(skip)]
+    pub full_bus_bytes_per_s: f64,
+    /// Bytes on the wire per byte of data (protocol flags).
+    pub wire_factor: f64,
+    /// Bytes each GPU's busiest link carries per byte of the message (ring all-reduce
+    /// 2(p-1)/p, tree 2, NVLS 1, ring all-gather and reduce-scatter (p-1)/p, chain 1).
+    pub link_bytes_per_byte: f64,
+}
+
+impl Plan {
+    /// The time NCCL's model gives this plan alone: latency plus link bytes at the bus rate.
+    pub fn time_s(&self, bytes: f64) -> f64 {
+        self.latency_s + bytes * self.link_bytes_per_byte / self.bus_bytes_per_s
+    }
+}
+
+/// The shape of a collective as NCCL sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub coll: Coll,
+    pub ranks: u32,
+    pub nodes: u32,
+    /// Bytes of the whole buffer on each rank.
+    pub bytes: f64,
+    /// Bus bandwidth the links give a ring over these ranks (bytes/s): the GPU port inside a
+    /// node, the NICs the rings cross between nodes.
+    pub link_bus_bytes_per_s: f64,
+}
+
+fn log2i(n: u32) -> f64 {
+    (31 - n.max(1).leading_zeros()) as f64
+}
+
+/// Every (algorithm, protocol) NCCL may use here, each with its plan; NCCL picks the fastest.
+pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
+    let mut out = Vec::new();
+    if s.ranks < 2 {
+        return out;
+    }
+    let (p, n) = (s.ranks as f64, s.nodes.max(1));
+    let ppn = p / n as f64;
+    let a = sys.arch.index();
+    let i2 = (n.min(3) - 1) as usize;
+    let ll_max = if n == 1 { LL_MAX_BWS[a][0] } else { LL_MAX_BWS[0][i2] } * GB;
+    let graph_ch = sys.graph_channels as f64;
+    let link = s.link_bus_bytes_per_s;
+    let nsteps = match s.coll {
+        Coll::AllReduce => 2.0 * (p - 1.0),
+        Coll::ReduceScatter | Coll::AllGather => p - 1.0,
+        Coll::Broadcast | Coll::Reduce => p,
+    };
+    let (intra_tree, intra_ring) =
+        if sys.nvlink { (NVLINK_TREE_US, NVLINK_RING_US) } else { (PCI_TREE_US, PCI_RING_US) };
+    // LL128 needs NVLink inside the node (tuning.cc enables it up to PATH_NVB).
+    let ll128_ok = sys.nvlink;
+    for proto in Proto::ALL {
+        let k = proto.index();
+        if proto == Proto::Ll128 && !ll128_ok {
+            continue;
+        }
+        let wire = match proto {
+            Proto::Ll => 1.0 / LL_DATA_FRACTION,
+            Proto::Ll128 => 1.0 / LL128_RING_FRACTION,
+            Proto::Simple => 1.0,
+        };
+        // Ring (every collective).
+        let bus = match proto {
+            Proto::Ll => (link * LL_DATA_FRACTION).min(ll_max),
+            Proto::Ll128 => (link * LL128_RING_FRACTION).min(graph_ch * PER_CH_MAX_RING_LL128_BWS[a][i2] * GB),
+            Proto::Simple => link,
+        };
+        let mut lat = BASE_LAT_RING_US[k];
+        let intra_lat = intra_ring[k];
+        match s.coll {
+            Coll::Broadcast | Coll::Reduce => lat += if n == 1 { intra_lat } else { NET_RING_US[k] },
+            _ => {
+                let overhead =
+                    if n > 1 { NET_OVERHEAD_US * if proto == Proto::Simple { 3.0 } else { 1.0 } } else { 0.0 };
+                let inter_lat = if ppn <= 1.0 { NET_TREE_US[k] } else { NET_RING_US[k] };
+                let inter_steps = match (n, s.coll) {
+                    (1, _) => 0.0,
+                    (_, Coll::AllReduce) => 2.0 * (n - 1) as f64,
+                    _ => (n - 1) as f64,
+                };
+                lat += (nsteps - inter_steps) * intra_lat.max(overhead) + inter_steps * inter_lat;
+                let slice = s.bytes / (sys.channels as f64 * p);
+                if proto == Proto::Simple && n > 1 && s.coll == Coll::AllReduce && slice >= 64.0 {
+                    lat *= RING_PLATEAU[usize::from(sys.arch >= Arch::Ampere)];
+                }
+            }
+        }
+        let link_bytes = match s.coll {
+            Coll::AllReduce => nsteps / p,
+            Coll::ReduceScatter | Coll::AllGather => (p - 1.0) / p,
+            Coll::Broadcast | Coll::Reduce => 1.0,
+        };
+        let thr = THREAD_THRESHOLD[k] * if proto == Proto::Ll { p } else { 1.0 };
+        out.push(finish(sys, s, Algo::Ring, proto, lat * US, bus, wire, link_bytes, thr));
+        if s.coll != Coll::AllReduce {
+            continue;
+        }
+        // Tree (all-reduce): a chain inside each node, a double binary tree across nodes.
+        let base = (link * TREE_ALLREDUCE_FRACTION).min(graph_ch * PER_CH_MAX_TREE_BWS[a][i2] * GB);
+        let mut bus = match proto {
+            Proto::Ll => (base / TREE_LL_DIVISOR).min(ll_max),
+            Proto::Ll128 => {
+                let f = if n == 1 { TREE_LL128_ONE_NODE_FRACTION } else { LL128_DATA_FRACTION };
+                (base * f).min(graph_ch * PER_CH_MAX_TREE_LL128_BWS[a][i2] * GB)
+            }
+            Proto::Simple => base,
+        };
+        let log_size = (s.bytes as u64 >> 6).max(1).ilog2() as usize;
+        if (s.bytes as u64 >> 6) >= 1 && log_size < 23 {
+            bus *= TREE_CORRECTION[k][log_size];
+        }
+        let lat = BASE_LAT_TREE_US[k] + 2.0 * ((ppn - 1.0) * intra_tree[k] + log2i(n) * NET_TREE_US[k]);
+        out.push(finish(sys, s, Algo::Tree, proto, lat * US, bus, wire, 2.0, THREAD_THRESHOLD[k]));
+        // NVLS (all-reduce inside one NVSwitch node, Simple only): the switch reduces and
+        // multicasts, so each GPU sends and receives the message once.
+        if sys.nvls && n == 1 && proto == Proto::Simple {
+            let ch = NVLS_CHANNELS[a] as f64;
+            let algbw = sys.intra_bytes_per_s * NVLS_EFFICIENCY[a] * (ch - 1.0) / ch;
+            let lat = NVLINK_NVLS_US[k];
+            let plan = Plan {
+                algo: Algo::Nvls,
+                proto,
+                channels: NVLS_CHANNELS[a],
+                max_channels: NVLS_CHANNELS[a],
+                latency_s: lat * US,
+                bus_bytes_per_s: algbw.min(link),
+                full_bus_bytes_per_s: algbw.min(link),
+                wire_factor: 1.0,
+                link_bytes_per_byte: 1.0,
+            };
+            out.push(plan);
+        }
+    }
+    out
+}
+
+/// A plan with its channel count: NCCL drops channels while each would get fewer than
+/// `threads x threshold` bytes (enqueue.cc). A channel moves at most the ring graph's speed
+/// per channel (search.cc's `bwIntra`: the port's bandwidth over the graph's channels) times
+/// the protocol's data fraction, so a message on few channels cannot fill the links.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    sys: &NcclSystem,
+    s: &Shape,
+    algo: Algo,
+    proto: Proto,
+    latency_s: f64,
+    bus: f64,
+    wire: f64,
+    link_bytes: f64,
+    thr: f64,
+) -> Plan {
+    let per_channel = MAX_THREADS[proto.index()] * thr;
+    let mut nc = sys.channels;
+    while nc >= 2 && s.bytes < nc as f64 * per_channel {
+        nc -= 1;
+    }
+    let channel_bw = sys.intra_bytes_per_s / sys.graph_channels as f64 / wire;
+    Plan {
+        algo,
+        proto,
+        channels: nc,
+        max_channels: sys.channels,
+        latency_s,
+        bus_bytes_per_s: bus.min(nc as f64 * channel_bw),
+        full_bus_bytes_per_s: bus,
+        wire_factor: wire,
+        link_bytes_per_byte: link_bytes,
+    }
+}
+
+/// The plan NCCL picks: the least time by its model at full channels (as `getAlgoInfo`
+/// does), then run on the channels the message size allows.
+pub fn choose(sys: &NcclSystem, s: &Shape) -> Option<Plan> {
+    let all = candidates(sys, s);
+    let full = |p: &Plan| p.latency_s + s.bytes * p.link_bytes_per_byte / p.full_bus_bytes_per_s;
+    all.into_iter().min_by(|a, b| full(a).total_cmp(&full(b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::catalog;
+
+    fn system(node: &str) -> NcclSystem {
+        NcclSystem::new(&ClusterSpec::new(catalog::node_preset(node).expect("preset"), 1)).expect("gpu")
+    }
+
+    #[test]
+    fn ring_graph_channels_follow_the_search() {
+        // DGX A100: 240 GB/s per GPU, 40 GB/s channels x 6, doubled: 12 (24 in a
+        // communicator, as NCCL's logs show "Channel 23/24" on HGX A100, nccl-tests #100).
+        let a100 = system("dgx-a100-80gb");
+        assert_eq!((a100.graph_channels, a100.channels), (12, 24));
+        assert!(!a100.nvls);
+        let h100 = system("dgx-h100");
+        assert_eq!((h100.graph_channels, h100.channels), (12, 24));
+        assert!(h100.nvls);
+    }
+
+    #[test]
+    fn small_messages_pick_ll_and_large_ones_simple() {
+        let sys = system("dgx-a100-80gb");
+        let shape = |bytes: f64| Shape {
+            coll: Coll::AllReduce,
+            ranks: 8,
+            nodes: 1,
+            bytes,
+            link_bus_bytes_per_s: sys.intra_bytes_per_s,
+        };
+        let small = choose(&sys, &shape(8.0)).expect("plan");
+        assert_eq!(small.proto, Proto::Ll);
+        assert_eq!(small.channels, 1);
+        let large = choose(&sys, &shape(1e9)).expect("plan");
+        assert_eq!((large.algo, large.proto), (Algo::Ring, Proto::Simple));
+        assert_eq!(large.channels, 24);
+        // Ring LL on 8 NVLink GPUs: 6.6 + 14 x 0.6 us.
+        assert!((small.latency_s - 15.0e-6).abs() < 1e-9, "{}", small.latency_s);
+    }
+
+    #[test]
+    fn nvls_wins_large_all_reduce_on_h100_only() {
+        let sys = system("dgx-h100");
+        let s = Shape {
+            coll: Coll::AllReduce,
+            ranks: 8,
+            nodes: 1,
+            bytes: 1e9,
+            link_bus_bytes_per_s: sys.intra_bytes_per_s,
+        };
+        assert_eq!(choose(&sys, &s).expect("plan").algo, Algo::Nvls);
+        let ag = Shape { coll: Coll::AllGather, ..s };
+        assert_eq!(choose(&sys, &ag).expect("plan").algo, Algo::Ring);
+    }
+}

@@ -1,0 +1,131 @@
+//! `training.framework`: a framework's name, or an object naming one with knobs overridden.
+//!
+//! ```json
+//! "framework": "megatron-core"
+//! "framework": {"name": "pytorch-fsdp", "gather_prefetch": 2, "grad_reduce_dtype": "fp32"}
+//! ```
+//! With no framework named, the plan picks one ([`crate::framework::default_for`]) and the
+//! choice is listed in `defaults_applied`.
+
+use super::keys;
+use super::reader::{Obj, Result, invalid};
+use crate::framework::{self, Framework, Gather, GradReduce, PlanTraits, ReduceDtype};
+use serde_json::Value;
+
+/// A framework as written: its name and the knobs the scenario sets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrameworkSpec {
+    name: String,
+    grad_reduce: Option<GradReduce>,
+    gather_prefetch: Option<u32>,
+    param_gather_overlap: Option<bool>,
+    tp_comm_overlap: Option<bool>,
+    grad_reduce_dtype: Option<ReduceDtype>,
+    fused: Vec<(String, bool)>,
+}
+
+fn name_of(v: &Value, path: &str) -> Result<String> {
+    let name = v.as_str().ok_or_else(|| invalid(path, "expected a framework name (a string)"))?;
+    if framework::profile(name).is_none() {
+        let hint = super::suggest::did_you_mean(name, framework::NAMES);
+        return Err(invalid(
+            path,
+            format!("unknown framework \"{name}\"{hint}; allowed: {}", framework::NAMES.join(", ")),
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// Read `training.framework` (absent: `None`).
+pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
+    let Some(v) = o.get("framework") else { return Ok(None) };
+    let path = o.key("framework");
+    if v.is_string() {
+        let name = name_of(v, &path)?;
+        return Ok(Some(FrameworkSpec {
+            name,
+            grad_reduce: None,
+            gather_prefetch: None,
+            param_gather_overlap: None,
+            tp_comm_overlap: None,
+            grad_reduce_dtype: None,
+            fused: Vec::new(),
+        }));
+    }
+    let f = Obj::new(v, &path)?;
+    f.only(keys::FRAMEWORK)?;
+    let name = name_of(
+        f.get("name").ok_or_else(|| invalid(&f.key("name"), "missing: the framework this object adjusts"))?,
+        &f.key("name"),
+    )?;
+    let grad_reduce = f.choice("grad_reduce", &["overlapped", "after_backward"], |s| match s {
+        "overlapped" => Some(GradReduce::Overlapped),
+        "after_backward" => Some(GradReduce::AfterBackward),
+        _ => None,
+    })?;
+    let grad_reduce_dtype = f.choice("grad_reduce_dtype", &["params", "fp32"], |s| match s {
+        "params" => Some(ReduceDtype::Params),
+        "fp32" => Some(ReduceDtype::Fp32),
+        _ => None,
+    })?;
+    let gather_prefetch = f.uint("gather_prefetch")?;
+    if let Some(p) = gather_prefetch
+        && p > 64
+    {
+        return Err(invalid(&f.key("gather_prefetch"), format!("{p} layers ahead; allowed: 0 to 64")));
+    }
+    let mut fused = Vec::new();
+    if let Some(k) = f.obj("fused")? {
+        k.only(keys::FUSED)?;
+        for name in keys::FUSED {
+            if let Some(b) = k.boolean(name)? {
+                fused.push((name.to_string(), b));
+            }
+        }
+    }
+    Ok(Some(FrameworkSpec {
+        name,
+        grad_reduce,
+        gather_prefetch,
+        param_gather_overlap: f.boolean("param_gather_overlap")?,
+        tp_comm_overlap: f.boolean("tp_comm_overlap")?,
+        grad_reduce_dtype,
+        fused,
+    }))
+}
+
+/// The framework a scenario runs on: the one it names with its overrides, or the plan's
+/// default (recorded in `defaults`).
+pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut Vec<String>) -> Framework {
+    let Some(s) = spec else {
+        let (name, why) = framework::default_for(traits);
+        defaults.push(format!("training.framework = {name} ({why})"));
+        return framework::profile(name).expect("default framework has a profile");
+    };
+    let mut f = framework::profile(&s.name).expect("name checked when read");
+    if let Some(g) = s.grad_reduce {
+        f.grad_reduce = g;
+    }
+    if let Some(p) = s.gather_prefetch {
+        f.gather = Gather::PerLayer { prefetch: p };
+    }
+    if let Some(b) = s.param_gather_overlap {
+        f.param_gather_overlap = b;
+    }
+    if let Some(b) = s.tp_comm_overlap {
+        f.tp_comm_overlap = b;
+    }
+    if let Some(d) = s.grad_reduce_dtype {
+        f.grad_reduce_dtype = d;
+    }
+    for (k, b) in &s.fused {
+        match k.as_str() {
+            "softmax" => f.fused.softmax = *b,
+            "bias_gelu" => f.fused.bias_gelu = *b,
+            "bias_dropout_add" => f.fused.bias_dropout_add = *b,
+            "adam" => f.fused.adam = *b,
+            _ => unreachable!("keys checked when read"),
+        }
+    }
+    f
+}

@@ -1,0 +1,181 @@
+//! `trainsim nccl-test`: one collective alone over a range of sizes, printed as nccl-tests
+//! prints it (size, time, algbw, busbw; NVIDIA/nccl-tests doc/PERFORMANCE.md), with the
+//! algorithm, protocol and channels NCCL would use. The simulation is `sim::engine::lone`.
+
+use sim::engine::lone::{LoneRun, lone_collective};
+use sim::hardware::{ClusterSpec, catalog};
+use sim::lower::CollectiveKind;
+use sim::network::NetworkKind;
+
+/// Most nodes a run may span, and the largest size (1 TiB).
+const MAX_NODES: u32 = 4096;
+const MAX_BYTES: u64 = 1 << 40;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The collective: all_reduce, all_gather, reduce_scatter, broadcast or reduce.
+    #[arg(long, default_value = "all_reduce")]
+    op: String,
+    /// Node preset (trainsim presets lists them).
+    #[arg(long, default_value = "dgx-a100-80gb")]
+    node: String,
+    /// Nodes the collective spans.
+    #[arg(long, default_value_t = 1)]
+    nodes: u32,
+    /// NICs per node, overriding the preset's.
+    #[arg(long)]
+    nics: Option<u32>,
+    /// NIC link preset, overriding the preset's (e.g. ib-hdr, eth-100g).
+    #[arg(long)]
+    nic: Option<String>,
+    /// GPUs taking part on each node (default: all of the node's).
+    #[arg(long)]
+    gpus: Option<u32>,
+    /// Smallest size in bytes (suffixes K, M, G: powers of 1024, as nccl-tests).
+    #[arg(long, default_value = "8")]
+    min_bytes: String,
+    /// Largest size in bytes.
+    #[arg(long, default_value = "8G")]
+    max_bytes: String,
+    /// Each size is this many times the previous one.
+    #[arg(long, default_value_t = 2)]
+    step_factor: u32,
+    /// Link sharing model: fair or ideal.
+    #[arg(long, default_value = "fair")]
+    network: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_op(s: &str) -> Result<CollectiveKind, String> {
+    Ok(match s.replace('-', "_").as_str() {
+        "all_reduce" | "allreduce" => CollectiveKind::AllReduce,
+        "all_gather" | "allgather" => CollectiveKind::AllGather,
+        "reduce_scatter" | "reducescatter" => CollectiveKind::ReduceScatter,
+        "broadcast" => CollectiveKind::Broadcast,
+        "reduce" => CollectiveKind::Reduce,
+        _ => {
+            return Err(format!(
+                "--op: unknown collective {s:?}; expected all_reduce, all_gather, reduce_scatter, broadcast or reduce"
+            ));
+        }
+    })
+}
+
+/// A size as nccl-tests reads it: a number with an optional K, M or G (powers of 1024).
+fn parse_size(key: &str, s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: u64 =
+        num.parse().map_err(|_| format!("{key}: {s:?} is not a size (a whole number, optionally with K, M or G)"))?;
+    match v.checked_mul(mult) {
+        Some(b) if (1..=MAX_BYTES).contains(&b) => Ok(b),
+        _ => Err(format!("{key}: {s:?} is outside 1 byte to 1T")),
+    }
+}
+
+pub fn run(a: &Args) -> Result<(), String> {
+    let kind = parse_op(&a.op)?;
+    let mut node = catalog::node_preset(&a.node).ok_or_else(|| {
+        let names: Vec<String> = catalog::nodes().into_iter().map(|n| n.name).collect();
+        format!("--node: unknown node preset {:?}; expected one of {}", a.node, names.join(", "))
+    })?;
+    if let Some(n) = a.nics {
+        if n == 0 || n > node.devices {
+            return Err(format!("--nics: {n} is outside 1 to {} (one per GPU at most)", node.devices));
+        }
+        node.nics = n;
+    }
+    if let Some(name) = &a.nic {
+        node.nic = catalog::link_preset(name).ok_or_else(|| {
+            let names: Vec<String> = catalog::links().into_iter().map(|l| l.name).collect();
+            format!("--nic: unknown link preset {name:?}; expected one of {}", names.join(", "))
+        })?;
+    }
+    if a.nodes == 0 || a.nodes > MAX_NODES {
+        return Err(format!("--nodes: {} is outside 1 to {MAX_NODES}", a.nodes));
+    }
+    let gpus = a.gpus.unwrap_or(node.devices);
+    if gpus == 0 || gpus > node.devices {
+        return Err(format!("--gpus: {gpus} is outside 1 to {} (GPUs of a {} node)", node.devices, a.node));
+    }
+    if a.nodes * gpus < 2 {
+        return Err("--nodes x --gpus: a collective needs at least 2 ranks".into());
+    }
+    let network = NetworkKind::parse(&a.network)
+        .ok_or_else(|| format!("--network: {:?} is not one of {}", a.network, NetworkKind::NAMES.join(", ")))?;
+    let min = parse_size("--min-bytes", &a.min_bytes)?;
+    let max = parse_size("--max-bytes", &a.max_bytes)?;
+    if min > max {
+        return Err(format!("--min-bytes ({min}) is larger than --max-bytes ({max})"));
+    }
+    if a.step_factor < 2 {
+        return Err(format!("--step-factor: {} must be at least 2", a.step_factor));
+    }
+    let cluster = ClusterSpec::new(node, a.nodes);
+    let mut rows: Vec<LoneRun> = Vec::new();
+    let mut size = min;
+    loop {
+        rows.push(lone_collective(&cluster, kind, gpus, size as f64, network).map_err(|e| e.to_string())?);
+        match size.checked_mul(a.step_factor as u64) {
+            Some(next) if next <= max => size = next,
+            _ => break,
+        }
+    }
+    let ranks = a.nodes * gpus;
+    if a.json {
+        let results: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "size_bytes": r.bytes,
+                    "time_us": r.time_s * 1e6,
+                    "algbw_GBps": r.algbw_bytes_per_s / 1e9,
+                    "busbw_GBps": r.busbw_bytes_per_s / 1e9,
+                    "algorithm": r.plan.map(|p| p.algo.name()),
+                    "protocol": r.plan.map(|p| p.proto.name()),
+                    "channels": r.plan.map(|p| p.channels),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "op": a.op.replace('-', "_"),
+            "node": a.node,
+            "nodes": a.nodes,
+            "gpus_per_node": gpus,
+            "ranks": ranks,
+            "network": a.network,
+            "results": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
+        return Ok(());
+    }
+    println!("# trainsim nccl-test: {} over {ranks} ranks ({} x {gpus} GPUs of {})", a.op, a.nodes, a.node);
+    println!("# busbw as nccl-tests defines it (doc/PERFORMANCE.md); algorithm and protocol as NCCL 2.30 would pick");
+    println!(
+        "#{:>14} {:>12} {:>9} {:>9}  {:<5} {:<6} {:>8}",
+        "size(B)", "time(us)", "algbw", "busbw", "algo", "proto", "channels"
+    );
+    for r in &rows {
+        let (algo, proto, ch) = r.plan.map_or(("-", "-", String::from("-")), |p| {
+            (p.algo.name(), p.proto.name(), format!("{}/{}", p.channels, p.max_channels))
+        });
+        println!(
+            "{:>15} {:>12.2} {:>9.2} {:>9.2}  {:<5} {:<6} {:>8}",
+            r.bytes,
+            r.time_s * 1e6,
+            r.algbw_bytes_per_s / 1e9,
+            r.busbw_bytes_per_s / 1e9,
+            algo,
+            proto,
+            ch
+        );
+    }
+    Ok(())
+}
