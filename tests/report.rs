@@ -97,7 +97,10 @@ fn recomputation_trades_memory_for_time() {
     let run_mode = |mode: &str, plan: Value| {
         let mut plan = plan;
         plan["recompute"] = json!(mode);
-        simulate(&scenario(small_transformer(8, 1024, 16), 1, training(16, 2, 2048), plan))
+        // Materialised scores: what selective recomputation drops.
+        let mut t = training(16, 2, 2048);
+        t["attention"] = json!("naive");
+        simulate(&scenario(small_transformer(8, 1024, 16), 1, t, plan))
     };
     // One stage: every device alike.
     let plan = json!({"dp": 1, "tp": 8, "pp": 1});
@@ -182,7 +185,9 @@ fn single_stage_holds_tied_embeddings_once() {
 /// (e) A plan that does not fit is a result: fits=false, the peak above capacity, exit 0.
 #[test]
 fn plan_that_does_not_fit_is_a_result() {
-    let text = scenario(small_transformer(8, 4096, 32), 1, training(64, 64, 2048), json!({"dp": 1, "tp": 8, "pp": 1}));
+    let mut t = training(64, 64, 2048);
+    t["attention"] = json!("naive");
+    let text = scenario(small_transformer(8, 4096, 32), 1, t, json!({"dp": 1, "tp": 8, "pp": 1}));
     let r = simulate(&text);
     assert!(!r.fits, "a 64 x 2048-token micro-batch of h=4096 fits in 80 GB?");
     assert!(r.peak_memory_bytes > r.memory_capacity_bytes);

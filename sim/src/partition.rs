@@ -301,9 +301,19 @@ fn candidate(c: &Scenario) -> Option<(Candidate, crate::report::Report)> {
         stash_rule(plan.schedule),
         &plan.partition,
     );
+    // Memory and time as simulated: each stage's peak, and its compute time in the iteration
+    // (an interleaved stage's chunks share it in proportion to the partition objective's
+    // estimates, which ignore overlap and so can exceed the simulated iteration).
+    let mut estimated = vec![0.0; plan.pp as usize];
+    for (k, st) in est.stages.iter().enumerate() {
+        estimated[k % plan.pp as usize] += st.time_s;
+    }
     for (k, st) in est.stages.iter_mut().enumerate() {
         let stage = k as u32 % plan.pp;
-        st.memory_bytes = r.stages.iter().find(|x| x.stage == stage).map_or(0.0, |x| x.peak_memory_bytes);
+        let sim = r.stages.iter().find(|x| x.stage == stage);
+        st.memory_bytes = sim.map_or(0.0, |x| x.peak_memory_bytes);
+        let share = if estimated[stage as usize] > 0.0 { st.time_s / estimated[stage as usize] } else { 0.0 };
+        st.time_s = sim.map_or(0.0, |x| x.compute_busy_s) * share;
     }
     let t = r.iteration_s / c.training.global_batch as f64;
     let cand = Candidate {

@@ -101,8 +101,12 @@ pub(super) struct GradSync {
     every_micro_batch: bool,
     /// The last backward micro-batch of each chunk on the stage.
     last_bwd: HashMap<u32, u32>,
-    /// A bucket is reduced once it holds at least this many bytes.
+    /// A bucket is reduced once it holds at least this many bytes (of gradients as they
+    /// travel).
     bucket_bytes: f64,
+    /// Bytes a gradient travels in per byte it is kept in: 2 for fp32 reduction of 16-bit
+    /// gradients (Megatron's `accumulate_allreduce_grads_in_fp32`).
+    dtype_scale: f64,
     /// Gradient bytes in the open bucket.
     pending_bytes: f64,
     /// With the optimizer on the host, each reduced bucket is copied there.
@@ -121,6 +125,7 @@ impl GradSync {
             every_micro_batch: lw.z >= 2,
             last_bwd: last_backward(&st.order),
             bucket_bytes: Self::bucket_bytes(lw),
+            dtype_scale: lw.plan.framework.grad_reduce_bytes(lw.gb) / lw.gb.max(f64::MIN_POSITIVE),
             pending_bytes: 0.0,
             to_host: lw.host_opt,
             last_sync: Vec::new(),
@@ -128,10 +133,17 @@ impl GradSync {
     }
 
     /// The bucket size: `plan.bucket_bytes` (PyTorch DDP's `bucket_cap_mb`, DeepSpeed's
-    /// `reduce_bucket_size`); ZeRO-3 reduce-scatters each layer's gradients as soon as they
-    /// exist.
+    /// `reduce_bucket_size`, Megatron-Core's `bucket_size`); ZeRO-3 reduce-scatters each
+    /// layer's gradients as soon as they exist. A framework that reduces after backward
+    /// (Megatron-LM 2021) has one bucket, reduced when the stage's backward ends.
     fn bucket_bytes(lw: &Lowering) -> f64 {
-        if lw.z3 { 0.0 } else { lw.plan.bucket_bytes }
+        if lw.z3 {
+            0.0
+        } else if lw.plan.framework.grad_reduce == crate::framework::GradReduce::AfterBackward {
+            f64::INFINITY
+        } else {
+            lw.plan.bucket_bytes
+        }
     }
 
     /// Whether the backward of chunk `c` on unit `mb` reduces its gradients.
@@ -142,13 +154,13 @@ impl GradSync {
     /// Add a unit's gradients to the open bucket without closing it (the head's, the
     /// embedding's).
     pub(super) fn add(&mut self, bytes: f64) {
-        self.pending_bytes += bytes;
+        self.pending_bytes += bytes * self.dtype_scale;
     }
 
     /// Add a layer's gradients; when the bucket is full, reduce it after the layer's backward
     /// (`after`: the last task of the group's last device, see [`grad_sync`]).
     pub(super) fn add_layer(&mut self, b: &mut Builder, plan: &Plan, bytes: f64, after: u32) {
-        self.pending_bytes += bytes;
+        self.pending_bytes += bytes * self.dtype_scale;
         if self.pending_bytes >= self.bucket_bytes {
             self.last_sync = grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host);
             self.pending_bytes = 0.0;

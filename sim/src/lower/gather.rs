@@ -15,8 +15,12 @@ use crate::report::timeline::{Label, Phase};
 /// ZeRO-3 parameter gathers around each unit (a layer, the embedding, the head), and
 /// Gemini's chunk moves before each.
 pub(super) struct Gathers {
-    /// Device-0 id of the previous unit's first compute task (see [`Gathers::gate`]).
-    prev_first: u32,
+    /// Device-0 ids of the latest units' first compute tasks, newest last, at most
+    /// `prefetch` of them (see [`Gathers::gate`]).
+    firsts: std::collections::VecDeque<u32>,
+    /// Units whose gathers may run ahead of the unit computing (the framework's prefetch;
+    /// 0: a gather waits for the previous unit to finish).
+    prefetch: u32,
     /// Where parameters live between uses (`plan.offload.params`): off the device, each
     /// gather first fetches this device's shard.
     host: Tier,
@@ -44,7 +48,16 @@ impl Gathers {
     /// outside Gemini and in its warm-up).
     pub(super) fn new(lw: &Lowering, moves: Option<Vec<Vec<(bool, f64)>>>) -> Gathers {
         Gathers {
-            prev_first: NONE,
+            firsts: std::collections::VecDeque::new(),
+            prefetch: match lw.plan.framework.gather {
+                crate::framework::Gather::PerLayer { prefetch } => prefetch,
+                // DeepSpeed prefetches up to a bucket of parameters: the layers it holds,
+                // at least the next one.
+                crate::framework::Gather::PerModule { prefetch_bucket_params, .. } => {
+                    let layer = lw.lp.iter().copied().fold(0.0, f64::max).max(1.0);
+                    ((prefetch_bucket_params / layer).floor() as u32).clamp(1, 64)
+                }
+            },
             host: lw.plan.offload.params,
             unit_label: NONE,
             dynamic: lw.dynamic.is_some(),
@@ -58,12 +71,19 @@ impl Gathers {
     }
 
     /// The prefetch decision: the task (device 0 of the group; device x waits for the one x
-    /// ids later) that the next unit's first fetch or gather waits for. ZeRO-3 waits for the
-    /// previous unit's first compute task, a prefetch of one unit (FSDP's limit on in-flight
-    /// all-gathers); Gemini for the previous unit's last, no prefetch (its chunks move in the
-    /// operator's hook). [`NONE`] before the stage's first unit.
+    /// ids later) that the next unit's first fetch or gather waits for. ZeRO-3 with a prefetch
+    /// of k units waits for the first compute task of the unit k back (k = 1: FSDP's
+    /// implicit forward prefetch and BACKWARD_PRE, two all-gathers in flight); with none, for
+    /// the previous unit's last task. Gemini waits for the previous unit's last, no prefetch
+    /// (its chunks move in the operator's hook). [`NONE`] before the stage's first unit.
     fn gate(&self) -> u32 {
-        if self.dynamic { self.prev_last } else { self.prev_first }
+        if self.dynamic || self.prefetch == 0 {
+            return self.prev_last;
+        }
+        if (self.firsts.len() as u32) < self.prefetch {
+            return NONE;
+        }
+        self.firsts.front().copied().unwrap_or(NONE)
     }
 
     /// Fetch (from the host tier if offloaded, or Gemini's moves) and all-gather a unit of
@@ -154,9 +174,9 @@ impl Gathers {
                 b.p.deps.push((g, first + x as u32));
             }
         }
+        let t = ctx.group.len() as u32;
+        self.prev_last = last + 1 - t;
         if self.dynamic {
-            let t = ctx.group.len() as u32;
-            self.prev_last = last + 1 - t;
             b.unit_log.push(gemini::UnitAccess {
                 device: b.dev_index[ctx.group[0] as usize],
                 unit: self.pending.0,
@@ -164,7 +184,10 @@ impl Gathers {
                 first_task: first,
             });
         }
-        self.prev_first = first;
+        self.firsts.push_back(first);
+        while self.firsts.len() as u32 > self.prefetch.max(1) {
+            self.firsts.pop_front();
+        }
     }
 }
 

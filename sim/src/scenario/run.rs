@@ -160,7 +160,7 @@ pub(super) fn check_elastic(o: &Obj, plan: &Plan, c: &ClusterSpec) -> Result<()>
             ),
         ));
     }
-    if plan.virtual_stages > 1 {
+    if plan.virtual_stages > 1 || plan.schedule == crate::schedule::ScheduleKind::Interleaved {
         return Err(invalid(
             &o.key("schedule"),
             "\"interleaved\" with \"freeze\": AutoPipe re-cuts the pipeline each epoch into one chunk per stage; allowed: gpipe, 1f1b, flush, 2bw",
