@@ -174,14 +174,15 @@ impl DeviceTime {
         self.other_s = s(Part::Other) + if pipelined { 0.0 } else { tail };
     }
 
-    /// One batch's share of a run that holds two (PipeDream-2BW's T(2m) - T(m)): part by part
-    /// `self - one`, at least 0, then scaled so that the parts add up to `iteration_s`
-    /// (compute is kept; the waits absorb the difference).
+    /// One batch's share of a run that holds two (PipeDream-2BW, whose steady-state step is
+    /// T(2m) - T(m)): the compute of `one` (the m-micro-batch run: m micro-batches and one
+    /// optimizer step, which 2BW runs every batch), and the waits that the second batch added,
+    /// `self - one` part by part (at least 0), scaled to fill the rest of `iteration_s`.
     pub fn difference(&self, one: &DeviceTime, iteration_s: f64) -> DeviceTime {
         let mut out = self.clone();
-        let theirs = one.parts();
+        let (mine, theirs) = (self.parts(), one.parts());
         for (i, v) in out.parts_mut().into_iter().enumerate() {
-            *v = (*v - theirs[i].1).max(0.0);
+            *v = if i < 6 { theirs[i].1 } else { (mine[i].1 - theirs[i].1).max(0.0) };
         }
         let compute = out.compute_s();
         let waits = out.total_s() - compute;
