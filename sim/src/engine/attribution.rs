@@ -22,7 +22,8 @@ pub(super) struct Attribution {
     transfer_ready: Vec<u64>,
     /// One bit per task: it is a transfer (a bitset stays in cache where the tasks do not).
     is_transfer: Vec<u64>,
-    /// Per stream: when its last task ended.
+    /// Per stream: its last busy stretch (tasks back to back), start and end.
+    run_start: Vec<u64>,
     stream_end: Vec<u64>,
     pub parts: Vec<[u64; PARTS]>,
     /// Per op instance: how many times it ran as recomputation.
@@ -54,6 +55,7 @@ impl Attribution {
                 }
                 bits
             },
+            run_start: vec![0; p.streams.len()],
             stream_end: vec![0; p.streams.len()],
             parts: vec![[0; PARTS]; nd],
             recomputed: vec![0; p.ops.len()],
@@ -128,8 +130,11 @@ impl Attribution {
         self.idle_from[d] = now;
     }
 
-    /// A task on stream `s` ended at `now`.
-    pub fn ended(&mut self, s: usize, now: u64) {
+    /// A task on stream `s` ran from `begun` to `now`.
+    pub fn ended(&mut self, s: usize, begun: u64, now: u64) {
+        if begun > self.stream_end[s] {
+            self.run_start[s] = begun;
+        }
         self.stream_end[s] = now;
     }
 
@@ -141,27 +146,36 @@ impl Attribution {
         }
     }
 
-    /// Close the iteration at `end`: after its compute stream's last task, a device waits for
-    /// its own other streams (the last to end is charged), then for the other devices.
-    /// Also returns the FLOPs the simulated devices recomputed.
+    /// Close the iteration at `end`. After its compute stream's last task a device waits for
+    /// its own other streams' last busy stretches (where several run, the one that ends last
+    /// is charged), then for the other devices ([`Part::Tail`]).
     pub fn finish(mut self, p: &Program, end: u64) -> (Vec<[u64; PARTS]>, f64) {
         for d in 0..self.parts.len() {
-            let from = self.idle_from[d];
-            let mut last = (from, Part::Tail);
-            for k in 1..STREAMS {
-                let e = self.stream_end[d * STREAMS + k];
-                if e > last.0 {
+            let from = self.idle_from[d].min(end);
+            // (start, end, part) of each other stream's last stretch after `from`.
+            let runs: Vec<(u64, u64, Part)> = (1..STREAMS)
+                .map(|k| (self.run_start[d * STREAMS + k].max(from), self.stream_end[d * STREAMS + k].min(end), k))
+                .filter(|&(a, b, _)| b > a)
+                .map(|(a, b, k)| {
                     let part = match StreamKind::ALL[k] {
                         StreamKind::PipelineSend => Part::PpComm,
                         StreamKind::HostCopy => Part::Offload,
                         _ => Part::DpComm,
                     };
-                    last = (e, part);
-                }
+                    (a, b, part)
+                })
+                .collect();
+            let mut cuts: Vec<u64> = runs.iter().flat_map(|&(a, b, _)| [a, b]).chain([from, end]).collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            for w in cuts.windows(2) {
+                let part = runs
+                    .iter()
+                    .filter(|&&(a, b, _)| a <= w[0] && b >= w[1])
+                    .max_by_key(|&&(_, b, part)| (b, std::cmp::Reverse(part)))
+                    .map_or(Part::Tail, |r| r.2);
+                self.parts[d][part as usize] += w[1] - w[0];
             }
-            let own = last.0.min(end);
-            self.parts[d][last.1 as usize] += own - from.min(own);
-            self.parts[d][Part::Tail as usize] += end.saturating_sub(own.max(from));
             debug_assert_eq!(self.parts[d].iter().sum::<u64>(), end, "device {d}'s parts add up to the iteration");
         }
         let recomputed = self.recomputed.iter().zip(&p.ops).map(|(&n, o)| n as f64 * o.spec.forward_flops).sum();

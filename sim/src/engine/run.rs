@@ -647,7 +647,7 @@ impl<'a> Engine<'a> {
             if on_compute {
                 e.attr.busy(Program::stream_device(s) as usize, part, begun, now);
             }
-            e.attr.ended(su, now);
+            e.attr.ended(su, begun, now);
             if record {
                 e.res.timeline.spans.push(Span {
                     device: e.p.devices[Program::stream_device(s) as usize],
