@@ -20,7 +20,8 @@ pub(super) struct Attribution {
     idle_from: Vec<u64>,
     /// Per transfer: when its producers finished (the data was ready to send).
     transfer_ready: Vec<u64>,
-    /// One bit per task: it is a transfer (a bitset stays in cache where the tasks do not).
+    /// One bit per task: it is a transfer off the compute streams (a bitset stays in cache
+    /// where the tasks do not).
     is_transfer: Vec<u64>,
     /// Per stream: its last busy stretch (tasks back to back), start and end.
     run_start: Vec<u64>,
@@ -47,10 +48,13 @@ impl Attribution {
             idle_from: vec![0; nd],
             transfer_ready: vec![0; p.transfers.len()],
             is_transfer: {
+                // Transfers sit on the streams that overlap with compute, far fewer tasks
+                // than the compute streams hold.
                 let mut bits = vec![0u64; p.tasks.len().div_ceil(64)];
-                for (i, t) in p.tasks.iter().enumerate() {
-                    if t.kind == TaskKind::Transfer {
-                        bits[i / 64] |= 1 << (i % 64);
+                let others = p.streams.iter().enumerate().filter(|(s, _)| s % STREAMS != StreamKind::Compute.index());
+                for &i in others.flat_map(|(_, tasks)| tasks) {
+                    if p.tasks[i as usize].kind == TaskKind::Transfer {
+                        bits[i as usize / 64] |= 1 << (i % 64);
                     }
                 }
                 bits
@@ -63,6 +67,7 @@ impl Attribution {
     }
 
     /// What a compute-stream task counts as while it runs.
+    #[inline]
     pub fn busy_part(&self, task: &Task) -> Part {
         match task.kind {
             TaskKind::Compute => self.kernel[task.label as usize].unwrap_or(self.op_class[task.payload as usize]),
@@ -74,12 +79,17 @@ impl Attribution {
 
     /// Task `t` on device `d`'s compute stream became ready at `now` when `cause` ended: the
     /// stretch since the stream's last accounted time goes to what `cause` is.
+    #[inline]
     pub fn ready(&mut self, p: &Program, t: u32, cause: u32, d: usize, now: u64) {
         let from = self.idle_from[d];
-        self.idle_from[d] = now;
-        if now <= from {
-            return;
+        if now > from {
+            self.idle_from[d] = now;
+            self.charge_wait(p, t, cause, d, from, now);
         }
+    }
+
+    /// Charge device `d`'s idle stretch `from..now` to what `cause` is.
+    fn charge_wait(&mut self, p: &Program, t: u32, cause: u32, d: usize, from: u64, now: u64) {
         let parts = &mut self.parts[d];
         if cause == NONE {
             parts[Part::Other as usize] += now - from;
@@ -109,6 +119,7 @@ impl Attribution {
 
     /// The task at the head of device `d`'s compute stream begins at `now`: any time since
     /// it became ready, its host was still issuing it.
+    #[inline]
     pub fn begin(&mut self, d: usize, now: u64) {
         let from = self.idle_from[d];
         if now > from {
@@ -119,18 +130,21 @@ impl Attribution {
 
     /// A compute-stream task of part `part` ran on device `d` from `begun` to `now`.
     /// Kernel `task` (on the compute stream, of part `part`) ended.
+    #[inline]
     pub fn kernel_done(&mut self, task: &Task, part: Part) {
         if part == Part::Recompute && task.kind == TaskKind::Compute {
             self.recomputed[task.payload as usize] += 1;
         }
     }
 
+    #[inline]
     pub fn busy(&mut self, d: usize, part: Part, begun: u64, now: u64) {
         self.parts[d][part as usize] += now - begun;
         self.idle_from[d] = now;
     }
 
     /// A task on stream `s` ran from `begun` to `now`.
+    #[inline]
     pub fn ended(&mut self, s: usize, begun: u64, now: u64) {
         if begun > self.stream_end[s] {
             self.run_start[s] = begun;
@@ -139,6 +153,7 @@ impl Attribution {
     }
 
     /// Task `succ`'s dependency ended at `now`: a transfer's data is ready once all did.
+    #[inline]
     pub fn produced(&mut self, p: &Program, succ: u32, now: u64) {
         if self.is_transfer[succ as usize / 64] & (1 << (succ % 64)) != 0 {
             let r = &mut self.transfer_ready[p.tasks[succ as usize].payload as usize];

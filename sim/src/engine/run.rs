@@ -327,8 +327,13 @@ impl<'a> Engine<'a> {
 
     fn drain_ready(&mut self, now: u64) {
         while let Some((t, by)) = self.ready.pop() {
-            if Program::stream_kind(self.p.tasks[t as usize].stream) == StreamKind::Compute {
-                self.for_streams(t, |e, s| e.attr.ready(e.p, t, by, Program::stream_device(s) as usize, now));
+            let task = &self.p.tasks[t as usize];
+            if Program::stream_kind(task.stream) == StreamKind::Compute {
+                if task.streams == 1 {
+                    self.attr.ready(self.p, t, by, Program::stream_device(task.stream) as usize, now);
+                } else {
+                    self.for_streams(t, |e, s| e.attr.ready(e.p, t, by, Program::stream_device(s) as usize, now));
+                }
             }
             self.start(t, now);
         }
@@ -646,8 +651,9 @@ impl<'a> Engine<'a> {
             e.stream_busy[su] += now - begun;
             if on_compute {
                 e.attr.busy(Program::stream_device(s) as usize, part, begun, now);
+            } else {
+                e.attr.ended(su, begun, now);
             }
-            e.attr.ended(su, begun, now);
             if record {
                 e.res.timeline.spans.push(Span {
                     device: e.p.devices[Program::stream_device(s) as usize],
