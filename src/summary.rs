@@ -148,13 +148,13 @@ fn print_time_breakdown(r: &sim::report::Report) {
         "time split:   % of the {:.4} s iteration per device: compute by kind | exposed communication and waits (parts under 0.05% not shown)",
         r.iteration_s
     );
-    let mut header = format!("              {:<28}", "device");
+    let mut header = format!("              {:<32}", "device");
     for &i in &used {
         header += &format!("{}{:>7}", bar(i), PART_COLUMNS[i]);
     }
     println!("{header}");
     let row = |label: String, values: &dyn Fn(usize) -> String| {
-        let mut line = format!("              {label:<28}");
+        let mut line = format!("              {label:<32}");
         for &i in &used {
             line += &format!("{}{:>7}", bar(i), values(i));
         }
