@@ -22,11 +22,16 @@ pub fn print_summary(r: &sim::report::Report) {
         p.zero_stage
     );
     println!("iteration:    {:.4} s", r.iteration_s);
-    println!("throughput:   {:.2} samples/s, {:.0} tokens/s", r.samples_per_s, r.tokens_per_s);
     println!(
-        "MFU:          {:.1}% ({:.1} TFLOP/s of model math per device)",
+        "throughput:   {:.2} samples/s, {:.0} tokens/s ({:.0} tokens/s per device)",
+        r.samples_per_s, r.tokens_per_s, r.tokens_per_s_per_device
+    );
+    println!(
+        "MFU:          {:.1}% ({:.1} TFLOP/s of model math per device); HFU {:.1}% ({:.1} TFLOP/s with recomputation)",
         r.mfu * 100.0,
-        r.model_flops_per_s_per_device / 1e12
+        r.model_flops_per_s_per_device / 1e12,
+        r.hfu * 100.0,
+        r.hardware_flops_per_s_per_device / 1e12
     );
     if (r.network_flops_per_iteration - r.model_flops_per_iteration).abs() > 0.1 * r.model_flops_per_iteration {
         println!(
@@ -93,6 +98,7 @@ pub fn print_summary(r: &sim::report::Report) {
             gib(st.peak_memory_bytes)
         );
     }
+    print_time_breakdown(r);
     for c in &r.chunk_placement {
         println!(
             "chunks:       stage {}: {} chunks of {:.1} M parameters; per iteration {} fetches, {} evictions, {} moved per device; optimizer {:.0}% on the device, {:.0}% on the CPU{}",
@@ -122,6 +128,50 @@ pub fn print_summary(r: &sim::report::Report) {
     if !r.defaults_applied.is_empty() {
         println!("defaults:     {}", r.defaults_applied.join("; "));
     }
+}
+
+/// Short column names of `DeviceTime::parts`, in order; the first six are compute.
+const PART_COLUMNS: [&str; 13] =
+    ["gemm", "attn", "mem-bd", "emb/hd", "recomp", "optim", "TP", "DP", "PP", "bubble", "host", "offload", "other"];
+
+/// Where the time goes: one row per device class (the critical device first), percentages of
+/// the iteration, only the columns some row uses.
+fn print_time_breakdown(r: &sim::report::Report) {
+    let Some(critical) = r.time_breakdown.first() else { return };
+    let it = r.iteration_s.max(f64::MIN_POSITIVE);
+    let used: Vec<usize> =
+        (0..PART_COLUMNS.len()).filter(|&i| r.time_breakdown.iter().any(|t| t.parts()[i].1 >= 5e-4 * it)).collect();
+    // A bar between compute and the first idle column.
+    let first_idle = used.iter().copied().find(|&i| i >= 6).filter(|_| used.first().is_some_and(|&i| i < 6));
+    let bar = |i: usize| if Some(i) == first_idle { " |" } else { "" };
+    println!(
+        "time split:   % of the {:.4} s iteration per device: compute by kind | exposed communication and waits (parts under 0.05% not shown)",
+        r.iteration_s
+    );
+    let mut header = format!("              {:<32}", "device");
+    for &i in &used {
+        header += &format!("{}{:>7}", bar(i), PART_COLUMNS[i]);
+    }
+    println!("{header}");
+    let row = |label: String, values: &dyn Fn(usize) -> String| {
+        let mut line = format!("              {label:<32}");
+        for &i in &used {
+            line += &format!("{}{:>7}", bar(i), values(i));
+        }
+        println!("{line}");
+    };
+    for t in &r.time_breakdown {
+        let label = if t.role == "critical_device" {
+            format!("critical: device {} (stage {})", t.device, t.stage)
+        } else {
+            format!("stage {}: {} x {}", t.stage, t.devices, t.device_name)
+        };
+        let parts = t.parts();
+        row(label, &|i| format!("{:.1}", 100.0 * parts[i].1 / it));
+    }
+    let parts = critical.parts();
+    let (unit, scale) = if r.iteration_s < 1.0 { ("ms", 1e3) } else { ("s", 1.0) };
+    row(format!("critical, {unit}"), &|i| format!("{:.3}", parts[i].1 * scale));
 }
 
 pub fn presets(json: bool) {

@@ -22,6 +22,8 @@ mod partition;
 // Commands built on policies (train-run, partition, capacity): regression inputs end in a
 // sane report or a clear error.
 mod policy_regressions;
+// Where the time goes: the report's per-device-class breakdown, HFU.
+mod breakdown;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
 // Compute kernels (fused attention, GEMM shapes) against published microbenchmarks.

@@ -271,6 +271,17 @@ fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimE
     r.iteration_s = iteration_s;
     r.samples_per_s = s.training.global_batch as f64 / iteration_s;
     r.tokens_per_s = r.samples_per_s * s.plan.seq_len as f64;
+    r.tokens_per_s_per_device = r.tokens_per_s / r.devices as f64;
+    // Hardware FLOPs of one batch (the m-micro-batch run).
+    r.hardware_flops_per_iteration = a.report.hardware_flops_per_iteration;
+    r.hfu = a.report.hfu * a.report.iteration_s / iteration_s;
+    r.hardware_flops_per_s_per_device = a.report.hardware_flops_per_s_per_device * a.report.iteration_s / iteration_s;
+    // The same device classes in both runs: one batch's share, part by part.
+    if r.time_breakdown.len() == a.report.time_breakdown.len() {
+        for (two, one) in r.time_breakdown.iter_mut().zip(&a.report.time_breakdown) {
+            *two = two.difference(one, iteration_s);
+        }
+    }
     r.model_flops_per_iteration = a.report.model_flops_per_iteration;
     r.compute_lower_bound_s = a.report.compute_lower_bound_s;
     r.mfu = a.report.mfu * a.report.iteration_s / iteration_s;

@@ -6,6 +6,7 @@
 //! collectives become steps of flows on the [`network`](crate::network); memory events
 //! move each device's usage. Nothing here knows what a layer is.
 
+mod attribution;
 pub mod collective;
 pub mod lone;
 pub mod queue;

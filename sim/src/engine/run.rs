@@ -1,5 +1,6 @@
 //! Interpreting a Program: streams, dependencies, flows and memory, event by event.
 
+use super::attribution::Attribution;
 use super::collective::{Steps, expand};
 use super::queue::{Event, EventQueue};
 use crate::hardware::Topology;
@@ -84,6 +85,11 @@ pub struct RunResult {
     pub peak_time_ns: Vec<u64>,
     /// At each device's peak: the live activation bytes by (memory tag, micro-batch).
     pub peak_live: Vec<Vec<(u32, u32, f64)>>,
+    /// Each device's iteration by part (see [`crate::report::breakdown`]); each row adds up
+    /// to `iteration_ns`.
+    pub time_parts_ns: Vec<[u64; crate::report::breakdown::PARTS]>,
+    /// FLOPs of the forward ops the simulated devices ran again (activation recomputation).
+    pub recompute_flops: f64,
     pub timeline: Timeline,
 }
 
@@ -142,7 +148,9 @@ struct Engine<'a> {
     flow_start: Vec<u64>,
     flow_meta: Vec<([u32; 2], u32, u32, f64)>,
     changes: Vec<Reschedule>,
-    ready: Vec<u32>,
+    /// Tasks ready to start, each with the task whose end made it ready (or NONE).
+    ready: Vec<(u32, u32)>,
+    attr: Attribution,
     cur_act: Vec<f64>,
     cur_buf: Vec<f64>,
     /// Live activation bytes per device by (tag, micro-batch).
@@ -217,6 +225,7 @@ pub fn run(
         flow_meta: Vec::new(),
         changes: Vec::new(),
         ready: Vec::new(),
+        attr: Attribution::new(p),
         cur_act: vec![0.0; nd],
         cur_buf: vec![0.0; nd],
         live: vec![std::collections::BTreeMap::new(); nd],
@@ -242,7 +251,7 @@ pub fn run(
     e.res.timeline.labels = p.labels.clone();
     for s in 0..p.streams.len() {
         if let Some(&t) = p.streams[s].first() {
-            e.dec(t);
+            e.dec(t, NONE);
         }
     }
     e.drain_ready(0);
@@ -273,6 +282,7 @@ pub fn run(
         e.res.compute_busy_ns[d] = e.stream_busy[d * STREAMS];
     }
     e.res.timeline.iteration_ns = e.res.iteration_ns;
+    (e.res.time_parts_ns, e.res.recompute_flops) = e.attr.finish(p, e.res.iteration_ns);
     Ok(e.res)
 }
 
@@ -307,16 +317,25 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn dec(&mut self, t: u32) {
+    /// One of `t`'s dependencies (`by`, or NONE at the start) is done.
+    fn dec(&mut self, t: u32, by: u32) {
         let r = &mut self.remaining[t as usize];
         *r -= 1;
         if *r == 0 {
-            self.ready.push(t);
+            self.ready.push((t, by));
         }
     }
 
     fn drain_ready(&mut self, now: u64) {
-        while let Some(t) = self.ready.pop() {
+        while let Some((t, by)) = self.ready.pop() {
+            let task = &self.p.tasks[t as usize];
+            if Program::stream_kind(task.stream) == StreamKind::Compute {
+                if task.streams == 1 {
+                    self.attr.ready(self.p, t, by, Program::stream_device(task.stream) as usize, now);
+                } else {
+                    self.for_streams(t, |e, s| e.attr.ready(e.p, t, by, Program::stream_device(s) as usize, now));
+                }
+            }
             self.start(t, now);
         }
     }
@@ -414,7 +433,12 @@ impl<'a> Engine<'a> {
     }
 
     fn begin(&mut self, t: u32, now: u64) {
-        self.for_streams(t, |e, s| e.stream_start[s as usize] = now);
+        self.for_streams(t, |e, s| {
+            e.stream_start[s as usize] = now;
+            if Program::stream_kind(s) == StreamKind::Compute {
+                e.attr.begin(Program::stream_device(s) as usize, now);
+            }
+        });
         self.memory(t, false, now);
         let task = self.p.tasks[t as usize];
         match task.kind {
@@ -632,10 +656,20 @@ impl<'a> Engine<'a> {
         self.memory(t, true, now);
         let task = self.p.tasks[t as usize];
         let record = self.opts.record;
+        let on_compute = Program::stream_kind(task.stream) == StreamKind::Compute;
+        let part = if on_compute { self.attr.busy_part(&task) } else { crate::report::breakdown::Part::Other };
+        if on_compute {
+            self.attr.kernel_done(&task, part);
+        }
         self.for_streams(t, |e, s| {
             let su = s as usize;
             let begun = e.stream_start[su];
             e.stream_busy[su] += now - begun;
+            if on_compute {
+                e.attr.busy(Program::stream_device(s) as usize, part, begun, now);
+            } else {
+                e.attr.ended(su, begun, now);
+            }
             if record {
                 e.res.timeline.spans.push(Span {
                     device: e.p.devices[Program::stream_device(s) as usize],
@@ -654,12 +688,13 @@ impl<'a> Engine<'a> {
                 e.res.pipeline_busy_ns[d] = e.stream_busy[su];
             }
             if let Some(&next) = e.p.streams[su].get(pos as usize) {
-                e.dec(next);
+                e.dec(next, t);
             }
         });
         for i in self.succ_start[t as usize]..self.succ_start[t as usize + 1] {
             let s = self.succ[i as usize];
-            self.dec(s);
+            self.attr.produced(self.p, s, now);
+            self.dec(s, t);
         }
         self.res.iteration_ns = self.res.iteration_ns.max(now);
     }

@@ -378,3 +378,48 @@ fn concurrent_nccl_collectives_share_links() {
     let t2 = run(&two, &topo, &[], &HostCosts::default(), opts()).expect("runs").iteration_ns as f64;
     assert!(t2 > 1.95 * t1 && t2 < 2.05 * t1, "{t1} vs {t2}");
 }
+
+/// Where the time goes, by hand: stage 0 computes 100 us and sends 1 MB over a 10 GB/s link
+/// (100 us) to stage 1, which computes 100 us; then both all-reduce 1 MB on their
+/// data-parallel streams (100 us). Stage 1 waits 100 us for stage 0's compute (bubble), 100 us
+/// for the transfer, 100 us for the all-reduce, then for stage 0, which after its kernel
+/// copies 100 MB to the host: that copy ends last, so all its waits are charged to it.
+#[test]
+fn idle_time_is_charged_to_what_ended_it() {
+    use crate::lower::HostCopy;
+    use crate::report::breakdown::{PARTS, Part};
+    let c = cluster(2, 1, link(10e9, 0.0), link(1e9, 0.0));
+    let mut p = empty_program(2);
+    // A bandwidth-bound op of layer 0.
+    p.labels[0].layer = 0;
+    p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0, class: 0 });
+    let op_ns = [100_000u64];
+    let (c0, c1) = (Program::stream_index(0, StreamKind::Compute), Program::stream_index(1, StreamKind::Compute));
+    let a = push(&mut p, TaskKind::Compute, 0, &[c0], 0);
+    p.transfers.push(Transfer { source: 0, target: 1, bytes: 1e6 });
+    let send = push(&mut p, TaskKind::Transfer, 0, &[Program::stream_index(0, StreamKind::PipelineSend)], 0);
+    let b = push(&mut p, TaskKind::Compute, 0, &[c1], 0);
+    p.deps.extend([(a, send), (send, b)]);
+    p.host_copies.push(HostCopy { device: 0, to_device: false, bytes: 1e8, nvme: false });
+    let copy = push(&mut p, TaskKind::HostCopy, 0, &[Program::stream_index(0, StreamKind::HostCopy)], 0);
+    p.deps.push((a, copy));
+    p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: vec![0, 1], bytes: 1e6 });
+    let dp = [Program::stream_index(0, StreamKind::DataParallel), Program::stream_index(1, StreamKind::DataParallel)];
+    let ar = push(&mut p, TaskKind::Collective, 0, &dp, 0);
+    p.deps.push((b, ar));
+    let r = run(&p, &Topology::new(&c), &op_ns, &HostCosts::default(), opts()).expect("runs");
+    let us = 1_000u64;
+    let end = r.iteration_ns;
+    assert!(end > 400 * us, "the copy ends last: {end} ns");
+    let mut stage1 = [0u64; PARTS];
+    stage1[Part::Bubble as usize] = 100 * us;
+    stage1[Part::PpComm as usize] = 100 * us;
+    stage1[Part::MemoryBound as usize] = 100 * us;
+    stage1[Part::DpComm as usize] = 100 * us;
+    stage1[Part::Tail as usize] = end - 400 * us;
+    assert_eq!(r.time_parts_ns[1], stage1);
+    let mut stage0 = [0u64; PARTS];
+    stage0[Part::MemoryBound as usize] = 100 * us;
+    stage0[Part::Offload as usize] = end - 100 * us;
+    assert_eq!(r.time_parts_ns[0], stage0);
+}

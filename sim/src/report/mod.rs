@@ -1,6 +1,7 @@
 //! The report: the numbers a user asks for, from a run. Its JSON form is the public
 //! contract documented in `docs/report.md`; keys carry their units.
 
+pub mod breakdown;
 pub mod memory;
 pub mod perfetto;
 pub mod timeline;
@@ -77,10 +78,18 @@ pub struct Report {
     pub iteration_s: f64,
     pub samples_per_s: f64,
     pub tokens_per_s: f64,
+    /// `tokens_per_s` over the devices.
+    pub tokens_per_s_per_device: f64,
     pub model_flops_per_iteration: f64,
     /// Achieved model FLOP/s per device.
     pub model_flops_per_s_per_device: f64,
     pub mfu: f64,
+    /// FLOPs the devices run per iteration: the model FLOPs plus the recomputed forward ops.
+    pub hardware_flops_per_iteration: f64,
+    /// Achieved hardware FLOP/s per device, and its share of the peak (equal to MFU without
+    /// recomputation).
+    pub hardware_flops_per_s_per_device: f64,
+    pub hfu: f64,
     /// The least time the model FLOPs could take: `model_flops_per_iteration` over the
     /// cluster's summed peak at the training precision (the iteration at MFU 1). Every
     /// report's `iteration_s` is at least this.
@@ -139,6 +148,9 @@ pub struct Report {
     pub flows: u64,
     pub tasks: u64,
     pub stages: Vec<StageReport>,
+    /// Where the time goes: the critical device, then each device class (device model and
+    /// pipeline stage); each entry's parts add up to `iteration_s`.
+    pub time_breakdown: Vec<breakdown::DeviceTime>,
     pub plan: PlanSummary,
     pub defaults_applied: Vec<String>,
     /// What to know about how this scenario was simulated (see `Scenario::notes`).
@@ -160,6 +172,9 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let cluster_peak: f64 = (0..devices).map(|d| s.cluster.device_of(d).peak_flops.at(plan.precision)).sum();
     let samples_per_s = s.training.global_batch as f64 / iteration_s;
     let nd = p.devices.len();
+    // Recomputed forward ops, over the simulated devices and scaled to the cluster.
+    let recompute_flops = r.recompute_flops * devices as f64 / nd.max(1) as f64;
+    let hardware_flops = model_flops + recompute_flops;
     // Bubble: idle time of each compute stream until the last device ends its pipeline part
     // (before gradient sync and optimizer), averaged over devices.
     // Without pipeline parallelism nothing waits in a pipeline: a single stage's idle time is
@@ -221,9 +236,13 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         iteration_s,
         samples_per_s,
         tokens_per_s: samples_per_s * plan.seq_len as f64,
+        tokens_per_s_per_device: samples_per_s * plan.seq_len as f64 / devices as f64,
         model_flops_per_iteration: model_flops,
         model_flops_per_s_per_device: model_flops / iteration_s / devices as f64,
         mfu: model_flops / iteration_s / cluster_peak,
+        hardware_flops_per_iteration: hardware_flops,
+        hardware_flops_per_s_per_device: hardware_flops / iteration_s / devices as f64,
+        hfu: hardware_flops / iteration_s / cluster_peak,
         compute_lower_bound_s: model_flops / cluster_peak,
         network_flops_per_iteration: network_flops,
         network_flops_utilization: network_flops / iteration_s / cluster_peak,
@@ -263,6 +282,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         flows: r.flows,
         tasks: p.tasks.len() as u64,
         stages,
+        time_breakdown: breakdown::build(s, p, &r.time_parts_ns, &r.compute_busy_ns),
         plan: PlanSummary {
             dp: plan.dp,
             tp: plan.tp,
@@ -295,6 +315,9 @@ impl Report {
             ("model_flops_per_iteration", self.model_flops_per_iteration),
             ("model_flops_per_s_per_device", self.model_flops_per_s_per_device),
             ("mfu", self.mfu),
+            ("hfu", self.hfu),
+            ("hardware_flops_per_iteration", self.hardware_flops_per_iteration),
+            ("tokens_per_s_per_device", self.tokens_per_s_per_device),
             ("compute_lower_bound_s", self.compute_lower_bound_s),
             ("network_flops_per_iteration", self.network_flops_per_iteration),
             ("network_flops_utilization", self.network_flops_utilization),
@@ -331,6 +354,25 @@ impl Report {
                 return Err(format!(
                     "stage {}: compute_busy_s {} or bubble_s {} is outside [0, iteration_s = {}]",
                     st.stage, st.compute_busy_s, st.bubble_s, self.iteration_s
+                ));
+            }
+        }
+        if self.hfu < self.mfu * (1.0 - tolerance) {
+            return Err(format!("hfu {} is below mfu {}", self.hfu, self.mfu));
+        }
+        // Each device's parts add up to the iteration (to 1 ns per part, for rounding).
+        for t in &self.time_breakdown {
+            if let Some((k, v)) = t.parts().into_iter().find(|&(_, v)| !within(v)) {
+                return Err(format!(
+                    "time_breakdown (stage {}, device {}): {k} {v} is outside [0, iteration_s = {}]",
+                    t.stage, t.device, self.iteration_s
+                ));
+            }
+            let total = t.total_s();
+            if (total - self.iteration_s).abs() > 1e-6 * self.iteration_s + 13e-9 {
+                return Err(format!(
+                    "time_breakdown (stage {}, device {}): the parts add up to {total} s, not the iteration's {} s",
+                    t.stage, t.device, self.iteration_s
                 ));
             }
         }
