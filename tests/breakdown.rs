@@ -158,7 +158,10 @@ fn compute_parts_are_the_busy_time_of_the_compute_stream() {
 fn hfu_counts_recomputation_and_only_it() {
     let w = small_transformer(8, 2048, 16);
     let at = |recompute: &str| {
-        simulate(&scenario(w.clone(), 1, training(16, 2, 1024), json!({"dp": 8, "recompute": recompute})))
+        // Materialised scores: what selective recomputation runs again.
+        let mut t = training(16, 2, 1024);
+        t["attention"] = json!("naive");
+        simulate(&scenario(w.clone(), 1, t, json!({"dp": 8, "recompute": recompute})))
     };
     let (none, selective, full) = (at("none"), at("selective"), at("full"));
     assert_eq!(none.hfu, none.mfu);
