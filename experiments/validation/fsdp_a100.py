@@ -26,7 +26,7 @@ for r in recs:
     g=r['# GPUs']; seq=r['SeqLen (T)']
     sc={"name":f"{m} s{seq} g{g}","workload":{"transformer":{"layers":L,"hidden":h,"heads":heads,"vocab":50368,"bias":False,"dropout":False}},
         "cluster":{"node":"dgx-a100-80gb","nodes":max(1,g//8)} if g>=8 else {"node":{"preset":"dgx-a100-80gb","devices":g},"nodes":1},
-        "training":{"global_batch":r['GlobalBatchSize'],"micro_batch":r['MicroBatchSize'],"seq_len":seq,"precision":"bf16","optimizer":"adam","attention":attn},
+        "training":{"global_batch":r['GlobalBatchSize'],"micro_batch":r['MicroBatchSize'],"seq_len":seq,"precision":"bf16","optimizer":"adam","attention":attn,"framework":"pytorch-fsdp"},
         "plan":{"dp":g,"zero_stage":3 if r['Sharding Strategy']=='FULL_SHARD' else 2,"recompute":"full" if r['Activation Checkpointing']=='True' else "none"}}
     open(tmp,'w').write(json.dumps(sc))
     p=subprocess.run([binary,'simulate',tmp,'--json'],capture_output=True,text=True)
