@@ -373,7 +373,8 @@ mod tests {
     #[test]
     fn search_finds_the_exact_edge_in_few_probes() {
         use std::cell::Cell;
-        let cases: [(&str, fn(u32) -> f64); 3] = [
+        type Pressure = fn(u32) -> f64;
+        let cases: [(&str, Pressure); 3] = [
             ("linear", |u| 0.3 + 0.7 * u as f64 / 700_000.0),
             ("quadratic", |u| 0.1 + (u as f64 / 90_000.0).powi(2)),
             ("steps", |u| 0.2 + 0.8 * (u / 8) as f64 / 613.0),
