@@ -330,6 +330,34 @@ fn candidate(c: &Scenario) -> Option<(Candidate, crate::report::Report)> {
     Some((cand, r))
 }
 
+/// `f` over `items` on the machine's cores, results in the items' order (each item is a whole
+/// simulation, independent of the others, so the answer does not depend on the thread count).
+fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len()).max(1);
+    if threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        done.push((i, f(item)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("an exploration worker panicked")).collect()
+    });
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
 /// BaPipe's exploration: every schedule in {GPipe, 1F1B, 2BW}, every micro-batch size that
 /// divides a replica's batch, the balanced partition for it, simulated; where the simulation
 /// says it does not fit, the balanced partition under the simulator's memory ([`refit`]), then
@@ -351,44 +379,45 @@ pub fn explore(s: &Scenario) -> Exploration {
         c.plan.partition_policy = None;
         c
     };
-    let mut candidates = Vec::new();
+    let mut jobs = Vec::new();
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::TwoBW] {
         for &mb in &sizes {
             // PipeDream-2BW accumulates over at least as many micro-batches as stages.
             if kind == ScheduleKind::TwoBW && per_replica / mb < s.plan.pp {
                 continue;
             }
-            let mut c = with(kind, 1, mb, Vec::new());
-            c.plan.partition_policy = Some(PartitionPolicy::Balanced);
-            let mut tried: Vec<(Vec<u32>, Candidate)> = Vec::new();
-            // The balanced partition; where the simulation says it does not fit, the balanced
-            // partition under the simulator's memory (see `refit`); then the uniform one.
-            if let Ok(parts) = resolve(&c)
-                && let Some((cand, report)) = candidate(&with(kind, 1, mb, parts.clone()))
-            {
-                let refit = if cand.fits { None } else { refit(&c, &parts, &report) };
-                tried.push((parts, cand));
-                if let Some(parts) = refit
-                    && let Some((cand, _)) = candidate(&with(kind, 1, mb, parts.clone()))
-                {
-                    tried.push((parts, cand));
-                }
-            }
-            if layers >= s.plan.pp && !tried.iter().any(|(_, c)| c.fits) {
-                let parts = crate::plan::Plan::uniform_partition(layers, s.plan.pp);
-                if !tried.iter().any(|(p, _)| *p == parts)
-                    && let Some((cand, _)) = candidate(&with(kind, 1, mb, parts.clone()))
-                {
-                    tried.push((parts, cand));
-                }
-            }
-            let Some(chosen) = tried.iter().position(|(_, c)| c.fits).or((!tried.is_empty()).then_some(0)) else {
-                continue;
-            };
-            let chosen = tried.swap_remove(chosen).1;
-            candidates.push(chosen);
+            jobs.push((kind, mb));
         }
     }
+    let explore_one = |&(kind, mb): &(ScheduleKind, u32)| -> Option<Candidate> {
+        let mut c = with(kind, 1, mb, Vec::new());
+        c.plan.partition_policy = Some(PartitionPolicy::Balanced);
+        let mut tried: Vec<(Vec<u32>, Candidate)> = Vec::new();
+        // The balanced partition; where the simulation says it does not fit, the balanced
+        // partition under the simulator's memory (see `refit`); then the uniform one.
+        if let Ok(parts) = resolve(&c)
+            && let Some((cand, report)) = candidate(&with(kind, 1, mb, parts.clone()))
+        {
+            let refit = if cand.fits { None } else { refit(&c, &parts, &report) };
+            tried.push((parts, cand));
+            if let Some(parts) = refit
+                && let Some((cand, _)) = candidate(&with(kind, 1, mb, parts.clone()))
+            {
+                tried.push((parts, cand));
+            }
+        }
+        if layers >= s.plan.pp && !tried.iter().any(|(_, c)| c.fits) {
+            let parts = crate::plan::Plan::uniform_partition(layers, s.plan.pp);
+            if !tried.iter().any(|(p, _)| *p == parts)
+                && let Some((cand, _)) = candidate(&with(kind, 1, mb, parts.clone()))
+            {
+                tried.push((parts, cand));
+            }
+        }
+        let chosen = tried.iter().position(|(_, c)| c.fits).or((!tried.is_empty()).then_some(0))?;
+        Some(tried.swap_remove(chosen).1)
+    };
+    let mut candidates: Vec<Candidate> = parallel_map(&jobs, explore_one).into_iter().flatten().collect();
     // The scenario's own schedule and partition, where the loop above did not cover them.
     let uneven = s.plan.partition != crate::plan::Plan::uniform_partition(layers, s.plan.chunks());
     let own = s.plan.partition_policy.is_none()
@@ -396,7 +425,7 @@ pub fn explore(s: &Scenario) -> Exploration {
             || s.plan.virtual_stages > 1
             || !matches!(s.plan.schedule, ScheduleKind::GPipe | ScheduleKind::OneFOneB));
     if own && s.plan.token_slices.is_none() {
-        for &mb in &sizes {
+        let own_one = |&mb: &u32| -> Option<Candidate> {
             let c = with(s.plan.schedule, s.plan.virtual_stages, mb, s.plan.partition.clone());
             let shape = crate::schedule::ScheduleShape {
                 stages: c.plan.pp,
@@ -405,12 +434,11 @@ pub fn explore(s: &Scenario) -> Exploration {
             };
             let two_bw_short = c.plan.schedule == ScheduleKind::TwoBW && c.plan.micro_batches < c.plan.pp;
             if crate::schedule::validate(c.plan.schedule, shape).is_err() || two_bw_short {
-                continue;
+                return None;
             }
-            if let Some((cand, _)) = candidate(&c) {
-                candidates.push(cand);
-            }
-        }
+            candidate(&c).map(|(cand, _)| cand)
+        };
+        candidates.extend(parallel_map(&sizes, own_one).into_iter().flatten());
     }
     let best = candidates
         .iter()

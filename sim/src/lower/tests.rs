@@ -202,3 +202,32 @@ fn a_chunk_move_costs_its_bytes_over_the_link() {
     }
     assert!(moves > 0);
 }
+
+/// A scenario of GPT (4 layers, h=1024) on two DGX A100 nodes with `framework` and `plan`.
+fn with_framework(framework: &str, plan: &str) -> scenario::Scenario {
+    let text = format!(
+        r#"{{"workload": {GPT}, "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
+            "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512, "framework": {framework}}},
+            "plan": {plan}}}"#
+    );
+    scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Framework behaviours reach the timeline: reducing gradients after backward (Megatron-LM
+/// 2021) exposes what DDP's buckets hide, fp32 reduction moves twice the bytes of bf16, and
+/// ZeRO-3 without prefetch waits for every gather.
+#[test]
+fn framework_profiles_change_when_communication_runs() {
+    let dp = r#"{"dp": 16}"#;
+    let it = |fw: &str, plan: &str| crate::simulate(&with_framework(fw, plan), false).report.iteration_s;
+    let overlapped =
+        it(r#"{"name": "megatron-lm-2021", "grad_reduce": "overlapped", "grad_reduce_dtype": "params"}"#, dp);
+    let after = it(r#"{"name": "megatron-lm-2021", "grad_reduce_dtype": "params"}"#, dp);
+    assert!(after > overlapped, "after backward {after} vs overlapped {overlapped}");
+    let fp32 = it(r#""megatron-lm-2021""#, dp);
+    assert!(fp32 > after, "fp32 reduction {fp32} vs bf16 {after}");
+    let z3 = r#"{"dp": 16, "zero_stage": 3}"#;
+    let none = it(r#"{"name": "pytorch-fsdp", "gather_prefetch": 0}"#, z3);
+    let one = it(r#""pytorch-fsdp""#, z3);
+    assert!(none > one, "no prefetch {none} vs one layer {one}");
+}

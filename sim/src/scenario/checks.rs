@@ -25,6 +25,28 @@ pub(super) fn check_fp8(cluster: &ClusterSpec, training: &Training) -> Result<()
     }
 }
 
+/// FlashAttention-3 is written for Hopper's tensor-memory accelerator and warp-group MMA
+/// (Dao-AILab/flash-attention README: "FlashAttention-3 ... optimized for Hopper GPUs (e.g.
+/// H100)"); on another device the kernel named does not exist, and timing it at
+/// FlashAttention-2's rates would be a silent substitution.
+pub(super) fn check_attention(cluster: &ClusterSpec, training: &Training) -> Result<()> {
+    use crate::hardware::kernels::{Attention, FlashKernel, GpuArch, arch_of};
+    if training.attention != Some(Attention::Fused(FlashKernel::V3)) {
+        return Ok(());
+    }
+    match cluster.classes().find(|d| arch_of(d) != Some(GpuArch::Hopper)) {
+        None => Ok(()),
+        Some(d) => Err(invalid(
+            "training.attention",
+            format!(
+                "\"flash3\" (FlashAttention-3) runs on Hopper GPUs (H100, H200) only, and device {} is not one; \
+                 use \"flash\" (the device's generation), \"flash2\", \"cudnn\" or \"naive\"",
+                d.name
+            ),
+        )),
+    }
+}
+
 /// Notes on a plan outside common practice: tensor parallelism across nodes.
 pub(super) fn plan_notes(plan: &Plan, cluster: &ClusterSpec) -> Vec<String> {
     let mut notes = Vec::new();

@@ -68,7 +68,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         "fp32" => Some(ReduceDtype::Fp32),
         _ => None,
     })?;
-    let gather_prefetch = f.uint("gather_prefetch")?;
+    let gather_prefetch = f.count("gather_prefetch")?;
     if let Some(p) = gather_prefetch
         && p > 64
     {

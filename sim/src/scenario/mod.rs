@@ -151,6 +151,7 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     let cluster = cluster::parse_cluster(&root.req("cluster", Obj::obj)?)?;
     let training = training::parse_training(&root.req("training", Obj::obj)?, &workload, &mut defaults)?;
     checks::check_fp8(&cluster, &training)?;
+    checks::check_attention(&cluster, &training)?;
     let plan_obj = root.req("plan", Obj::obj)?;
     let plan = plan::parse_plan(&plan_obj, &workload, &cluster, &training, &mut defaults)?;
     let freeze = run::parse_freeze(&plan_obj, &workload, run.as_ref(), load)?;

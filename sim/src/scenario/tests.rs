@@ -90,3 +90,32 @@ fn misspelled_values_get_a_suggestion() {
         assert!(e.contains(path) && e.contains(&format!("did you mean `{want}`?")), "{path}: {e}");
     }
 }
+
+/// A framework is a name from the list or an object naming one; a near miss gets a suggestion,
+/// and an unknown knob is refused with its path.
+#[test]
+fn frameworks_are_checked_where_they_are_read() {
+    let e = error(|v| v["training"]["framework"] = json!("megatron-cor"));
+    assert!(e.contains("training.framework") && e.contains("did you mean `megatron-core`"), "{e}");
+    let e = error(|v| v["training"]["framework"] = json!({"name": "deepspeed", "prefetch": 2}));
+    assert!(e.contains("training.framework.prefetch"), "{e}");
+    let e = error(|v| v["training"]["framework"] = json!({"grad_reduce": "overlapped"}));
+    assert!(e.contains("training.framework.name"), "{e}");
+    let mut v = base();
+    v["training"]["framework"] = json!({"name": "megatron-lm-2021", "grad_reduce_dtype": "params"});
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!(s.plan.framework.name, "megatron-lm-2021");
+    assert_eq!(s.plan.framework.grad_reduce, crate::framework::GradReduce::AfterBackward);
+    assert_eq!(s.plan.framework.grad_reduce_dtype, crate::framework::ReduceDtype::Params);
+}
+
+/// FlashAttention-3 exists for Hopper only: named on an A100 it is refused, on an H100 run.
+#[test]
+fn flash3_needs_a_hopper_gpu() {
+    let e = error(|v| v["training"]["attention"] = json!("flash3"));
+    assert!(e.contains("training.attention") && e.contains("Hopper"), "{e}");
+    let mut v = base();
+    v["training"]["attention"] = json!("flash3");
+    v["cluster"]["node"] = json!("dgx-h100");
+    parse(&v.to_string(), &|_| Err("no files".into())).expect("flash3 on H100");
+}
