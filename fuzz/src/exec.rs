@@ -14,9 +14,9 @@ const KEEP_BYTES: usize = 8 << 20;
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub timeout: Duration,
-    /// Wall-clock limit of a `capacity` run: a search of dozens of whole simulations, each
-    /// seconds on a large cluster.
-    pub capacity_timeout: Duration,
+    /// Wall-clock limit of a `capacity` or `partition` run: a search over dozens of whole
+    /// simulations, each seconds on a large cluster.
+    pub search_timeout: Duration,
     /// Address-space limit in MiB (`ulimit -v`); 0 = none.
     pub mem_mib: u64,
 }
@@ -86,8 +86,8 @@ pub fn run(bin: &Path, args: &[String], dir: &Path, limits: Limits) -> std::io::
         if let Some(s) = child.try_wait()? {
             break s;
         }
-        let limit =
-            if args.first().map(String::as_str) == Some("capacity") { limits.capacity_timeout } else { limits.timeout };
+        let search = matches!(args.first().map(String::as_str), Some("capacity" | "partition"));
+        let limit = if search { limits.search_timeout } else { limits.timeout };
         if start.elapsed() >= limit {
             timed_out = true;
             let _ = child.kill();
@@ -114,7 +114,7 @@ mod tests {
     #[test]
     fn a_run_past_its_limit_is_killed_and_marked() {
         let limits =
-            Limits { timeout: Duration::from_millis(200), capacity_timeout: Duration::from_millis(200), mem_mib: 0 };
+            Limits { timeout: Duration::from_millis(200), search_timeout: Duration::from_millis(200), mem_mib: 0 };
         let o = run(Path::new("sleep"), &["5".into()], Path::new("."), limits).unwrap();
         assert!(o.timed_out);
         assert!(o.wall_s < 4.0, "killed at {} s", o.wall_s);
@@ -123,8 +123,7 @@ mod tests {
 
     #[test]
     fn exit_code_and_streams_are_captured() {
-        let limits =
-            Limits { timeout: Duration::from_secs(10), capacity_timeout: Duration::from_secs(10), mem_mib: 512 };
+        let limits = Limits { timeout: Duration::from_secs(10), search_timeout: Duration::from_secs(10), mem_mib: 512 };
         let args = ["-c".to_string(), "echo out; echo err >&2; exit 3".to_string()];
         let o = run(Path::new("sh"), &args, Path::new("."), limits).unwrap();
         assert_eq!((o.code, o.timed_out), (Some(3), false));

@@ -47,9 +47,10 @@ struct Args {
     /// Wall-clock limit of one run, seconds
     #[arg(long, default_value_t = 20.0)]
     timeout: f64,
-    /// Wall-clock limit of one `capacity` run (a search over many whole simulations), seconds
+    /// Wall-clock limit of one `capacity` or `partition` run (searches over many whole
+    /// simulations), seconds
     #[arg(long, default_value_t = 600.0)]
-    capacity_timeout: f64,
+    search_timeout: f64,
     /// Address-space limit of one run, MiB (ulimit -v); 0 = none
     #[arg(long, default_value_t = 4096)]
     mem_mib: u64,
@@ -87,7 +88,7 @@ fn main() -> ExitCode {
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
     let limits = exec::Limits {
         timeout: Duration::from_secs_f64(args.timeout),
-        capacity_timeout: Duration::from_secs_f64(args.capacity_timeout),
+        search_timeout: Duration::from_secs_f64(args.search_timeout),
         mem_mib: args.mem_mib,
     };
     let mix = case::Mix { capacity_fraction: args.capacity_fraction };

@@ -96,13 +96,20 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
     cpu.mem_bandwidth_bytes_per_s /= share;
     let host = cost::ComputeModel::new(&cpu, hardware::Precision::Fp32, None);
     let nvme_bytes_per_s = node.host.nvme_bandwidth_bytes_per_s / share;
+    // Devices of one model differ in speed, and every iteration ends with a synchronisation
+    // over all of them (the gradient reduction, the pipeline flush): each device's work takes
+    // as long as the slowest device's, the expected maximum of N draws.
+    let slowest = scenario::expected_max_std_normal(s.cluster.device_count() as u64);
+    let straggle: Vec<f64> = (0..=s.cluster.overrides.len() as u16)
+        .map(|cl| 1.0 + s.options.device_variability(s.cluster.class(cl)) * slowest)
+        .collect();
     p.ops
         .iter()
         .map(|o| {
             let seconds = if o.on_host {
                 host.op_s(&o.spec, o.backward).max(o.nvme_bytes / nvme_bytes_per_s)
             } else {
-                models[o.class as usize].op_s(&o.spec, o.backward)
+                models[o.class as usize].op_s(&o.spec, o.backward) * straggle[o.class as usize]
             };
             duration_ns(seconds)
         })

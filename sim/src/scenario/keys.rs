@@ -13,7 +13,8 @@ pub const ROOT: &[&str] = &["name", "description", "workload", "cluster", "train
 pub const RUN: &[&str] = &["dataset_samples", "epochs"];
 
 /// `simulation`: how the engine models the run.
-pub const SIMULATION: &[&str] = &["network", "symmetry", "framework_overhead_bytes", "host_op_s", "memory_headroom"];
+pub const SIMULATION: &[&str] =
+    &["network", "symmetry", "framework_overhead_bytes", "host_op_s", "memory_headroom", "device_variability"];
 
 /// `workload`: exactly one of `preset`, `transformer`, `hf_config`.
 pub const WORKLOAD: &[&str] = &["preset", "transformer", "hf_config", "name"];

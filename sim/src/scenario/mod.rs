@@ -25,7 +25,10 @@ mod tests;
 mod training;
 mod workload;
 
-pub use options::{DEFAULT_GPU_HOST_OP_S, DEFAULT_GPU_MEMORY_HEADROOM, SimOptions};
+pub use options::{
+    DEFAULT_GPU_DEVICE_VARIABILITY, DEFAULT_GPU_HOST_OP_S, DEFAULT_GPU_MEMORY_HEADROOM, SimOptions,
+    expected_max_std_normal,
+};
 pub use reader::{Result, ScenarioError};
 pub use run::{FreezePolicy, FreezeSpec, RunSpec};
 pub use training::Training;
@@ -163,6 +166,12 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     if options.memory_headroom.is_none() && cluster.has_kind(DeviceKind::Gpu) {
         defaults.push(format!(
             "simulation.memory_headroom = {DEFAULT_GPU_MEMORY_HEADROOM} (GPU memory kept free for the caching allocator)"
+        ));
+    }
+    if options.device_variability.is_none() && cluster.has_kind(DeviceKind::Gpu) && cluster.device_count() > 1 {
+        defaults.push(format!(
+            "simulation.device_variability = {} (GPU speed spread; every step waits for the slowest device)",
+            options::DEFAULT_GPU_DEVICE_VARIABILITY
         ));
     }
     let scenario = Scenario {

@@ -119,3 +119,13 @@ fn flash3_needs_a_hopper_gpu() {
     v["cluster"]["node"] = json!("dgx-h100");
     parse(&v.to_string(), &|_| Err("no files".into())).expect("flash3 on H100");
 }
+
+/// The expected maximum of N standard normal draws against tabulated order statistics
+/// (Harter 1961): 0.5642 (2), 1.5388 (10), 2.5076 (100), 3.2414 (1000).
+#[test]
+fn expected_maximum_of_normal_draws() {
+    for (n, want) in [(1u64, 0.0), (2, 0.5642), (10, 1.5388), (100, 2.5076), (1000, 3.2414)] {
+        let got = super::expected_max_std_normal(n);
+        assert!((got - want).abs() < 1e-3, "n = {n}: {got} vs {want}");
+    }
+}
