@@ -2,7 +2,7 @@
 //! parts that a plan cannot have are zero, slower links expose more communication, and HFU
 //! counts recomputation.
 
-use crate::util::{TempDir, repo, run, scenario, simulate, small_transformer, stdout};
+use crate::util::{TempDir, repo, run, scenario, simulate, small_transformer, stdout, with_intra_node_bandwidth};
 use serde_json::{Value, json};
 use sim::report::Report;
 use sim::report::breakdown::DeviceTime;
@@ -101,14 +101,6 @@ fn a_plan_without_pipeline_has_no_bubble_and_without_data_parallelism_no_dp_expo
     assert_eq!(r.plan.dp, 1);
     assert_eq!(most(&r, "exposed_dp_comm_s"), 0.0, "{:?}", r.time_breakdown);
     assert_eq!(most(&r, "offload_wait_s"), 0.0, "{:?}", r.time_breakdown);
-}
-
-/// A DGX A100 80GB node whose NVLink is replaced by a link of `bandwidth` bytes/s.
-fn with_intra_node_bandwidth(text: &str, bandwidth: f64) -> String {
-    let mut v: Value = serde_json::from_str(text).unwrap();
-    v["cluster"]["node"] = json!({"preset": "dgx-a100-80gb",
-                                  "intra_node": {"bandwidth_bytes_per_s": bandwidth, "latency_s": 2e-6}});
-    v.to_string()
 }
 
 #[test]

@@ -1,20 +1,14 @@
 //! Properties of simulated reports on small scenarios (one or two DGX A100 80GB nodes, small
 //! custom transformers), through `sim::scenario::parse` and `sim::simulate`.
 
-use crate::util::{self, TempDir, num, run, scenario, simulate, small_transformer, stderr, stdout};
+use crate::util::{
+    self, TempDir, num, run, scenario, simulate, small_transformer, stderr, stdout, with_intra_node_bandwidth,
+};
 use serde_json::{Value, json};
 
 fn training(global_batch: u32, micro_batch: u32, seq_len: u32) -> Value {
     json!({"global_batch": global_batch, "micro_batch": micro_batch, "seq_len": seq_len,
            "precision": "bf16", "optimizer": "adam"})
-}
-
-/// A DGX A100 80GB node whose NVLink is replaced by a link of `bandwidth` bytes/s.
-fn with_intra_node_bandwidth(text: &str, bandwidth: f64) -> String {
-    let mut v: Value = serde_json::from_str(text).unwrap();
-    v["cluster"]["node"] = json!({"preset": "dgx-a100-80gb",
-                                  "intra_node": {"bandwidth_bytes_per_s": bandwidth, "latency_s": 2e-6}});
-    v.to_string()
 }
 
 /// (a) Iteration time never grows with the intra-node bandwidth, and does shrink overall.

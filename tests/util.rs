@@ -131,3 +131,11 @@ pub fn scenario(workload: Value, nodes: u32, training: Value, plan: Value) -> St
 pub fn run_cli(args: &[&str]) -> Output {
     bin().args(args).output().expect("run trainsim")
 }
+
+/// A DGX A100 80GB node whose NVLink is replaced by a link of `bandwidth` bytes/s.
+pub fn with_intra_node_bandwidth(text: &str, bandwidth: f64) -> String {
+    let mut v: Value = serde_json::from_str(text).unwrap();
+    v["cluster"]["node"] = serde_json::json!({"preset": "dgx-a100-80gb",
+                                  "intra_node": {"bandwidth_bytes_per_s": bandwidth, "latency_s": 2e-6}});
+    v.to_string()
+}

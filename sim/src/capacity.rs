@@ -295,8 +295,8 @@ fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32) -> Option<u32> {
         }
         // False position can creep from one side; bisect when it did not halve the bracket.
         if hi.0 - lo.0 > width / 2 && hi.0 - lo.0 > 1 {
-            let p = at(lo.0 + (hi.0 - lo.0) / 2);
             let h = lo.0 + (hi.0 - lo.0) / 2;
+            let p = at(h);
             if p.fits { lo = (h, p.pressure) } else { hi = (h, p.pressure) }
         }
     }

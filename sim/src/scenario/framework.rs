@@ -13,7 +13,7 @@ use crate::framework::{self, Framework, Gather, GradReduce, PlanTraits, ReduceDt
 use serde_json::Value;
 
 /// A framework as written: its name and the knobs the scenario sets.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct FrameworkSpec {
     name: String,
     grad_reduce: Option<GradReduce>,
@@ -42,15 +42,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
     let path = o.key("framework");
     if v.is_string() {
         let name = name_of(v, &path)?;
-        return Ok(Some(FrameworkSpec {
-            name,
-            grad_reduce: None,
-            gather_prefetch: None,
-            param_gather_overlap: None,
-            tp_comm_overlap: None,
-            grad_reduce_dtype: None,
-            fused: Vec::new(),
-        }));
+        return Ok(Some(FrameworkSpec { name, ..FrameworkSpec::default() }));
     }
     let f = Obj::new(v, &path)?;
     f.only(keys::FRAMEWORK)?;
