@@ -262,7 +262,11 @@ pub struct Candidate {
 #[derive(Clone, Debug, Serialize)]
 pub struct Exploration {
     pub best: Option<Candidate>,
+    /// The simulated plans, in the order explored (schedule, then micro-batch size).
     pub candidates: Vec<Candidate>,
+    /// How many plans (schedule, micro-batch size) the partition objective ranked; the
+    /// `candidates` are the ones simulated.
+    pub explored: usize,
     /// Data parallelism over all the devices (no pipeline), if it fits; and the plan's own
     /// schedule with the uniform partition.
     /// (Absent when the baseline does not fit or cannot be formed.)
@@ -358,13 +362,107 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
     out.into_iter().map(|(_, r)| r).collect()
 }
 
-/// BaPipe's exploration: every schedule in {GPipe, 1F1B, 2BW}, every micro-batch size that
-/// divides a replica's batch, the balanced partition for it, simulated; where the simulation
-/// says it does not fit, the balanced partition under the simulator's memory ([`refit`]), then
-/// the uniform partition. The scenario's own schedule (interleaved, flush)
-/// and partition are explored as well, so a plan the simulator accepts is always found. The
-/// best time per sample among the plans that fit.
+/// How many of each schedule's most promising plans are simulated (before more, when none of
+/// them fits).
+pub const SIMULATED_PER_SCHEDULE: usize = 3;
+
+/// One plan of the exploration before simulation: its schedule, chunks per stage and
+/// micro-batch size, and the partition objective's estimate of its time per sample.
+#[derive(Clone, Copy)]
+struct Job {
+    kind: ScheduleKind,
+    virtual_stages: u32,
+    micro_batch: u32,
+    /// The scenario's own schedule and partition (else the balanced partition).
+    own: bool,
+    /// The objective's estimate of seconds per sample: each stage's time per micro-batch
+    /// (compute, or the boundary transfer when slower) times the pipeline's slots (see
+    /// [`estimate_per_sample_s`]); infinite when no partition fits the objective's memory.
+    estimate_s: f64,
+}
+
+/// The partition objective's estimate for `c` (a scenario with its schedule, micro-batching and
+/// partition resolved): the slowest stage's time per micro-batch, each stage summing its
+/// chunks, times the pipeline's slots, per sample of the replica. A flushed schedule takes
+/// `m + (p − 1)/v` slots (its fill and drain); PipeDream-2BW, which never flushes, `m` in the
+/// steady state the simulator reports.
+fn estimate_per_sample_s(c: &Scenario) -> f64 {
+    let plan = &c.plan;
+    let devices = stage_devices(c);
+    let layers = layer_profiles(c);
+    let chunk_devices: Vec<StageDevice> = (0..plan.chunks()).map(|k| devices[(k % plan.pp) as usize].clone()).collect();
+    let valid = plan.partition.len() == chunk_devices.len()
+        && plan.partition.iter().all(|&n| n > 0)
+        && plan.partition.iter().map(|&n| n as usize).sum::<usize>() == layers.len();
+    if !valid {
+        return f64::INFINITY;
+    }
+    let (est, fits) =
+        partition::evaluate(&layers, &chunk_devices, plan.micro_batches, stash_rule(plan.schedule), &plan.partition);
+    if !fits {
+        return f64::INFINITY;
+    }
+    let mut per_stage = vec![0.0; plan.pp as usize];
+    for (k, st) in est.stages.iter().enumerate() {
+        per_stage[k % plan.pp as usize] += st.time_s;
+    }
+    let slowest = per_stage.iter().copied().fold(0.0, f64::max);
+    let v = f64::from(plan.virtual_stages.max(1));
+    let fill = if plan.schedule == ScheduleKind::TwoBW { 0.0 } else { f64::from(plan.pp - 1) / v };
+    let slots = f64::from(plan.micro_batches) + fill;
+    slowest * slots / f64::from(plan.micro_batches * plan.micro_batch)
+}
+
+/// `f` over the jobs in order of promise (estimate, then position), results at the jobs'
+/// positions (`None` where not run): each schedule's `per_schedule` most promising plans first, then, while none of the results fits, the rest in rounds of that size. The
+/// rounds are fixed, so which jobs run never depends on the thread count.
+fn simulate_in_order(
+    jobs: &[Job],
+    per_schedule: usize,
+    f: impl Fn(&Job) -> Option<Candidate> + Sync,
+) -> Vec<Option<Candidate>> {
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| jobs[a].estimate_s.total_cmp(&jobs[b].estimate_s).then(a.cmp(&b)));
+    let mut first: Vec<usize> = Vec::new();
+    for &i in &order {
+        let key = (jobs[i].kind, jobs[i].own);
+        if first.iter().filter(|&&j| (jobs[j].kind, jobs[j].own) == key).count() < per_schedule {
+            first.push(i);
+        }
+    }
+    let rest: Vec<usize> = order.iter().copied().filter(|i| !first.contains(i)).collect();
+    let mut out: Vec<Option<Candidate>> = vec![None; jobs.len()];
+    let run = |batch: &[usize], out: &mut Vec<Option<Candidate>>| {
+        let picked: Vec<Job> = batch.iter().map(|&i| jobs[i]).collect();
+        for (&i, r) in batch.iter().zip(parallel_map(&picked, &f)) {
+            out[i] = r;
+        }
+    };
+    run(&first, &mut out);
+    for round in rest.chunks(per_schedule.max(1)) {
+        if out.iter().flatten().any(|c| c.fits) {
+            break;
+        }
+        run(round, &mut out);
+    }
+    out
+}
+
+/// BaPipe's exploration: every schedule in {GPipe, 1F1B, 2BW} with every micro-batch size
+/// that divides a replica's batch and the balanced partition for it, and the scenario's own
+/// schedule (interleaved, flush) and partition with each size. The partition objective ranks
+/// them all (see [`estimate_per_sample_s`]); each schedule's [`SIMULATED_PER_SCHEDULE`] most
+/// promising are simulated, then more, in order, until one fits, so a plan the simulator
+/// accepts is always found. A simulated balanced plan that does
+/// not fit is retried with the balanced partition under the simulator's memory ([`refit`]),
+/// then the uniform partition. The best time per sample among the simulated plans that fit.
 pub fn explore(s: &Scenario) -> Exploration {
+    explore_with(s, SIMULATED_PER_SCHEDULE)
+}
+
+/// [`explore`] simulating each schedule's `per_schedule` most promising plans first
+/// (`usize::MAX`: every plan, an exhaustive exploration).
+pub fn explore_with(s: &Scenario, per_schedule: usize) -> Exploration {
     let per_replica = s.training.global_batch / s.plan.dp;
     let layers = active_layers(s);
     let sizes: Vec<u32> = (1..=per_replica).filter(|b| per_replica.is_multiple_of(*b)).collect();
@@ -379,6 +477,11 @@ pub fn explore(s: &Scenario) -> Exploration {
         c.plan.partition_policy = None;
         c
     };
+    let balanced_for = |kind: ScheduleKind, mb: u32| -> Result<Vec<u32>, String> {
+        let mut c = with(kind, 1, mb, Vec::new());
+        c.plan.partition_policy = Some(PartitionPolicy::Balanced);
+        resolve(&c)
+    };
     let mut jobs = Vec::new();
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::TwoBW] {
         for &mb in &sizes {
@@ -386,10 +489,44 @@ pub fn explore(s: &Scenario) -> Exploration {
             if kind == ScheduleKind::TwoBW && per_replica / mb < s.plan.pp {
                 continue;
             }
-            jobs.push((kind, mb));
+            let estimate_s =
+                balanced_for(kind, mb).map_or(f64::INFINITY, |parts| estimate_per_sample_s(&with(kind, 1, mb, parts)));
+            jobs.push(Job { kind, virtual_stages: 1, micro_batch: mb, own: false, estimate_s });
         }
     }
-    let explore_one = |&(kind, mb): &(ScheduleKind, u32)| -> Option<Candidate> {
+    // The scenario's own schedule and partition, where the loop above does not cover them.
+    let uneven = s.plan.partition != crate::plan::Plan::uniform_partition(layers, s.plan.chunks());
+    let own = s.plan.partition_policy.is_none()
+        && (uneven
+            || s.plan.virtual_stages > 1
+            || !matches!(s.plan.schedule, ScheduleKind::GPipe | ScheduleKind::OneFOneB));
+    if own && s.plan.token_slices.is_none() {
+        for &mb in &sizes {
+            let c = with(s.plan.schedule, s.plan.virtual_stages, mb, s.plan.partition.clone());
+            let shape = crate::schedule::ScheduleShape {
+                stages: c.plan.pp,
+                micro_batches: c.plan.micro_batches,
+                virtual_stages: c.plan.virtual_stages,
+            };
+            let two_bw_short = c.plan.schedule == ScheduleKind::TwoBW && c.plan.micro_batches < c.plan.pp;
+            if crate::schedule::validate(c.plan.schedule, shape).is_err() || two_bw_short {
+                continue;
+            }
+            let estimate_s = estimate_per_sample_s(&c);
+            jobs.push(Job {
+                kind: s.plan.schedule,
+                virtual_stages: s.plan.virtual_stages,
+                micro_batch: mb,
+                own: true,
+                estimate_s,
+            });
+        }
+    }
+    let explore_one = |job: &Job| -> Option<Candidate> {
+        let (kind, mb) = (job.kind, job.micro_batch);
+        if job.own {
+            return candidate(&with(kind, job.virtual_stages, mb, s.plan.partition.clone())).map(|(cand, _)| cand);
+        }
         let mut c = with(kind, 1, mb, Vec::new());
         c.plan.partition_policy = Some(PartitionPolicy::Balanced);
         let mut tried: Vec<(Vec<u32>, Candidate)> = Vec::new();
@@ -417,29 +554,9 @@ pub fn explore(s: &Scenario) -> Exploration {
         let chosen = tried.iter().position(|(_, c)| c.fits).or((!tried.is_empty()).then_some(0))?;
         Some(tried.swap_remove(chosen).1)
     };
-    let mut candidates: Vec<Candidate> = parallel_map(&jobs, explore_one).into_iter().flatten().collect();
-    // The scenario's own schedule and partition, where the loop above did not cover them.
-    let uneven = s.plan.partition != crate::plan::Plan::uniform_partition(layers, s.plan.chunks());
-    let own = s.plan.partition_policy.is_none()
-        && (uneven
-            || s.plan.virtual_stages > 1
-            || !matches!(s.plan.schedule, ScheduleKind::GPipe | ScheduleKind::OneFOneB));
-    if own && s.plan.token_slices.is_none() {
-        let own_one = |&mb: &u32| -> Option<Candidate> {
-            let c = with(s.plan.schedule, s.plan.virtual_stages, mb, s.plan.partition.clone());
-            let shape = crate::schedule::ScheduleShape {
-                stages: c.plan.pp,
-                micro_batches: c.plan.micro_batches,
-                virtual_stages: c.plan.virtual_stages,
-            };
-            let two_bw_short = c.plan.schedule == ScheduleKind::TwoBW && c.plan.micro_batches < c.plan.pp;
-            if crate::schedule::validate(c.plan.schedule, shape).is_err() || two_bw_short {
-                return None;
-            }
-            candidate(&c).map(|(cand, _)| cand)
-        };
-        candidates.extend(parallel_map(&sizes, own_one).into_iter().flatten());
-    }
+    let explored = jobs.len();
+    let candidates: Vec<Candidate> =
+        simulate_in_order(&jobs, per_schedule, explore_one).into_iter().flatten().collect();
     let best = candidates
         .iter()
         .filter(|c| c.fits)
@@ -470,6 +587,7 @@ pub fn explore(s: &Scenario) -> Exploration {
     });
     let speedup = |base: Option<f64>| base.zip(best.as_ref()).map(|(b, c)| b / c.time_per_sample_s);
     Exploration {
+        explored,
         speedup_vs_data_parallel: speedup(dp),
         speedup_vs_uniform_gpipe: speedup(uniform),
         data_parallel_time_per_sample_s: dp,

@@ -155,6 +155,10 @@ struct Engine<'a> {
     cur_buf: Vec<f64>,
     /// Live activation bytes per device by (tag, micro-batch).
     live: Vec<std::collections::BTreeMap<(u32, u32), f64>>,
+    /// A device's peak was reached and `live` has not changed since: its `peak_live` is copied
+    /// from `live` only before the next change that sets no new peak, or at the end (copying
+    /// at every new peak is quadratic in the micro-batches under GPipe).
+    peak_pending: Vec<bool>,
     res: RunResult,
     flows: u64,
     /// Host issue model: when each simulated device's host thread is next free, each task's
@@ -229,6 +233,7 @@ pub fn run(
         cur_act: vec![0.0; nd],
         cur_buf: vec![0.0; nd],
         live: vec![std::collections::BTreeMap::new(); nd],
+        peak_pending: vec![false; nd],
         res: RunResult {
             compute_busy_ns: vec![0; nd],
             pipeline_end_ns: vec![0; nd],
@@ -273,6 +278,9 @@ pub fn run(
     }
     if e.overflow {
         return Err(RunError::TimeOverflow);
+    }
+    for d in 0..nd {
+        e.settle_peak(d);
     }
     let unfinished = e.pos.iter().zip(&p.streams).filter(|(pos, s)| (**pos as usize) < s.len()).count();
     assert_eq!(unfinished, 0, "deadlock: {unfinished} streams did not finish (a lowering bug)");
@@ -364,6 +372,9 @@ impl<'a> Engine<'a> {
             m = ev.next;
             if ev.at_end == at_end {
                 let d = ev.device as usize;
+                if !self.is_new_peak(d, ev.activation_bytes, ev.buffer_bytes) {
+                    self.settle_peak(d);
+                }
                 let key = (ev.tag, mb);
                 let v = self.live[d].entry(key).or_insert(0.0);
                 *v += ev.activation_bytes;
@@ -375,15 +386,28 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Whether adding these bytes to device `d` sets a new peak (the test `apply_memory` makes).
+    fn is_new_peak(&self, d: usize, activation_bytes: f64, buffer_bytes: f64) -> bool {
+        let total = (self.cur_act[d] + activation_bytes) + (self.cur_buf[d] + buffer_bytes);
+        total > self.res.peak_activations[d] + self.res.peak_buffers[d]
+    }
+
+    /// Copies device `d`'s live activations at its peak, if the peak is still the current state.
+    fn settle_peak(&mut self, d: usize) {
+        if std::mem::take(&mut self.peak_pending[d]) {
+            self.res.peak_live[d] = self.live[d].iter().map(|(&(tag, mb), &b)| (tag, mb, b)).collect();
+        }
+    }
+
     fn apply_memory(&mut self, d: usize, activation_bytes: f64, buffer_bytes: f64, now: u64) {
+        let new_peak = self.is_new_peak(d, activation_bytes, buffer_bytes);
         self.cur_act[d] += activation_bytes;
         self.cur_buf[d] += buffer_bytes;
-        let total = self.cur_act[d] + self.cur_buf[d];
-        if total > self.res.peak_activations[d] + self.res.peak_buffers[d] {
+        if new_peak {
             self.res.peak_activations[d] = self.cur_act[d];
             self.res.peak_buffers[d] = self.cur_buf[d];
             self.res.peak_time_ns[d] = now;
-            self.res.peak_live[d] = self.live[d].iter().map(|(&(tag, mb), &b)| (tag, mb, b)).collect();
+            self.peak_pending[d] = true;
         }
         if self.opts.record {
             self.res.timeline.memory.push(MemorySample {
