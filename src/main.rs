@@ -24,6 +24,7 @@ mod memory_plot;
 mod nccl_test;
 mod outputs;
 mod summary;
+mod train_run;
 mod validate_plot;
 
 #[cfg(test)]
@@ -186,16 +187,26 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
-    /// Simulate a whole training run with freezing and elastic pipelines (PipeTransformer).
+    /// Simulate a whole training run: its epochs (with freezing and elastic pipelines,
+    /// PipeTransformer, when the plan asks), then failures, checkpoints and restarts over it in
+    /// seeded Monte Carlo runs: days, GPU-hours, goodput, cost.
     TrainRun {
         /// The scenario (JSON; docs/scenario.md), with "run" and optionally "plan.freeze".
         scenario: PathBuf,
         /// Print the run as one JSON object (docs/report.md).
         #[arg(long)]
         json: bool,
-        /// Write CSVs and plots (throughput, K and R per epoch, the speedup breakdown) here.
+        /// Write CSVs and plots (throughput, K and R per epoch, the speedup breakdown, the
+        /// run's progress, the distribution of its completion time) here.
         #[arg(long, value_name = "DIR")]
         plot: Option<PathBuf>,
+        /// Seeded runs of failures and checkpoints to draw (1 to 100000); with more than one,
+        /// days, GPU-hours, goodput and cost are given as p50, p90 and mean.
+        #[arg(long, default_value_t = 1)]
+        runs: u32,
+        /// Price of one GPU-hour in dollars, for the run's cost.
+        #[arg(long, value_name = "DOLLARS")]
+        price_per_gpu_hour: Option<f64>,
     },
     /// Write a synthetic per-layer gradient-norm trace (epoch x layer) for plan.freeze's
     /// gradient policy: plausible, not measured (see policy::freeze::synthetic_trace).
@@ -273,7 +284,9 @@ fn main() -> ExitCode {
             exec::torch_block_cmd(&scenario, &profile, warmup, repeats, json)
         }
         Command::Slices { scenario, granularity, json } => slices(&scenario, granularity, json),
-        Command::TrainRun { scenario, json, plot } => train_run(&scenario, json, plot.as_deref()),
+        Command::TrainRun { scenario, json, plot, runs, price_per_gpu_hour } => {
+            train_run::train_run(&scenario, json, plot.as_deref(), runs, price_per_gpu_hour)
+        }
         Command::Capacity { scenario, vary, gpus, json, plot } => {
             capacity_cmd(&scenario, &vary, &gpus, json, plot.as_deref())
         }
@@ -601,102 +614,6 @@ fn capacity_cmd(path: &Path, vary: &str, gpus: &[u32], json: bool, plot: Option<
         let cells: Vec<String> =
             c.policies.iter().map(|p| format!("{} {:.1}B", p.policy, p.max_params / 1e9)).collect();
         println!("  {n:>3} GPUs: {}", cells.join(", "));
-    }
-    Ok(())
-}
-
-fn train_run(path: &Path, json: bool, plot: Option<&Path>) -> Result<(), String> {
-    let s = load_scenario(path)?;
-    if s.run.is_none() {
-        return Err(format!("{}: train-run needs \"run\": {{\"dataset_samples\": N, \"epochs\": E}}", path.display()));
-    }
-    let progress = outputs::spinner(format!(
-        "simulating {} epochs, the baseline and the breakdown",
-        s.run.as_ref().map_or(0, |r| r.epochs)
-    ));
-    let r = sim::run::try_training_run(&s);
-    progress.finish_and_clear();
-    let r = r.map_err(|e| format!("{}: {e}", path.display()))?;
-    if let Some(dir) = plot {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let mut epochs = String::from("epoch,frozen_layers,pipeline_length,replicas,samples_per_s,epoch_s\n");
-        for e in &r.epochs {
-            epochs += &format!(
-                "{},{},{},{},{:.3},{:.3}\n",
-                e.epoch, e.frozen_layers, e.pipeline_length, e.replicas, e.samples_per_s, e.epoch_s
-            );
-        }
-        let mut bars = String::from("variant,speedup\nbaseline,1.0\n");
-        for v in &r.breakdown {
-            bars += &format!("{},{:.4}\n", v.name, v.speedup);
-        }
-        let write = |name: &str, text: &str| {
-            std::fs::write(dir.join(name), text).map_err(|e| format!("cannot write {name}: {e}"))
-        };
-        write("epochs.csv", &epochs)?;
-        write("breakdown.csv", &bars)?;
-        let d = |f: &str| dir.join(f);
-        csvplot::draw(
-            &d("epochs.csv"),
-            &["samples_per_s".into()],
-            true,
-            &format!("{}: throughput per epoch", s.name),
-            "samples/s",
-            &d("throughput.png"),
-        )?;
-        csvplot::draw(
-            &d("epochs.csv"),
-            &["pipeline_length".into(), "replicas".into(), "frozen_layers".into()],
-            true,
-            "pipeline length K, replicas R and frozen layers per epoch",
-            "count",
-            &d("k_r.png"),
-        )?;
-        csvplot::draw(
-            &d("breakdown.csv"),
-            &["speedup".into()],
-            false,
-            "speedup over GPipe + DDP, part by part",
-            "speedup",
-            &d("breakdown.png"),
-        )?;
-    }
-    if json {
-        println!("{}", serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?);
-        return Ok(());
-    }
-    println!("{}", s.name);
-    if r.plan_changes.is_empty() {
-        println!("plan:         as written (no policy changed it)");
-    }
-    for c in &r.plan_changes {
-        println!("plan change:  {} {} -> {} ({})", c.key, c.from, c.to, c.why);
-    }
-    println!("epoch  frozen  K   R   M   cached  iteration_s  samples/s  epoch_s");
-    for e in &r.epochs {
-        println!(
-            "{:>5}  {:>6}  {:<2}  {:<2}  {:<2}  {:<6}  {:<11.4}  {:<9.1}  {:.1}{}",
-            e.epoch,
-            e.frozen_layers,
-            e.pipeline_length,
-            e.replicas,
-            e.micro_batches,
-            if e.cached { "yes" } else { "no" },
-            e.iteration_s,
-            e.samples_per_s,
-            e.epoch_s,
-            if e.transition_s > 0.0 { format!(" (incl. {:.1} s transition)", e.transition_s) } else { String::new() }
-        );
-    }
-    println!(
-        "total:        {:.1} s ({:.2} h); baseline (the plan as written, nothing frozen) {:.1} s; speedup {:.2}x",
-        r.total_s,
-        r.total_s / 3600.0,
-        r.baseline_total_s,
-        r.speedup
-    );
-    for v in &r.breakdown {
-        println!("              {:<16} {:.2}x", v.name, v.speedup);
     }
     Ok(())
 }

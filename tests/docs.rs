@@ -90,6 +90,8 @@ fn value_sets() -> Vec<(&'static str, &'static str, Vec<String>)> {
         ("plan.offload", "optimizer", v(&sim::plan::Tier::NAMES)),
         ("plan.offload", "params", v(&sim::plan::Tier::NAMES)),
         ("plan.freeze", "policy", v(keys::FREEZE_POLICIES)),
+        ("run", "failures", v(sim::run::failures::PRESETS)),
+        ("run.failures", "preset", v(sim::run::failures::PRESETS)),
         ("simulation", "network", v(&sim::network::NetworkKind::NAMES)),
         ("workload.transformer", "mlp", v(keys::MLP)),
         ("workload.transformer", "norm", v(keys::NORM)),
@@ -243,7 +245,15 @@ fn report_docs_list_every_key_the_commands_print() {
     .collect();
     check_report_section(&docs, "simulate --json", &simulate);
     let vit = p("experiments/pipetransformer/vit-b16-imagenet.json");
-    check_report_section(&docs, "train-run --json", &[json_of(&[&"train-run", &vit, &"--json"])]);
+    let whole = p("experiments/whole-run/llama3-405b-16k.json");
+    check_report_section(
+        &docs,
+        "train-run --json",
+        &[
+            json_of(&[&"train-run", &vit, &"--json"]),
+            json_of(&[&"train-run", &whole, &"--json", &"--runs", &"3", &"--price-per-gpu-hour", &"2"]),
+        ],
+    );
     let gnmt = p("experiments/bapipe/gnmt-8-v100.json");
     check_report_section(&docs, "partition --json", &[json_of(&[&"partition", &gnmt, &"--json"])]);
     let tera = p("experiments/terapipe/heldout-setting1-gpt3-1b.json");

@@ -35,6 +35,8 @@ mod outputs;
 // Collectives as NCCL runs them (trainsim nccl-test) against published nccl-tests curves.
 mod nccl;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.
+/// Whole training runs: failures, checkpoints, goodput.
+mod whole_run;
 mod workload;
 // Inputs that once crashed or gave impossible numbers (tests/data/regressions): each ends in a
 // clear error or a physically possible report.

@@ -10,7 +10,26 @@
 pub const ROOT: &[&str] = &["name", "description", "workload", "cluster", "training", "plan", "simulation", "run"];
 
 /// `run`: a whole training run (`trainsim train-run`).
-pub const RUN: &[&str] = &["dataset_samples", "epochs"];
+pub const RUN: &[&str] = &[
+    "dataset_samples",
+    "epochs",
+    "tokens",
+    "iterations",
+    "failures",
+    "checkpoint",
+    "restart_s",
+    "variability",
+    "seed",
+];
+
+/// `run.failures` as an object: a preset and per-component rates.
+pub const RUN_FAILURES: &[&str] = &["preset", "gpu", "hbm", "nic", "switch", "host", "software", "maintenance"];
+
+/// `run.checkpoint`.
+pub const RUN_CHECKPOINT: &[&str] = &["interval_s", "storage_bytes_per_s_per_node", "async"];
+
+/// `run.variability`.
+pub const RUN_VARIABILITY: &[&str] = &["iteration_jitter", "slow_node_probability", "slow_node_slowdown"];
 
 /// `simulation`: how the engine models the run.
 pub const SIMULATION: &[&str] =
@@ -135,6 +154,9 @@ pub const SECTIONS: &[(&str, &[&str])] = &[
     ("plan.offload", OFFLOAD),
     ("plan.freeze", FREEZE),
     ("run", RUN),
+    ("run.failures", RUN_FAILURES),
+    ("run.checkpoint", RUN_CHECKPOINT),
+    ("run.variability", RUN_VARIABILITY),
     ("simulation", SIMULATION),
 ];
 

@@ -30,7 +30,7 @@ pub use options::{
     expected_max_std_normal,
 };
 pub use reader::{Result, ScenarioError};
-pub use run::{FreezePolicy, FreezeSpec, RunSpec};
+pub use run::{CheckpointInterval, CheckpointSpec, FreezePolicy, FreezeSpec, RunSpec, RunVariability};
 pub use training::Training;
 
 use crate::hardware::{ClusterSpec, DeviceKind};
@@ -147,12 +147,15 @@ pub fn parse(text: &str, load: &dyn Fn(&str) -> std::result::Result<String, Stri
 pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Scenario> {
     let root = Obj::new(v, "")?;
     root.only(keys::ROOT)?;
-    let run = run::parse_run(&root)?;
     let mut defaults = Vec::new();
+    let mut run = run::parse_run(&root, &mut defaults)?;
     let name = root.string("name")?.unwrap_or("unnamed scenario").to_string();
     let workload = workload::parse_workload(&root.req("workload", Obj::obj)?, load)?;
     let cluster = cluster::parse_cluster(&root.req("cluster", Obj::obj)?)?;
     let training = training::parse_training(&root.req("training", Obj::obj)?, &workload, &mut defaults)?;
+    if let Some(r) = run.as_mut() {
+        run::resolve_length(r, training.global_batch, training.seq_len)?;
+    }
     checks::check_fp8(&cluster, &training)?;
     checks::check_attention(&cluster, &training)?;
     let plan_obj = root.req("plan", Obj::obj)?;

@@ -1,19 +1,240 @@
-//! `run` (a whole training run: dataset and epochs) and `plan.freeze` (PipeTransformer's
-//! freezing over it), with what freezing's elastic pipelines need of the plan.
+//! `run` (a whole training run: its length, failures, checkpoints and variability) and
+//! `plan.freeze` (PipeTransformer's freezing over it), with what freezing's elastic pipelines
+//! need of the plan.
 
 use super::keys;
 use super::reader::{Obj, Result, invalid, show};
 use super::suggest::did_you_mean;
 use crate::hardware::ClusterSpec;
 use crate::plan::Plan;
+use crate::run::failures::{COMPONENTS, FailureRates, PRESETS};
 use crate::workload::Workload;
 use serde::Serialize;
 use serde_json::Value;
 
+/// `run`: a whole training run. Its length is given as `dataset_samples` and `epochs`, or as
+/// `tokens` or `iterations` (one phase); the scenario resolves the latter to samples and one
+/// epoch once the training section is read ([`resolve_length`]).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunSpec {
     pub dataset_samples: u64,
     pub epochs: u32,
+    /// How the length was given: "epochs", "tokens" or "iterations".
+    pub length: &'static str,
+    /// `tokens` or `iterations` as written (resolved by [`resolve_length`]).
+    #[serde(skip)]
+    given: f64,
+    pub failures: FailureRates,
+    pub checkpoint: CheckpointSpec,
+    /// Rescheduling and re-initialising the job after an interruption, seconds.
+    pub restart_s: f64,
+    pub variability: RunVariability,
+    pub seed: u64,
+}
+
+/// When a checkpoint is saved.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointInterval {
+    /// Daly's optimum for the failure rate and the save stall.
+    Optimal,
+    /// Every this many seconds of compute.
+    Seconds(f64),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CheckpointSpec {
+    pub interval: CheckpointInterval,
+    /// Write (and read) bandwidth to checkpoint storage per node of the job, bytes/s.
+    pub storage_bytes_per_s_per_node: f64,
+    /// Saves copy to host memory and write in the background.
+    pub asynchronous: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunVariability {
+    pub iteration_jitter: f64,
+    pub slow_node_probability: f64,
+    pub slow_node_slowdown: f64,
+}
+
+/// Default checkpoint storage bandwidth per node: Llama 3's checkpoint storage (Tectonic)
+/// sustained 2 TB/s for its 16,384 GPUs (arXiv 2407.21783, section 3.3.1), 2,048 nodes of 8:
+/// about 0.98 GB/s per node.
+pub const DEFAULT_STORAGE_BYTES_PER_S_PER_NODE: f64 = 2e12 / 2048.0;
+
+/// Default restart time, seconds: an assumption (no public measurement of a large job's
+/// restart that is not in a reserved source was found); set `run.restart_s`.
+pub const DEFAULT_RESTART_S: f64 = 600.0;
+
+/// `run`: the length ({"dataset_samples": N, "epochs": E} | {"tokens": T} | {"iterations":
+/// I}), and the failures, checkpoints, restarts and variability of the whole run.
+pub(super) fn parse_run(root: &Obj, defaults: &mut Vec<String>) -> Result<Option<RunSpec>> {
+    let Some(r) = root.obj("run")? else { return Ok(None) };
+    r.only(keys::RUN)?;
+    let given: Vec<&str> = ["dataset_samples", "tokens", "iterations"].into_iter().filter(|k| r.has(k)).collect();
+    if given.len() != 1 {
+        return Err(invalid(
+            &r.path,
+            format!(
+                "give the run's length as exactly one of: \"dataset_samples\" (with \"epochs\"), \"tokens\", \"iterations\"; got {}",
+                if given.is_empty() { "none".to_string() } else { given.join(", ") }
+            ),
+        ));
+    }
+    let (length, samples, epochs, amount) = match given[0] {
+        "dataset_samples" => {
+            let v = r.get("dataset_samples").expect("present");
+            let samples = v.as_u64().filter(|n| *n > 0).ok_or_else(|| {
+                invalid(&r.key("dataset_samples"), format!("expected a positive integer, got {}", show(v)))
+            })?;
+            ("epochs", samples, r.req("epochs", Obj::uint)?, 0.0)
+        }
+        other => {
+            if r.has("epochs") {
+                return Err(invalid(
+                    &r.key("epochs"),
+                    format!("\"epochs\" goes with \"dataset_samples\"; a run of \"{other}\" is one phase"),
+                ));
+            }
+            let x = r.req(other, Obj::positive)?;
+            if x > 1e18 {
+                return Err(invalid(&r.key(other), format!("{x}; allowed: at most 1e18")));
+            }
+            (if other == "tokens" { "tokens" } else { "iterations" }, 0, 1, x)
+        }
+    };
+    let failures = match r.get("failures") {
+        None => {
+            defaults
+                .push("run.failures = \"none\" (no interruptions; \"llama3-2024\" is Llama 3's 16K-GPU rates)".into());
+            FailureRates::none()
+        }
+        Some(Value::String(name)) => preset(&r.key("failures"), name)?,
+        Some(_) => {
+            let f = r.req("failures", Obj::obj)?;
+            f.only(keys::RUN_FAILURES)?;
+            let mut rates = match f.string("preset")? {
+                Some(name) => preset(&f.key("preset"), name)?,
+                None => FailureRates::none(),
+            };
+            rates.name = match f.string("preset")? {
+                Some(n) if COMPONENTS.iter().all(|c| !f.has(c)) => n.to_string(),
+                Some(n) => format!("{n} (adjusted)"),
+                None => "custom".into(),
+            };
+            for (i, c) in COMPONENTS.iter().enumerate() {
+                if let Some(x) = f.non_negative(c)? {
+                    if x > 1.0 {
+                        return Err(invalid(&f.key(c), format!("{x} interruptions per device-hour; allowed: 0 to 1")));
+                    }
+                    rates.per_device_hour[i] = x;
+                }
+            }
+            rates
+        }
+    };
+    let checkpoint = match r.obj("checkpoint")? {
+        None => CheckpointSpec {
+            interval: CheckpointInterval::Optimal,
+            storage_bytes_per_s_per_node: DEFAULT_STORAGE_BYTES_PER_S_PER_NODE,
+            asynchronous: false,
+        },
+        Some(c) => {
+            c.only(keys::RUN_CHECKPOINT)?;
+            let interval = match c.get("interval_s") {
+                None => CheckpointInterval::Optimal,
+                Some(Value::String(x)) if x == "optimal" => CheckpointInterval::Optimal,
+                Some(Value::String(x)) => {
+                    return Err(invalid(&c.key("interval_s"), format!("\"{x}\"; allowed: \"optimal\" or seconds > 0")));
+                }
+                Some(_) => CheckpointInterval::Seconds(c.req("interval_s", Obj::positive)?),
+            };
+            CheckpointSpec {
+                interval,
+                storage_bytes_per_s_per_node: c
+                    .positive("storage_bytes_per_s_per_node")?
+                    .unwrap_or(DEFAULT_STORAGE_BYTES_PER_S_PER_NODE),
+                asynchronous: c.boolean("async")?.unwrap_or(false),
+            }
+        }
+    };
+    let variability = match r.obj("variability")? {
+        None => RunVariability { iteration_jitter: 0.0, slow_node_probability: 0.0, slow_node_slowdown: 0.0 },
+        Some(v) => {
+            v.only(keys::RUN_VARIABILITY)?;
+            let jitter = v.non_negative("iteration_jitter")?.unwrap_or(0.0);
+            if jitter > 1.0 {
+                return Err(invalid(&v.key("iteration_jitter"), format!("{jitter}; allowed: 0 to 1")));
+            }
+            let p = v.non_negative("slow_node_probability")?.unwrap_or(0.0);
+            if p > 1.0 {
+                return Err(invalid(&v.key("slow_node_probability"), format!("{p}; allowed: 0 to 1")));
+            }
+            let slowdown = v.non_negative("slow_node_slowdown")?.unwrap_or(0.0);
+            if slowdown > 100.0 {
+                return Err(invalid(&v.key("slow_node_slowdown"), format!("{slowdown}; allowed: 0 to 100")));
+            }
+            RunVariability { iteration_jitter: jitter, slow_node_probability: p, slow_node_slowdown: slowdown }
+        }
+    };
+    let restart_s = match r.non_negative("restart_s")? {
+        Some(x) if x > 1e7 => return Err(invalid(&r.key("restart_s"), format!("{x} s; allowed: 0 to 1e7"))),
+        Some(x) => x,
+        None => {
+            if failures.per_device_hour.iter().any(|&x| x > 0.0) {
+                defaults.push(format!("run.restart_s = {DEFAULT_RESTART_S} (an assumption: set it from your cluster)"));
+            }
+            DEFAULT_RESTART_S
+        }
+    };
+    let seed = match r.get("seed") {
+        None => 0,
+        Some(v) => {
+            v.as_u64().ok_or_else(|| invalid(&r.key("seed"), format!("expected an integer >= 0, got {}", show(v))))?
+        }
+    };
+    Ok(Some(RunSpec {
+        dataset_samples: samples,
+        epochs,
+        length,
+        given: amount,
+        failures,
+        checkpoint,
+        restart_s,
+        variability,
+        seed,
+    }))
+}
+
+fn preset(path: &str, name: &str) -> Result<FailureRates> {
+    FailureRates::preset(name).ok_or_else(|| {
+        invalid(
+            path,
+            format!("\"{name}\" is not one of: {}{}", PRESETS.join(", "), did_you_mean(name, PRESETS.iter().copied())),
+        )
+    })
+}
+
+/// A run given in tokens or iterations becomes one epoch of whole iterations of the global
+/// batch (tokens rounded up to whole iterations).
+pub(super) fn resolve_length(run: &mut RunSpec, global_batch: u32, seq_len: u32) -> Result<()> {
+    let per_iteration = f64::from(global_batch) * f64::from(seq_len.max(1));
+    let iterations = match run.length {
+        "tokens" => (run.given / per_iteration).ceil(),
+        "iterations" => run.given.ceil(),
+        _ => return Ok(()),
+    };
+    let samples = iterations * f64::from(global_batch);
+    if samples > 1e18 {
+        return Err(invalid(
+            "run",
+            format!("{iterations:.3e} iterations of {global_batch} samples; allowed: at most 1e18 samples"),
+        ));
+    }
+    run.dataset_samples = samples as u64;
+    run.epochs = 1;
+    Ok(())
 }
 
 /// Which layers are frozen in each epoch.
@@ -35,24 +256,6 @@ pub struct FreezeSpec {
     pub auto_pipe: bool,
     pub auto_dp: bool,
     pub auto_cache: bool,
-}
-
-/// `run`: {"dataset_samples": N, "epochs": E}.
-pub(super) fn parse_run(root: &Obj) -> Result<Option<RunSpec>> {
-    let run = match root.obj("run")? {
-        None => None,
-        Some(r) => {
-            r.only(keys::RUN)?;
-            let samples = match r.get("dataset_samples") {
-                Some(v) => v.as_u64().filter(|n| *n > 0).ok_or_else(|| {
-                    invalid(&r.key("dataset_samples"), format!("expected a positive integer, got {}", show(v)))
-                })?,
-                None => return Err(invalid(&r.key("dataset_samples"), "required key is missing")),
-            };
-            Some(RunSpec { dataset_samples: samples, epochs: r.req("epochs", Obj::uint)? })
-        }
-    };
-    Ok(run)
 }
 
 /// `plan.freeze`: {"policy": "autofreeze", "alpha": a} | {"policy": "gradient", "trace": FILE}
@@ -123,10 +326,10 @@ pub(super) fn parse_freeze(
             ));
         }
     };
-    if run.is_none() {
+    if run.is_none_or(|r| r.length != "epochs") {
         return Err(invalid(
             &f.key("policy"),
-            "freezing acts over a training run: add \"run\": {\"dataset_samples\": N, \"epochs\": E}",
+            "freezing acts over the epochs of a training run: add \"run\": {\"dataset_samples\": N, \"epochs\": E}",
         ));
     }
     Ok(Some(FreezeSpec {

@@ -1,4 +1,6 @@
-//! A whole training run with PipeTransformer's freezing and elastic pipelines (SEEDS.md 1).
+//! The phases of a training run: its epochs, with PipeTransformer's freezing and elastic
+//! pipelines when the plan asks for them (SEEDS.md 1); a run given in tokens or iterations is
+//! one epoch of the plan as written.
 //!
 //! For each epoch: the frozen layers (AutoFreeze, the gradient rule, or a given schedule);
 //! AutoPipe's pipeline compression and AutoDP's replicas (`policy::freeze`); AutoCache (the
@@ -31,6 +33,9 @@ pub struct EpochReport {
     pub replicas: u32,
     pub micro_batches: u32,
     pub cached: bool,
+    /// Iterations in the epoch, and samples in each.
+    pub iterations: u64,
+    pub samples_per_iteration: u32,
     pub iteration_s: f64,
     pub samples_per_s: f64,
     pub transition_s: f64,
@@ -212,7 +217,7 @@ fn run_with(s: &Scenario, parts: Parts) -> Result<(Vec<EpochReport>, Vec<Scenari
         es.plan.micro_batches = report.plan.micro_batches;
         es.training.micro_batch = report.plan.micro_batch;
         let m = es.plan.micro_batches;
-        let iterations = run.dataset_samples.div_ceil(r as u64 * b_pipe as u64) as f64;
+        let iterations = run.dataset_samples.div_ceil(r as u64 * b_pipe as u64);
         let transition_s = if k != prev_k { transition_s(s, &subs, f) } else { 0.0 };
         out.push(EpochReport {
             epoch: e as u32,
@@ -221,10 +226,12 @@ fn run_with(s: &Scenario, parts: Parts) -> Result<(Vec<EpochReport>, Vec<Scenari
             replicas: r,
             micro_batches: m,
             cached,
+            iterations,
+            samples_per_iteration: r * b_pipe,
             iteration_s,
             samples_per_s: (r * b_pipe) as f64 / iteration_s,
             transition_s,
-            epoch_s: iterations * iteration_s + transition_s,
+            epoch_s: iterations as f64 * iteration_s + transition_s,
         });
         scenarios.push(es);
         prev_k = k;
