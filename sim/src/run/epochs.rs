@@ -166,7 +166,24 @@ fn epoch_scenario(s: &Scenario, f: u32, k: u32, r: u32) -> Scenario {
 }
 
 /// Simulate the run with `parts` on; also each epoch's scenario.
-fn run_with(s: &Scenario, parts: Parts) -> Result<(Vec<EpochReport>, Vec<Scenario>), crate::SimError> {
+/// Simulations already run in this training run: epochs, variants and the baseline often run
+/// the same plan (every epoch, without freezing), so each distinct plan is simulated once.
+type Memo = std::cell::RefCell<Vec<(Scenario, crate::report::Report)>>;
+
+fn simulate_once(memo: &Memo, x: &Scenario) -> Result<crate::report::Report, crate::SimError> {
+    if let Some((_, r)) = memo.borrow().iter().find(|(y, _)| y == x) {
+        return Ok(r.clone());
+    }
+    let r = crate::try_simulate(x, false)?.report;
+    memo.borrow_mut().push((x.clone(), r.clone()));
+    Ok(r)
+}
+
+fn run_with(
+    s: &Scenario,
+    parts: Parts,
+    memo: &Memo,
+) -> Result<(Vec<EpochReport>, Vec<Scenario>), crate::SimError> {
     let run = s.run.as_ref().expect("run");
     let layers = s.workload.transformer.layers;
     let frozen: Vec<u32> = if parts.freeze { frozen_schedule(s, run.epochs) } else { vec![0; run.epochs as usize] };
@@ -200,7 +217,7 @@ fn run_with(s: &Scenario, parts: Parts) -> Result<(Vec<EpochReport>, Vec<Scenari
         let iteration = |cached_layers: u32| {
             let mut x = es.clone();
             x.plan.frozen = crate::plan::Frozen { layers: f, cached_layers, cache_on_disk };
-            crate::try_simulate(&x, false).map(|x| x.report)
+            simulate_once(memo, &x)
         };
         let recomputed = iteration(0)?;
         // AutoCache: the output of the layers frozen before this epoch was written last epoch.
@@ -319,8 +336,9 @@ pub fn try_training_run(s: &Scenario) -> Result<RunReport, crate::SimError> {
         dp: spec.is_some_and(|f| f.auto_pipe && f.auto_dp),
         cache: spec.is_some_and(|f| f.auto_cache),
     };
-    let (epochs, scenarios) = run_with(s, chosen)?;
-    let baseline = total(&run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false })?.0);
+    let memo = Memo::default();
+    let (epochs, scenarios) = run_with(s, chosen, &memo)?;
+    let baseline = total(&run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false }, &memo)?.0);
     let steps = [
         ("freezing alone", Parts { pipe: false, dp: false, cache: false, ..all }),
         ("+ AutoPipe", Parts { dp: false, cache: false, ..all }),
@@ -331,7 +349,7 @@ pub fn try_training_run(s: &Scenario) -> Result<RunReport, crate::SimError> {
         steps
             .iter()
             .map(|(name, p)| {
-                let t = total(&run_with(s, *p)?.0);
+                let t = total(&run_with(s, *p, &memo)?.0);
                 Ok(Variant { name: name.to_string(), total_s: t, speedup: baseline / t })
             })
             .collect::<Result<_, crate::SimError>>()?
