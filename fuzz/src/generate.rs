@@ -479,8 +479,52 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
     root.insert("training".into(), Value::Object(training));
     root.insert("plan".into(), Value::Object(plan));
     if want_run {
-        let samples = count(r, &[1, 1000, 50_000, 1_281_167], (1, 1 << 40), 0.05);
-        root.insert("run".into(), json!({"dataset_samples": samples, "epochs": epochs}));
+        let freezing = s.tags.iter().any(|t| t == "freeze");
+        let mut run = Map::new();
+        if freezing || r.chance(0.5) {
+            let samples = count(r, &[1, 1000, 50_000, 1_281_167], (1, 1 << 40), 0.05);
+            run.insert("dataset_samples".into(), json!(samples));
+            run.insert("epochs".into(), json!(epochs));
+        } else if r.chance(0.5) {
+            s.tags.push("run:tokens".into());
+            run.insert("tokens".into(), json!(*r.pick(&[1.0, 1e6, 1e9, 3e11, 15.6e12, 1e18])));
+        } else {
+            s.tags.push("run:iterations".into());
+            run.insert("iterations".into(), json!(*r.pick(&[1.0, 10.0, 1e4, 1e6, 1e9])));
+        }
+        if r.chance(0.5) {
+            s.tags.push("run:failures".into());
+            let failures = if r.chance(0.5) {
+                json!(*r.pick(&["none", "llama3-2024"]))
+            } else {
+                let mut f = Map::new();
+                opt(&mut f, r, 0.5, "preset", |r| json!(*r.pick(&["none", "llama3-2024"])));
+                for k in ["gpu", "hbm", "nic", "switch", "host", "software", "maintenance"] {
+                    opt(&mut f, r, 0.3, k, |r| json!(*r.pick(&[0.0, 1e-9, 1e-6, 1e-3, 0.1, 1.0])));
+                }
+                Value::Object(f)
+            };
+            run.insert("failures".into(), failures);
+        }
+        if r.chance(0.3) {
+            let mut c = Map::new();
+            opt(&mut c, r, 0.5, "interval_s", |r| {
+                if r.chance(0.3) { json!("optimal") } else { json!(*r.pick(&[1e-3, 1.0, 60.0, 1800.0, 1e9])) }
+            });
+            opt(&mut c, r, 0.5, "storage_bytes_per_s_per_node", |r| json!(*r.pick(&[1.0, 1e6, 1e9, 1e15])));
+            opt(&mut c, r, 0.5, "async", |r| json!(r.chance(0.5)));
+            run.insert("checkpoint".into(), Value::Object(c));
+        }
+        if r.chance(0.3) {
+            let mut v = Map::new();
+            opt(&mut v, r, 0.5, "iteration_jitter", |r| json!(*r.pick(&[0.0, 0.01, 0.5, 1.0])));
+            opt(&mut v, r, 0.5, "slow_node_probability", |r| json!(*r.pick(&[0.0, 1e-4, 0.1, 1.0])));
+            opt(&mut v, r, 0.5, "slow_node_slowdown", |r| json!(*r.pick(&[0.0, 0.1, 1.0, 100.0])));
+            run.insert("variability".into(), Value::Object(v));
+        }
+        opt(&mut run, r, 0.3, "restart_s", |r| json!(*r.pick(&[0.0, 60.0, 600.0, 1e7])));
+        opt(&mut run, r, 0.3, "seed", |r| json!(r.int(0, u32::MAX as u64)));
+        root.insert("run".into(), Value::Object(run));
     }
     if r.chance(0.2) {
         let mut o = Map::new();

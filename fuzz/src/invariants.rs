@@ -175,6 +175,29 @@ fn train_run(r: &Value, ctx: &Context) -> Check {
     {
         return fail("speedup != baseline_total_s / total_s");
     }
+    whole_run(r, total)
+}
+
+/// The whole run's keys: a number, or {p50, p90, mean} over several runs.
+fn whole_run(r: &Value, total: f64) -> Check {
+    let stat = |k: &str| r.get(k).and_then(|v| v.as_f64().or_else(|| f(v, "p50")));
+    let Some(days) = stat("wall_days") else { return fail("train-run without wall_days") };
+    if !days.is_finite() || days * 86400.0 < total * (1.0 - REL) {
+        return fail("wall_days shorter than the run's useful time (total_s)");
+    }
+    match stat("goodput") {
+        Some(g) if g > 0.0 && g <= 1.0 + REL => {}
+        _ => return fail("goodput outside (0, 1]"),
+    }
+    if stat("interruptions").is_none_or(|n| n < 0.0 || !n.is_finite()) {
+        return fail("interruptions missing, negative or not finite");
+    }
+    if let (Some(h), Some(n)) = (stat("gpu_hours"), f(r, "devices"))
+        && r.get("runs").and_then(Value::as_u64) == Some(1)
+        && !close(h, days * 24.0 * n)
+    {
+        return fail("gpu_hours != wall_days x 24 x devices");
+    }
     Ok(())
 }
 
@@ -307,13 +330,26 @@ mod tests {
             json!({"epoch": 0, "epoch_s": 10.0, "iteration_s": 1.0, "frozen_layers": frozen,
             "pipeline_length": pp, "replicas": 2, "micro_batches": 8, "samples_per_s": 1.0, "transition_s": 0.0})
         };
-        let run = |e: Vec<Value>| json!({"total_s": 20.0, "baseline_total_s": 30.0, "speedup": 1.5, "epochs": e});
+        let run = |e: Vec<Value>| {
+            json!({"total_s": 20.0, "baseline_total_s": 30.0, "speedup": 1.5, "epochs": e,
+                "wall_days": 25.0 / 86400.0, "goodput": 0.8, "interruptions": 1, "gpu_hours": 25.0 / 3600.0 * 8.0,
+                "devices": 8, "runs": 1})
+        };
         assert_eq!(check("train-run", &run(vec![epoch(0, 4), epoch(6, 2)]), &ctx), Ok(()));
         assert_eq!(
             check("train-run", &run(vec![epoch(0, 2)]), &ctx),
             Err("train-run changed pp, dp or micro-batches with no layer frozen".into())
         );
         assert_eq!(check("train-run", &run(vec![epoch(13, 4)]), &ctx), Err("epochs[].frozen_layers > layers".into()));
+        let mut fast = run(vec![epoch(0, 4)]);
+        fast["wall_days"] = json!(10.0 / 86400.0);
+        assert_eq!(
+            check("train-run", &fast, &ctx),
+            Err("wall_days shorter than the run's useful time (total_s)".into())
+        );
+        let mut over = run(vec![epoch(0, 4)]);
+        over["goodput"] = json!(1.5);
+        assert_eq!(check("train-run", &over, &ctx), Err("goodput outside (0, 1]".into()));
     }
 
     #[test]

@@ -179,11 +179,7 @@ fn simulate_once(memo: &Memo, x: &Scenario) -> Result<crate::report::Report, cra
     Ok(r)
 }
 
-fn run_with(
-    s: &Scenario,
-    parts: Parts,
-    memo: &Memo,
-) -> Result<(Vec<EpochReport>, Vec<Scenario>), crate::SimError> {
+fn run_with(s: &Scenario, parts: Parts, memo: &Memo) -> Result<(Vec<EpochReport>, Vec<Scenario>), crate::SimError> {
     let run = s.run.as_ref().expect("run");
     let layers = s.workload.transformer.layers;
     let frozen: Vec<u32> = if parts.freeze { frozen_schedule(s, run.epochs) } else { vec![0; run.epochs as usize] };

@@ -50,7 +50,8 @@ pub struct CheckpointReport {
     /// Writing it to storage (equal to `save_s` unless async).
     pub write_s: f64,
     pub restore_s: f64,
-    /// Compute time between checkpoints (`null`: never, with no failures).
+    /// Compute time between checkpoints (absent: never, with no failures).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub interval_s: Option<f64>,
     /// Whether the interval is Daly's optimum for the failure rate and save stall.
     pub optimal: bool,
