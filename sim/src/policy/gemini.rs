@@ -152,9 +152,15 @@ pub fn candidate_sizes(params: &[u64], s: &ChunkSearch) -> Vec<u64> {
     (0..=s.search_range / s.interval).map(|k| start + k * s.interval).collect()
 }
 
+/// Tensor visits one chunk-size search may make before it thins its candidates (2^25, some
+/// tens of milliseconds).
+pub const SEARCH_WORK_LIMIT: usize = 1 << 25;
+
 /// Chunk-size search (`search_chunk_configuration` for one DP group): the first candidate of
 /// [`candidate_sizes`] with the least [`chunk_waste`] of the kept tensors, rounded up to a
-/// multiple of `s.dp_lcm`. See the module documentation.
+/// multiple of `s.dp_lcm`. See the module documentation. Exact, except past
+/// [`SEARCH_WORK_LIMIT`] tensor visits (thousands of tensors and a fine step, where the
+/// sums of consecutive tensors are too many as well), where every k-th candidate is scanned.
 ///
 /// # Panics
 ///
@@ -162,8 +168,44 @@ pub fn candidate_sizes(params: &[u64], s: &ChunkSearch) -> Vec<u64> {
 pub fn search_chunk_size(params: &[u64], s: &ChunkSearch) -> u64 {
     assert!(s.dp_lcm > 0, "dp_lcm must be positive");
     let kept = drop_outliers(params);
+    let all = candidate_sizes(params, s);
+    let (first, last) = (all[0], all[all.len() - 1]);
+    // Between two sums of consecutive tensors (the sizes at which one more tensor fits in a
+    // chunk) the packing keeps its chunks, so the waste grows with the chunk size: the first
+    // least-waste candidate is the first candidate at or above one of those sums, or the
+    // first candidate. Scan only those when they are fewer (same answer, much faster when the
+    // step is small, e.g. a tiny hidden size).
+    let mut points: Vec<u64> = vec![first];
+    let budget = all.len();
+    'sums: for i in 0..kept.len() {
+        let mut sum = 0u64;
+        for &t in &kept[i..] {
+            sum = sum.saturating_add(t);
+            if sum > last {
+                break;
+            }
+            if sum > first {
+                points.push(first + (sum - first).div_ceil(s.interval) * s.interval);
+                if points.len() > budget {
+                    break 'sums;
+                }
+            }
+        }
+    }
+    let candidates = if points.len() <= budget {
+        points.sort_unstable();
+        points.dedup();
+        points
+    } else if all.len().saturating_mul(kept.len()) > SEARCH_WORK_LIMIT {
+        // Thousands of tensors and a fine step (models thousands of layers deep): every
+        // `stride`-th candidate, so that one search stays near SEARCH_WORK_LIMIT tensor visits.
+        let stride = all.len().saturating_mul(kept.len()).div_ceil(SEARCH_WORK_LIMIT);
+        all.into_iter().step_by(stride).collect()
+    } else {
+        all
+    };
     let mut best: Option<(u64, u64)> = None;
-    for c in candidate_sizes(params, s) {
+    for c in candidates {
         let w = chunk_waste(&kept, c);
         if best.is_none_or(|(bw, _)| w < bw) {
             best = Some((w, c));

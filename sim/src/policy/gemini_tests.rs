@@ -445,3 +445,18 @@ fn sized_placement_never_exceeds_the_capacity() {
         assert_eq!(p.feasible, feasible, "case {case}");
     }
 }
+
+/// Few tensors and many candidates (a small step over a wide range): the search scans only the
+/// candidates at the sums of consecutive tensors, and finds what the full scan finds.
+#[test]
+fn chunk_search_with_many_candidates_matches_the_full_scan() {
+    let mut rng = Pcg64Mcg::seed_from_u64(32);
+    for case in 0..400 {
+        let n = rng.random_range(1..14usize);
+        let big = rng.random_range(1..3000u64);
+        let params: Vec<u64> = (0..n).map(|_| rng.random_range(0..=big)).collect();
+        let interval = rng.random_range(1..40u64);
+        let s = ChunkSearch { interval, search_range: rng.random_range(500..4000) * interval, dp_lcm: 1 };
+        check_search(&params, &s, &format!("case {case}: {params:?} {s:?}"));
+    }
+}
