@@ -196,12 +196,11 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         .collect();
     let worst = (0..nd).max_by(|&a, &b| totals[a].total().total_cmp(&totals[b].total()).then(b.cmp(&a))).unwrap_or(0);
     let capacity = s.cluster.node.device.hbm_bytes;
-    // Gemini fails when a unit's chunks find no room beside its non-model memory.
-    let fits_hbm = (0..nd).all(|d| totals[d].total() <= s.options.usable_bytes(s.cluster.device_of(p.devices[d])))
-        && p.chunk_placement.iter().all(|c| c.feasible);
-    let hbm_pressure = (0..nd)
-        .map(|d| totals[d].total() / s.options.usable_bytes(s.cluster.device_of(p.devices[d])).max(1.0))
-        .fold(0.0, f64::max);
+    // Each device's memory less the allocator's headroom; Gemini fails when a unit's chunks
+    // find no room beside its non-model memory.
+    let usable: Vec<f64> = (0..nd).map(|d| s.options.usable_bytes(s.cluster.device_of(p.devices[d]))).collect();
+    let fits_hbm = (0..nd).all(|d| totals[d].total() <= usable[d]) && p.chunk_placement.iter().all(|c| c.feasible);
+    let hbm_pressure = (0..nd).map(|d| totals[d].total() / usable[d].max(1.0)).fold(0.0, f64::max);
     // Host and NVMe are per node: the node's devices' shares add up.
     let per_node = s.cluster.node.devices as f64;
     let host_worst = p.host_memory.iter().copied().max_by(|a, b| a.total().total_cmp(&b.total())).unwrap_or_default();
