@@ -74,10 +74,13 @@ fn failures_cost_time_and_the_draws_are_seeded() {
     assert_eq!(once.stdout, twice.stdout, "same seed, same bytes");
     let (_, b, _) = train_run(&dir, &whole(run(2)), &[]);
     assert_ne!(a["wall_days"], b["wall_days"]);
-    let (ok, m, err) = train_run(&dir, &whole(run(1)), &["--runs", "20", "--price-per-gpu-hour", "2.5"]);
+    let mut jittery = run(1);
+    jittery["variability"] = json!({"iteration_jitter": 0.5, "slow_node_probability": 0.2, "slow_node_slowdown": 0.5});
+    let (ok, m, err) = train_run(&dir, &whole(jittery), &["--runs", "20", "--price-per-gpu-hour", "2.5"]);
     assert!(ok, "{err}");
     let (p50, p90) = (num(&m, "/wall_days/p50"), num(&m, "/wall_days/p90"));
     assert!(p50 <= p90 && p50 * 86400.0 > useful);
+    assert!(num(&m, "/goodput/p90") <= 1.0 && num(&m, "/lost/slow_s") > 0.0, "{m}");
     let cost = num(&m, "/cost_dollars/mean");
     assert!((cost - 2.5 * num(&m, "/gpu_hours/mean")).abs() < 1e-6 * cost);
 }
@@ -128,6 +131,13 @@ fn bad_run_sections_are_refused_with_their_key() {
         &[],
     );
     assert!(!ok && err.contains("interval_s"), "{err}");
+    // Checkpoints so slow that almost every interval is interrupted: refused, not run forever.
+    let (ok, _, err) = train_run(
+        &dir,
+        &whole(json!({"iterations": 1e6, "failures": {"gpu": 0.5}, "checkpoint": {"storage_bytes_per_s_per_node": 1}})),
+        &[],
+    );
+    assert!(!ok && err.contains("would not finish"), "{err}");
     let (ok, _, err) = train_run(&dir, &whole(json!({"tokens": 1e9})), &["--runs", "0"]);
     assert!(!ok && err.contains("--runs"), "{err}");
 }

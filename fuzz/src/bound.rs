@@ -21,6 +21,8 @@ pub struct Context {
     pub pp: Option<u64>,
     pub micro_batches: Option<u64>,
     pub epochs: Option<u64>,
+    /// `run.variability.iteration_jitter` above 0: a run may end before its mean useful time.
+    pub jitter: bool,
 }
 
 fn num(v: &Value) -> Option<f64> {
@@ -92,6 +94,7 @@ impl Context {
         c.global_batch = training("global_batch");
         c.seq_len = training("seq_len");
         c.epochs = u("/run/epochs");
+        c.jitter = v.pointer("/run/variability/iteration_jitter").and_then(Value::as_f64).is_some_and(|j| j > 0.0);
         let precision = v.pointer("/training/precision").and_then(Value::as_str).unwrap_or("bf16");
         let node = v.pointer("/cluster/node").and_then(|n| node_device(n, cat));
         if let (Some((device, per_node)), Some(nodes)) = (&node, u("/cluster/nodes")) {

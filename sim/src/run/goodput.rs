@@ -53,7 +53,8 @@ pub struct LostSeconds {
     pub restore_s: f64,
     /// Training stalled by checkpoint saves.
     pub checkpoint_s: f64,
-    /// Slower iterations while a slow node was in the job, and the iterations' jitter.
+    /// Slower iterations while a slow node was in the job. (The iterations' jitter, zero on
+    /// average, is in none of these: wall time = useful time + these + the jitter.)
     pub slow_s: f64,
 }
 
@@ -103,20 +104,26 @@ pub fn check(m: &RunModel) -> Result<(), String> {
             "{failures:.3e} interruptions expected over the run (at most {MAX_STEPS:.0e}): the failure rates are too high for the run to finish"
         ));
     }
-    // A run in which almost every interval is interrupted never ends.
+    // A run in which almost every interval is interrupted never ends: each interval takes
+    // 1 / survive attempts on average.
     let span = m.interval_s.min(m.useful_s) * (1.0 + m.slow_node_slowdown) + m.save_s;
-    let survive = (-m.rates.unexpected_per_s(m.devices) * span).exp();
-    if survive < 1e-6 {
+    let survive = (-m.rates.per_s(m.devices) * span).exp();
+    let attempts = intervals.min(1e300).max(1.0) / survive;
+    if survive < 1e-6 || attempts > MAX_STEPS {
         return Err(format!(
-            "an interval of {:.1} s survives failures with probability {survive:.1e}: the run would not finish; shorten run.checkpoint.interval_s or lower the failure rates",
-            span
+            "an interval of {span:.1} s (compute and checkpoint save) survives interruptions with probability {survive:.1e}, so the run would take about {attempts:.1e} attempts (at most {MAX_STEPS:.0e}): it would not finish; shorten run.checkpoint.interval_s, speed up checkpoint storage or lower the failure rates"
         ));
     }
     Ok(())
 }
 
-/// One run with seed `seed`.
-pub fn sample(m: &RunModel, seed: u64) -> RunSample {
+/// Progress points kept for the plot of one run.
+const PROGRESS_POINTS: usize = 4096;
+
+/// One run with seed `seed`; `record`: keep its progress (thinned to about
+/// [`PROGRESS_POINTS`] points). Past [`MAX_STEPS`] intervals and interruptions the run stops
+/// where it is ([`check`] refuses models that would get there on average).
+pub fn sample(m: &RunModel, seed: u64, record: bool) -> RunSample {
     let mut rng = Pcg64Mcg::seed_from_u64(seed);
     let rate = m.rates.per_s(m.devices);
     let total_rate: f64 = m.rates.per_device_hour.iter().sum();
@@ -129,10 +136,19 @@ pub fn sample(m: &RunModel, seed: u64) -> RunSample {
         interruptions: 0,
         by_component: [0; 7],
         lost: LostSeconds::default(),
-        progress: vec![(0.0, 0.0)],
+        progress: if record { vec![(0.0, 0.0)] } else { Vec::new() },
     };
     let interval = if m.interval_s > 0.0 { m.interval_s } else { m.iteration_s.max(f64::MIN_POSITIVE) };
-    while done < m.useful_s {
+    let mut steps = 0.0;
+    let mut last_recorded = 0.0;
+    let mut note = |out: &mut RunSample, wall: f64, frac: f64, force: bool| {
+        if record && (force || frac - last_recorded >= 1.0 / PROGRESS_POINTS as f64) {
+            out.progress.push((wall, frac));
+            last_recorded = frac;
+        }
+    };
+    while done < m.useful_s && steps < MAX_STEPS {
+        steps += 1.0;
         let seg = interval.min(m.useful_s - done);
         let last = done + seg >= m.useful_s;
         let speed = if slow { 1.0 + m.slow_node_slowdown } else { 1.0 };
@@ -151,8 +167,9 @@ pub fn sample(m: &RunModel, seed: u64) -> RunSample {
             wall += work + save;
             done += seg;
             out.lost.checkpoint_s += save;
-            out.lost.slow_s += work - seg;
-            out.progress.push((wall, done / m.useful_s));
+            // A slow node's share (the jitter's, zero on average, is in neither).
+            out.lost.slow_s += seg * (speed - 1.0) * jitter;
+            note(&mut out, wall, done / m.useful_s, done >= m.useful_s);
             continue;
         }
         // Interrupted: which component.
@@ -169,7 +186,7 @@ pub fn sample(m: &RunModel, seed: u64) -> RunSample {
             // Planned: the job checkpoints what it has done, then stops.
             let kept = (next.min(work) / (speed * jitter)).min(seg);
             done += kept;
-            out.lost.slow_s += next.min(work) - kept;
+            out.lost.slow_s += kept * (speed - 1.0) * jitter;
             out.lost.checkpoint_s += m.save_s + (next - next.min(work));
             wall += m.save_s;
         } else {
@@ -178,16 +195,16 @@ pub fn sample(m: &RunModel, seed: u64) -> RunSample {
         wall += m.restart_s + m.restore_s;
         out.lost.restart_s += m.restart_s;
         out.lost.restore_s += m.restore_s;
-        out.progress.push((wall, done / m.useful_s));
+        note(&mut out, wall, done / m.useful_s, false);
         slow = rng.random::<f64>() < any_slow;
     }
     out.wall_s = wall;
     out
 }
 
-/// `runs` runs, run `i` seeded with `seed + i`.
+/// `runs` runs, run `i` seeded with `seed + i`; the first keeps its progress.
 pub fn samples(m: &RunModel, seed: u64, runs: u32) -> Vec<RunSample> {
-    (0..runs).map(|i| sample(m, seed.wrapping_add(u64::from(i)))).collect()
+    (0..runs).map(|i| sample(m, seed.wrapping_add(u64::from(i)), i == 0)).collect()
 }
 
 /// The mean lost time by cause over `samples`.
@@ -262,7 +279,7 @@ mod tests {
     fn no_failures_and_no_variability_is_the_useful_time_exactly() {
         let mut m = model(f64::INFINITY);
         m.rates = FailureRates::none();
-        let r = sample(&m, 3);
+        let r = sample(&m, 3, true);
         assert_eq!(r.wall_s, m.useful_s);
         assert_eq!(r.interruptions, 0);
         assert_eq!(r.lost.total_s(), 0.0);
@@ -293,7 +310,7 @@ mod tests {
         m.iteration_jitter = 0.05;
         m.slow_node_probability = 0.01;
         m.slow_node_slowdown = 0.3;
-        let (a, b) = (sample(&m, 9), sample(&m, 9));
+        let (a, b) = (sample(&m, 9, false), sample(&m, 9, false));
         assert_eq!(a.wall_s, b.wall_s);
         assert_eq!(a.by_component, b.by_component);
         assert!(a.lost.slow_s > 0.0, "slow nodes cost time: {:?}", a.lost);

@@ -167,7 +167,9 @@ pub fn try_whole_run(s: &Scenario, runs: u32, price: Option<f64>) -> Result<Whol
     let wall: Vec<f64> = samples.iter().map(|x| x.wall_s).collect();
     let days: Vec<f64> = wall.iter().map(|w| w / 86400.0).collect();
     let hours: Vec<f64> = wall.iter().map(|w| w / 3600.0 * f64::from(model.devices)).collect();
-    let good: Vec<f64> = wall.iter().map(|w| if *w > 0.0 { model.useful_s / w } else { 1.0 }).collect();
+    // The compute time the run kept (the iterations' jitter included) over its wall time.
+    let good: Vec<f64> =
+        samples.iter().map(|x| if x.wall_s > 0.0 { 1.0 - x.lost.total_s() / x.wall_s } else { 1.0 }).collect();
     let inter: Vec<f64> = samples.iter().map(|x| x.interruptions as f64).collect();
     let by_component = failures::COMPONENTS
         .iter()
