@@ -113,24 +113,28 @@ impl EventQueue {
         h[i] = key;
     }
 
-    fn sift_down(&mut self, mut i: usize) {
+    /// Put the key at `i` (the root) in its place: its hole goes down to a leaf along the
+    /// smaller children, then the key rises from there. The path's length depends only on the
+    /// heap's size, so the loop has no unpredictable branch, and a new key, usually later
+    /// than most, rises little.
+    fn sift_down(&mut self, i: usize) {
         let h = &mut self.heap;
         let n = h.len();
         let key = h[i];
-        loop {
-            let left = 2 * i + 1;
-            if left >= n {
-                break;
-            }
-            let right = left + 1;
-            let child = if right < n && h[right] < h[left] { right } else { left };
-            if key <= h[child] {
-                break;
-            }
-            h[i] = h[child];
-            i = child;
+        let mut pos = i;
+        let mut child = 2 * i + 1;
+        while child + 1 < n {
+            child += (h[child + 1] < h[child]) as usize;
+            h[pos] = h[child];
+            pos = child;
+            child = 2 * pos + 1;
         }
-        h[i] = key;
+        if child + 1 == n {
+            h[pos] = h[child];
+            pos = child;
+        }
+        h[pos] = key;
+        self.sift_up(pos);
     }
 
     /// Whether a push was refused (see `overflowed`).
