@@ -391,8 +391,16 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// The memory events of task `t` at its start or end (most tasks have none).
+    #[inline]
     fn memory(&mut self, t: u32, at_end: bool, now: u64) {
-        let mut m = self.p.tasks[t as usize].memory;
+        let m = self.p.tasks[t as usize].memory;
+        if m != NONE {
+            self.memory_events(t, m, at_end, now);
+        }
+    }
+
+    fn memory_events(&mut self, t: u32, mut m: u32, at_end: bool, now: u64) {
         let mb = self.p.tasks[t as usize].micro_batch;
         while m != NONE {
             let ev = self.p.memory_events[m as usize];
