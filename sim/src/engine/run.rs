@@ -324,17 +324,27 @@ impl Sparse {
     }
 
     /// The targets of node `a`.
-    #[inline]
+    #[inline(always)]
     fn get(&self, a: u32) -> &[u32] {
         &self.targets[self.range(a)]
     }
 
+    /// Whether node `a` has targets.
+    #[inline(always)]
+    fn has(&self, a: u32) -> bool {
+        self.bits[a as usize / 64] & (1 << (a % 64)) != 0
+    }
+
     /// Where the targets of node `a` are in `targets`.
-    #[inline]
+    #[inline(always)]
     fn range(&self, a: u32) -> std::ops::Range<usize> {
-        if self.bits[a as usize / 64] & (1 << (a % 64)) == 0 {
+        if !self.has(a) {
             return 0..0;
         }
+        self.listed(a)
+    }
+
+    fn listed(&self, a: u32) -> std::ops::Range<usize> {
         let i = self.nodes.binary_search(&a).expect("a node with targets is listed");
         self.start[i] as usize..self.start[i + 1] as usize
     }
