@@ -2,9 +2,6 @@
 //! number). Time is integer nanoseconds; the sequence number breaks ties in insertion
 //! order, so a run is deterministic. It knows nothing of what events mean.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 /// An event's payload: a kind and two small integers, packed for speed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Event {
@@ -20,11 +17,17 @@ const SLOT_BITS: u32 = 24;
 const MAX_PENDING: usize = 1 << SLOT_BITS;
 const MAX_SEQUENCE: u64 = 1 << (64 - SLOT_BITS);
 
+/// A binary min-heap of keys `time << 64 | sequence << 24 | slot`: one 128-bit comparison
+/// orders by time, then insertion (sequence numbers are unique, so the slot never decides).
+///
+/// Popping leaves the popped key at the root until the next push or pop: most events push
+/// one successor while they are handled, which then takes the root's place with one sift
+/// down instead of a removal and an insertion.
 #[derive(Default)]
 pub struct EventQueue {
-    /// Keys `time << 64 | sequence << 24 | slot`, smallest first: one 128-bit comparison
-    /// orders by time, then insertion (sequence numbers are unique, so the slot never decides).
-    heap: BinaryHeap<Reverse<u128>>,
+    heap: Vec<u128>,
+    /// The root is the last popped event, still to be removed.
+    stale_root: bool,
     /// Packed events by slot, and the free slots.
     payload: Vec<u64>,
     free: Vec<u32>,
@@ -52,13 +55,25 @@ impl EventQueue {
         }
         let slot = super::claim_slot(&mut self.payload, &mut self.free, packed);
         let key = ((time as u128) << 64) | ((self.seq as u128) << SLOT_BITS) | slot as u128;
-        self.heap.push(Reverse(key));
         self.seq += 1;
+        if self.stale_root {
+            self.stale_root = false;
+            self.heap[0] = key;
+            self.sift_down(0);
+        } else {
+            self.heap.push(key);
+            self.sift_up(self.heap.len() - 1);
+        }
     }
 
     /// The next event, advancing the clock to its time.
     pub fn pop(&mut self) -> Option<(u64, Event)> {
-        let Reverse(key) = self.heap.pop()?;
+        if self.stale_root {
+            self.stale_root = false;
+            self.remove_root();
+        }
+        let &key = self.heap.first()?;
+        self.stale_root = true;
         let time = (key >> 64) as u64;
         let slot = (key as u32) & ((1 << SLOT_BITS) - 1);
         let packed = self.payload[slot as usize];
@@ -75,6 +90,53 @@ impl EventQueue {
         ))
     }
 
+    /// Remove the root: the last key moves to the root's place.
+    fn remove_root(&mut self) {
+        let last = self.heap.pop().expect("a root to remove");
+        if !self.heap.is_empty() {
+            self.heap[0] = last;
+            self.sift_down(0);
+        }
+    }
+
+    fn sift_up(&mut self, mut i: usize) {
+        let h = &mut self.heap;
+        let key = h[i];
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if h[parent] <= key {
+                break;
+            }
+            h[i] = h[parent];
+            i = parent;
+        }
+        h[i] = key;
+    }
+
+    /// Put the key at `i` (the root) in its place: its hole goes down to a leaf along the
+    /// smaller children, then the key rises from there. The path's length depends only on the
+    /// heap's size, so the loop has no unpredictable branch, and a new key, usually later
+    /// than most, rises little.
+    fn sift_down(&mut self, i: usize) {
+        let h = &mut self.heap;
+        let n = h.len();
+        let key = h[i];
+        let mut pos = i;
+        let mut child = 2 * i + 1;
+        while child + 1 < n {
+            child += (h[child + 1] < h[child]) as usize;
+            h[pos] = h[child];
+            pos = child;
+            child = 2 * pos + 1;
+        }
+        if child + 1 == n {
+            h[pos] = h[child];
+            pos = child;
+        }
+        h[pos] = key;
+        self.sift_up(pos);
+    }
+
     /// Whether a push was refused (see `overflowed`).
     pub fn overflowed(&self) -> bool {
         self.overflowed
@@ -89,18 +151,21 @@ impl EventQueue {
         self.processed
     }
 
+    /// Events pending.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.heap.len() - self.stale_root as usize
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.len() == 0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
     use rand::{RngExt, SeedableRng};
     use rand_pcg::Pcg64Mcg;
 

@@ -135,8 +135,8 @@ struct Engine<'a> {
     q: EventQueue,
     net: Network,
     remaining: Vec<u32>,
-    succ_start: Vec<u32>,
-    succ: Vec<u32>,
+    /// Each task's explicit successors.
+    succ: Sparse,
     pos: Vec<u32>,
     stream_start: Vec<u64>,
     stream_busy: Vec<u64>,
@@ -161,12 +161,13 @@ struct Engine<'a> {
     peak_pending: Vec<bool>,
     res: RunResult,
     flows: u64,
-    /// Host issue model: when each simulated device's host thread is next free, each task's
-    /// end time, and the tasks each compute-stream task's host waits for (CSR).
+    /// Host issue model: when each simulated device's host thread is next free; the end
+    /// time of each task a host waits for (by its index in `gate_source`); and what each
+    /// compute-stream task's host waits for (indices into `done_at`).
     host_free: Vec<u64>,
+    gate_source: Sparse,
     done_at: Vec<u64>,
-    gate_start: Vec<u32>,
-    gate: Vec<u32>,
+    gate: Sparse,
     /// A time went past [`MAX_TIME_NS`].
     overflow: bool,
 }
@@ -191,7 +192,7 @@ pub fn run(
     for &(_, b) in &p.deps {
         remaining[b as usize] += 1;
     }
-    let (succ_start, succ) = adjacency(nt, p.deps.iter().copied());
+    let succ = Sparse::new(nt, p.deps.iter().copied());
     let nd = p.devices.len();
     // What a compute-stream task's host waits for: transfers and data-parallel collectives.
     let gating = |&(a, b): &(u32, u32)| {
@@ -200,8 +201,14 @@ pub fn run(
             || (ta.kind == TaskKind::Collective && Program::stream_kind(ta.stream) == StreamKind::DataParallel);
         Program::stream_kind(tb.stream) == StreamKind::Compute && blocks
     };
-    let host_waits = p.deps.iter().copied().filter(|d| !host.is_empty() && gating(d)).map(|(a, b)| (b, a));
-    let (gate_start, gate) = adjacency(nt, host_waits);
+    let host_waits: Vec<(u32, u32)> =
+        p.deps.iter().copied().filter(|d| !host.is_empty() && gating(d)).map(|(a, b)| (b, a)).collect();
+    // The tasks hosts wait for, numbered in task order.
+    let mut sources: Vec<u32> = host_waits.iter().map(|&(_, a)| a).collect();
+    sources.sort_unstable();
+    sources.dedup();
+    let gate_source = Sparse::new(nt, sources.iter().enumerate().map(|(i, &a)| (a, i as u32)));
+    let gate = Sparse::new(nt, host_waits.iter().map(|&(b, a)| (b, gate_source.get(a)[0])));
     let mut marks = vec![u32::MAX; p.streams.len()];
     for (d, &m) in p.compute_marks.iter().enumerate() {
         marks[d * STREAMS] = m;
@@ -215,7 +222,6 @@ pub fn run(
         q: EventQueue::new(),
         net: Network::new(opts.network, topo.capacities()),
         remaining,
-        succ_start,
         succ,
         pos: vec![0; p.streams.len()],
         stream_start: vec![0; p.streams.len()],
@@ -246,8 +252,8 @@ pub fn run(
         },
         flows: 0,
         host_free: vec![0; nd],
-        done_at: vec![0; if host.is_empty() { 0 } else { nt }],
-        gate_start,
+        done_at: vec![0; sources.len()],
+        gate_source,
         gate,
         overflow: false,
     };
@@ -294,23 +300,62 @@ pub fn run(
     Ok(e.res)
 }
 
-/// Compressed adjacency of `n` nodes from (from, to) pairs: the targets of node `i` are
-/// `targets[start[i]..start[i + 1]]`, in the pairs' order.
-fn adjacency(n: usize, pairs: impl Iterator<Item = (u32, u32)> + Clone) -> (Vec<u32>, Vec<u32>) {
-    let mut start = vec![0u32; n + 1];
-    for (a, _) in pairs.clone() {
-        start[a as usize + 1] += 1;
+/// Adjacency of `n` nodes of which few have targets, from (from, to) pairs: a bit per node
+/// says whether it has any, then a binary search over the nodes that do finds them, in the
+/// pairs' order. (Dense offsets would cost 4 bytes a task for the few tasks with explicit
+/// dependencies.)
+struct Sparse {
+    bits: Vec<u64>,
+    /// Nodes with targets, ascending; the targets of `nodes[i]` are
+    /// `targets[start[i]..start[i + 1]]`.
+    nodes: Vec<u32>,
+    start: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl Sparse {
+    fn new(n: usize, pairs: impl Iterator<Item = (u32, u32)>) -> Sparse {
+        let mut pairs: Vec<(u32, u32)> = pairs.collect();
+        // Stable: a node's targets keep the pairs' order.
+        pairs.sort_by_key(|&(a, _)| a);
+        let mut bits = vec![0u64; n.div_ceil(64)];
+        let (mut nodes, mut start) = (Vec::new(), Vec::new());
+        for (i, &(a, _)) in pairs.iter().enumerate() {
+            if nodes.last() != Some(&a) {
+                nodes.push(a);
+                start.push(i as u32);
+                bits[a as usize / 64] |= 1 << (a % 64);
+            }
+        }
+        start.push(pairs.len() as u32);
+        Sparse { bits, nodes, start, targets: pairs.into_iter().map(|(_, b)| b).collect() }
     }
-    for i in 0..n {
-        start[i + 1] += start[i];
+
+    /// The targets of node `a`.
+    #[inline(always)]
+    fn get(&self, a: u32) -> &[u32] {
+        &self.targets[self.range(a)]
     }
-    let mut fill = start.clone();
-    let mut targets = vec![0u32; start[n] as usize];
-    for (a, b) in pairs {
-        targets[fill[a as usize] as usize] = b;
-        fill[a as usize] += 1;
+
+    /// Whether node `a` has targets.
+    #[inline(always)]
+    fn has(&self, a: u32) -> bool {
+        self.bits[a as usize / 64] & (1 << (a % 64)) != 0
     }
-    (start, targets)
+
+    /// Where the targets of node `a` are in `targets`.
+    #[inline(always)]
+    fn range(&self, a: u32) -> std::ops::Range<usize> {
+        if !self.has(a) {
+            return 0..0;
+        }
+        self.listed(a)
+    }
+
+    fn listed(&self, a: u32) -> std::ops::Range<usize> {
+        let i = self.nodes.binary_search(&a).expect("a node with targets is listed");
+        self.start[i] as usize..self.start[i + 1] as usize
+    }
 }
 
 impl<'a> Engine<'a> {
@@ -364,8 +409,16 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// The memory events of task `t` at its start or end (most tasks have none).
+    #[inline]
     fn memory(&mut self, t: u32, at_end: bool, now: u64) {
-        let mut m = self.p.tasks[t as usize].memory;
+        let m = self.p.tasks[t as usize].memory;
+        if m != NONE {
+            self.memory_events(t, m, at_end, now);
+        }
+    }
+
+    fn memory_events(&mut self, t: u32, mut m: u32, at_end: bool, now: u64) {
         let mb = self.p.tasks[t as usize].micro_batch;
         while m != NONE {
             let ev = self.p.memory_events[m as usize];
@@ -442,8 +495,8 @@ impl<'a> Engine<'a> {
             _ => None,
         };
         let mut gate = 0;
-        for i in self.gate_start[t as usize]..self.gate_start[t as usize + 1] {
-            gate = gate.max(self.done_at[self.gate[i as usize] as usize]);
+        for &i in self.gate.get(t) {
+            gate = gate.max(self.done_at[i as usize]);
         }
         let mut issued = 0;
         self.for_streams(t, |e, s| {
@@ -674,8 +727,8 @@ impl<'a> Engine<'a> {
     }
 
     fn complete(&mut self, t: u32, now: u64) {
-        if let Some(d) = self.done_at.get_mut(t as usize) {
-            *d = now;
+        if let Some(&i) = self.gate_source.get(t).first() {
+            self.done_at[i as usize] = now;
         }
         self.memory(t, true, now);
         let task = self.p.tasks[t as usize];
@@ -715,8 +768,8 @@ impl<'a> Engine<'a> {
                 e.dec(next, t);
             }
         });
-        for i in self.succ_start[t as usize]..self.succ_start[t as usize + 1] {
-            let s = self.succ[i as usize];
+        for i in self.succ.range(t) {
+            let s = self.succ.targets[i];
             self.attr.produced(self.p, s, now);
             self.dec(s, t);
         }

@@ -9,11 +9,59 @@ use crate::report::timeline::{Label, Phase, StreamKind};
 use crate::scenario::Scenario;
 use crate::workload::OpSpec;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A fast hasher for the lowering's small keys (labels, collective members), which
+/// SipHash made a tenth of the lowering: each word is mixed in by a rotate, an xor and a
+/// multiplication by an odd constant (the scheme of rustc's `FxHasher`). Keys come from the
+/// program, not from an adversary.
+#[derive(Default, Clone, Copy)]
+pub(super) struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        for &b in chunks.remainder() {
+            self.write_u64(b as u64);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    #[inline]
+    fn write_u32(&mut self, word: u32) {
+        self.write_u64(word as u64);
+    }
+
+    #[inline]
+    fn write_u8(&mut self, word: u8) {
+        self.write_u64(word as u64);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(super) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<WordHasher>>;
 
 pub(super) struct Builder {
     pub(super) p: Program,
 
-    labels: HashMap<Label, u32>,
+    labels: FastMap<Label, u32>,
     /// Per-layer label ids: [layer][op][phase], built on first use.
     pub(super) layer_labels: Vec<Vec<[u32; 3]>>,
     pub(super) dev_index: Vec<u32>,
@@ -23,7 +71,10 @@ pub(super) struct Builder {
     pub(super) dp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
     /// How many data-parallel collectives each (replica, stage, tp rank, stream) has lowered.
     pub(super) dp_seq: HashMap<(u32, u32, u32, u32), u32>,
-    collective_ids: HashMap<(u8, Vec<u32>, u64), u32>,
+    /// Collectives by (kind, size's bits, hash of the members); a second collective with the
+    /// same key (a hash collision) goes to `colliding_collectives`.
+    collective_ids: FastMap<(u8, u64, u64), u32>,
+    colliding_collectives: HashMap<(u8, Vec<u32>, u64), u32>,
     /// Gemini's warm-up log: every unit access, in program order per device.
     pub(super) unit_log: Vec<gemini::UnitAccess>,
     /// Blocking point-to-point (`plan.p2p`): the sends each compute stream's next task waits for.
@@ -63,13 +114,14 @@ impl Builder {
                 ..Program::default()
             },
 
-            labels: HashMap::new(),
+            labels: FastMap::default(),
             layer_labels: Vec::new(),
             dev_index,
             dp_tasks: HashMap::new(),
             class: 0,
             dp_seq: HashMap::new(),
-            collective_ids: HashMap::new(),
+            collective_ids: FastMap::default(),
+            colliding_collectives: HashMap::new(),
             unit_log: Vec::new(),
             accumulate_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
@@ -123,13 +175,27 @@ impl Builder {
 
     /// The id of a collective, shared by every task with the same kind, members and size.
     pub(super) fn collective_id(&mut self, kind: CollectiveKind, members: &[u32], bytes: f64) -> u32 {
-        let key = (kind as u8, members.to_vec(), bytes.to_bits());
+        let mut h = WordHasher::default();
+        for &m in members {
+            h.write_u32(m);
+        }
+        h.write_usize(members.len());
+        let key = (kind as u8, bytes.to_bits(), h.finish());
         let next = self.p.collectives.len() as u32;
-        if let Some(&id) = self.collective_ids.get(&key) {
-            return id;
+        match self.collective_ids.get(&key) {
+            Some(&id) if self.p.collectives[id as usize].members == members => return id,
+            Some(_) => {
+                let long_key = (kind as u8, members.to_vec(), bytes.to_bits());
+                if let Some(&id) = self.colliding_collectives.get(&long_key) {
+                    return id;
+                }
+                self.colliding_collectives.insert(long_key, next);
+            }
+            None => {
+                self.collective_ids.insert(key, next);
+            }
         }
         self.p.collectives.push(Collective { kind, members: members.to_vec(), bytes });
-        self.collective_ids.insert(key, next);
         next
     }
 

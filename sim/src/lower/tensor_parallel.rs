@@ -26,8 +26,7 @@ pub(super) fn collective_on_compute(
     let Some(n) = axis.dim() else {
         // The whole group: one task on all its compute streams.
         let id = b.collective_id(kind, &ctx.group, bytes);
-        let streams = ctx.streams.clone();
-        b.task(TaskKind::Collective, id, label, mb, &streams);
+        b.task(TaskKind::Collective, id, label, mb, &ctx.streams);
         return;
     };
     // Along grid dimension n: one collective per line of the grid, all at once.

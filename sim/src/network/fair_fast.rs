@@ -13,6 +13,8 @@ pub struct Scratch {
     link_count: Vec<u32>,
     frozen: Vec<bool>,
     link_mark: Vec<u32>,
+    /// The component's rates before re-rating (empty for a lone flow).
+    old_rates: Vec<f64>,
 }
 
 pub(super) fn rerate_component(net: &mut Network, now: u64, seed: u32) {
@@ -67,9 +69,9 @@ pub(super) fn rerate_component(net: &mut Network, now: u64, seed: u32) {
     // tiny; a linear scan is fastest).
     let pos = |links: &[u32], k: u32| links.iter().position(|&x| x == k).expect("link in component");
     let mut unfrozen = s.flows.len();
-    let mut old_rates = Vec::with_capacity(0);
+    s.old_rates.clear();
     if s.flows.len() > 1 {
-        old_rates = s.flows.iter().map(|&f| net.flows[f as usize].rate).collect();
+        s.old_rates.extend(s.flows.iter().map(|&f| net.flows[f as usize].rate));
     }
     while unfrozen > 0 {
         let mut best = f64::INFINITY;
@@ -127,7 +129,7 @@ pub(super) fn rerate_component(net: &mut Network, now: u64, seed: u32) {
     for (j, &f) in s.flows.iter().enumerate() {
         let fl = &mut net.flows[f as usize];
         // A flow whose rate did not change keeps its scheduled finish.
-        if f != seed && !old_rates.is_empty() && old_rates[j] == fl.rate {
+        if f != seed && !s.old_rates.is_empty() && s.old_rates[j] == fl.rate {
             continue;
         }
         fl.version = fl.version.wrapping_add(1);
