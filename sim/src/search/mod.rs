@@ -46,9 +46,9 @@ impl Default for Options {
 pub struct Evaluated {
     /// Position in the enumeration (the tie-breaker of every ranking).
     pub index: usize,
-    /// The scenario's `plan` object, with `micro_batch` (the scenario's
-    /// `training.micro_batch`) added.
+    /// The scenario's `plan` object.
     pub plan: Value,
+    /// The scenario's `training.micro_batch`.
     pub micro_batch: u32,
     pub iteration_s: f64,
     pub peak_memory_bytes: f64,
@@ -120,21 +120,13 @@ fn front(sorted: &[Evaluated]) -> Vec<Evaluated> {
     out
 }
 
-fn with_micro_batch(plan: &Value, micro_batch: u32) -> Value {
-    let mut p = plan.clone();
-    if let Some(o) = p.as_object_mut() {
-        o.insert("micro_batch".into(), Value::from(micro_batch));
-    }
-    p
-}
-
 /// Simulate one plan; `None` when the simulator refuses it.
 fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds) -> Option<Evaluated> {
     let r = crate::try_simulate(s, false).ok()?.report;
     let usable = s.options.usable_bytes(&s.cluster.node.device);
     Some(Evaluated {
         index,
-        plan: with_micro_batch(&c.plan, c.micro_batch),
+        plan: c.plan.clone(),
         micro_batch: c.micro_batch,
         iteration_s: r.iteration_s,
         peak_memory_bytes: r.peak_memory_bytes,
