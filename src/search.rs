@@ -89,8 +89,8 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
     if let Some(w) = &a.write {
         crate::outputs::check_writable([("--write", w.as_path())])?;
     }
-    let text =
-        std::fs::read_to_string(&a.scenario).map_err(|e| format!("cannot read scenario {}: {e}", a.scenario.display()))?;
+    let text = std::fs::read_to_string(&a.scenario)
+        .map_err(|e| format!("cannot read scenario {}: {e}", a.scenario.display()))?;
     let base = read_input(&a.scenario, &text)?;
     let counts = if a.gpus.is_empty() { vec![base.cluster.device_count()] } else { a.gpus.clone() };
     let pool = rayon::ThreadPoolBuilder::new()
@@ -112,7 +112,8 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
                 p.invalid
             ))
         };
-        let outcome = pool.install(|| search::search(&input, opts, &show)).map_err(|e| format!("{}: {e}", a.scenario.display()));
+        let outcome =
+            pool.install(|| search::search(&input, opts, &show)).map_err(|e| format!("{}: {e}", a.scenario.display()));
         bar.finish_and_clear();
         runs.push(Run { gpus: g, input, outcome: outcome?, wall_s: started.elapsed().as_secs_f64() });
     }
@@ -265,14 +266,7 @@ fn print_text(runs: &[Run], price: Option<f64>) {
         let p = &r.outcome.progress;
         println!(
             "{} GPUs: {} plans: {} invalid, {} pruned by memory, {} by time, {} simulated ({} refused) in {:.1} s",
-            r.gpus,
-            p.enumerated,
-            p.invalid,
-            p.pruned_memory,
-            p.pruned_time,
-            p.evaluated,
-            p.failed,
-            r.wall_s
+            r.gpus, p.enumerated, p.invalid, p.pruned_memory, p.pruned_time, p.evaluated, p.failed, r.wall_s
         );
         let Some(b) = &r.outcome.best else {
             println!("  no plan fits");
@@ -309,7 +303,11 @@ fn print_text(runs: &[Run], price: Option<f64>) {
         for (r, row) in runs.iter().zip(&rows) {
             let cost = match (row.get("cost_usd_per_iteration"), row.get("cost_usd_per_million_tokens")) {
                 (Some(a), Some(b)) => {
-                    format!("  ${:.4}/iteration  ${:.4}/1M tokens", a.as_f64().unwrap_or(0.0), b.as_f64().unwrap_or(0.0))
+                    format!(
+                        "  ${:.4}/iteration  ${:.4}/1M tokens",
+                        a.as_f64().unwrap_or(0.0),
+                        b.as_f64().unwrap_or(0.0)
+                    )
                 }
                 _ => String::new(),
             };
@@ -348,15 +346,21 @@ impl Figure for FrontChart<'_> {
         c.configure_mesh().x_desc("peak memory per device (GiB)").y_desc("iteration (s)").draw().map_err(err)?;
         let grey = RGBColor(150, 150, 150);
         let red = RGBColor(200, 40, 40);
-        c.draw_series(self.all.iter().filter(|e| e.fits).map(|e| {
-            Circle::new((e.peak_memory_bytes / GIB, e.iteration_s), 3, grey.filled())
-        }))
+        c.draw_series(
+            self.all
+                .iter()
+                .filter(|e| e.fits)
+                .map(|e| Circle::new((e.peak_memory_bytes / GIB, e.iteration_s), 3, grey.filled())),
+        )
         .map_err(err)?
         .label("simulated, fits")
         .legend(move |(x, y)| Circle::new((x + 8, y), 3, grey.filled()));
-        c.draw_series(self.all.iter().filter(|e| !e.fits).map(|e| {
-            Cross::new((e.peak_memory_bytes / GIB, e.iteration_s), 3, grey.stroke_width(1))
-        }))
+        c.draw_series(
+            self.all
+                .iter()
+                .filter(|e| !e.fits)
+                .map(|e| Cross::new((e.peak_memory_bytes / GIB, e.iteration_s), 3, grey.stroke_width(1))),
+        )
         .map_err(err)?
         .label("simulated, does not fit")
         .legend(move |(x, y)| Cross::new((x + 8, y), 3, grey.stroke_width(1)));

@@ -84,8 +84,12 @@ fn the_output_is_the_same_on_one_and_two_threads() {
         assert!((cost - gpus * 2.0 * it / 3600.0).abs() <= 1e-12 * cost, "{r}");
         let per_m = r["cost_usd_per_million_tokens"].as_f64().unwrap();
         assert!((per_m - cost / (32.0 * 1024.0) * 1e6).abs() <= 1e-9 * per_m, "{r}");
-        assert_eq!(r["best"]["plan"]["dp"].as_f64().unwrap() * r["best"]["plan"]["tp"].as_f64().unwrap()
-            * r["best"]["plan"]["pp"].as_f64().unwrap(), gpus);
+        assert_eq!(
+            r["best"]["plan"]["dp"].as_f64().unwrap()
+                * r["best"]["plan"]["tp"].as_f64().unwrap()
+                * r["best"]["plan"]["pp"].as_f64().unwrap(),
+            gpus
+        );
     }
     assert!(!one["gpu_front"].as_array().unwrap().is_empty());
 }

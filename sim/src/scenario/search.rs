@@ -49,10 +49,7 @@ pub struct SearchInput {
 }
 
 /// Read a scenario for search: `plan` and `training.micro_batch` may be left out.
-pub fn parse_for_search(
-    text: &str,
-    load: &dyn Fn(&str) -> std::result::Result<String, String>,
-) -> Result<SearchInput> {
+pub fn parse_for_search(text: &str, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<SearchInput> {
     let v: Value = serde_json::from_str(text).map_err(|e| invalid("(file)", format!("not valid JSON: {e}")))?;
     let root = Obj::new(&v, "")?;
     root.only(keys::ROOT)?;
@@ -118,7 +115,7 @@ impl SearchInput {
             cluster: self.cluster.clone(),
             training,
             plan,
-            options: self.options.clone(),
+            options: self.options,
             defaults_applied: defaults,
             notes,
             op_rates: Vec::new(),

@@ -147,10 +147,8 @@ pub fn search(
     let candidates = space::enumerate(input);
     let mut prog = Progress { enumerated: candidates.len(), ..Progress::default() };
     // Read and bound every candidate (in parallel, results in order).
-    let read: Vec<Result<Bounds, ScenarioError>> = candidates
-        .par_iter()
-        .map(|c| input.with_plan(c.micro_batch, &c.plan).map(|s| bounds::bounds(&s)))
-        .collect();
+    let read: Vec<Result<Bounds, ScenarioError>> =
+        candidates.par_iter().map(|c| input.with_plan(c.micro_batch, &c.plan).map(|s| bounds::bounds(&s))).collect();
     let mut first_error = None;
     let mut queue: Vec<(usize, Bounds)> = Vec::new();
     for (i, r) in read.into_iter().enumerate() {

@@ -54,7 +54,8 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
             Some(v) => v.as_u64().and_then(|x| u32::try_from(x).ok()).filter(|&x| x >= 1).map(Some).ok_or(()),
         }
     };
-    let as_given = || vec![Candidate { micro_batch: input.fixed_micro_batch.unwrap_or(1), plan: Value::Object(fixed.clone()) }];
+    let as_given =
+        || vec![Candidate { micro_batch: input.fixed_micro_batch.unwrap_or(1), plan: Value::Object(fixed.clone()) }];
     let (Ok(f_dp), Ok(f_tp), Ok(f_pp), Ok(f_v)) = (uint("dp"), uint("tp"), uint("pp"), uint("virtual_stages")) else {
         return as_given();
     };
