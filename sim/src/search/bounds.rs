@@ -5,7 +5,8 @@
 //! for at least the cost model's time for it (times the cluster's straggler factor, as
 //! `op_durations_ns` applies it); communication, host issue and contention only add. So the
 //! iteration is at least each stage's compute work `W_k` (its chunks' forward, recomputation
-//! and backward for every micro-batch). With a flush, the pipeline adds its fill and drain
+//! and backward for every micro-batch, and the tensor-parallel collectives that hold the same
+//! stream: each at least `(n-1)/n` of its buffer over the device's total egress bandwidth). With a flush, the pipeline adds its fill and drain
 //! (the bubble formula, generalised to uneven chunks): the last stage's first op is a forward
 //! of its first chunk `p-1`, after the forwards of chunks `0..p-1` of that micro-batch on the
 //! other stages; its last op is a backward of chunk `p-1`, before the backwards of chunks
@@ -43,11 +44,36 @@ impl Bounds {
     const TRIVIAL: Bounds = Bounds { iteration_s: 0.0, peak_memory_bytes: 0.0, may_fit: true };
 }
 
-/// Forward and backward (with recomputation) seconds of a block's compute ops, and how many
-/// ops they are.
-fn block_s(model: &ComputeModel, ops: &[LayerOp], recompute: Recompute) -> (f64, f64, f64) {
-    let (mut f, mut b, mut n) = (0.0, 0.0, 0.0);
-    for spec in ops.iter().filter_map(LayerOp::compute) {
+/// Forward and backward (with recomputation) seconds of a block's ops on one device's compute
+/// stream, and how many ops they are. A tensor-parallel collective occupies the stream too:
+/// each member must send at least `(n-1)/n` of the buffer (whatever the algorithm, switch
+/// reductions included), at most at `egress` bytes/s (`None`: the framework overlaps them with
+/// GEMMs, so they count 0).
+fn block_s(
+    model: &ComputeModel,
+    ops: &[LayerOp],
+    recompute: Recompute,
+    dims: &[u32],
+    egress: Option<f64>,
+) -> Block {
+    let (mut f, mut b, mut n, mut fc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for op in ops {
+        let spec = match op {
+            LayerOp::Compute(spec) => spec,
+            LayerOp::Comm { bytes, axis, forward, backward, .. } => {
+                let members = axis.dim().map_or(dims.iter().product(), |d| dims.get(d).copied().unwrap_or(1));
+                if let Some(bw) = egress
+                    && members > 1
+                {
+                    let m = members as f64;
+                    let t = (m - 1.0) / m * bytes / bw;
+                    fc += if forward.is_some() { t } else { 0.0 };
+                    bc += if backward.is_some() { t } else { 0.0 };
+                    n += 2.0;
+                }
+                continue;
+            }
+        };
         let fwd = model.op_s(spec, false);
         f += fwd;
         b += model.op_s(spec, true);
@@ -62,7 +88,26 @@ fn block_s(model: &ComputeModel, ops: &[LayerOp], recompute: Recompute) -> (f64,
             n += 1.0;
         }
     }
-    (f, b, n)
+    Block { f, b, fc, bc, n }
+}
+
+/// A block's times on one device: compute forward and backward (with recomputation), which
+/// the straggler factor stretches, and tensor-parallel communication forward and backward;
+/// and its op count.
+#[derive(Clone, Copy, Default)]
+struct Block {
+    f: f64,
+    b: f64,
+    fc: f64,
+    bc: f64,
+    n: f64,
+}
+
+impl Block {
+    /// Forward and backward seconds with compute stretched by `straggle`.
+    fn times(&self, straggle: f64) -> (f64, f64) {
+        (self.f * straggle + self.fc, self.b * straggle + self.bc)
+    }
 }
 
 /// The bounds of a scenario's plan.
@@ -98,6 +143,14 @@ pub fn bounds(s: &Scenario) -> Bounds {
     };
     let layer_ops = w.layer_ops(shape);
     let (embed_ops, head_ops) = (w.embedding_ops(edge_shape), w.head_ops(edge_shape));
+    // A device sends at most over its port to the node's switch and all of the node's NICs.
+    let node = &s.cluster.node;
+    let egress = (!plan.framework.tp_comm_overlap && !plan.ring()).then(|| {
+        node.intra_node.as_ref().map_or(0.0, |l| l.bandwidth_bytes_per_s)
+            + node.nics as f64 * node.nic.bandwidth_bytes_per_s
+    });
+    let dims = plan.tp_mode.dims(plan.tp);
+    let edge_dims = if plan.ring() { vec![1] } else { dims.clone() };
     let slowest = expected_max_std_normal(s.cluster.device_count() as u64);
     // Per stage: (forward, backward) seconds of each of its chunks, per micro-batch.
     let known = plan.partition_policy.is_none();
@@ -115,24 +168,25 @@ pub fn bounds(s: &Scenario) -> Bounds {
             .with_op_rates(&s.op_rates)
             .with_weights_on_chip(dev.fpga.is_some());
         let straggle = 1.0 + s.options.device_variability(dev) * slowest;
-        let (lf, lb, ln) = block_s(&model, &layer_ops, plan.recompute);
-        let (ef, eb, en) = block_s(&model, &embed_ops, Recompute::None);
-        let (hf, hb, hn) = block_s(&model, &head_ops, Recompute::None);
+        let layer = block_s(&model, &layer_ops, plan.recompute, &dims, egress);
+        let embed = block_s(&model, &embed_ops, Recompute::None, &edge_dims, egress);
+        let head = block_s(&model, &head_ops, Recompute::None, &edge_dims, egress);
+        let ((lf, lb), (ef, eb), (hf, hb)) = (layer.times(straggle), embed.times(straggle), head.times(straggle));
         for c in (k..chunks).step_by(p as usize) {
             let n = layers_of(c);
-            let (mut f, mut b, mut count) = (n * lf, n * lb, n * ln);
+            let (mut f, mut b, mut count) = (n * lf, n * lb, n * layer.n);
             if c == 0 {
-                (f, b, count) = (f + ef, b + eb, count + en);
+                (f, b, count) = (f + ef, b + eb, count + embed.n);
             }
             if c == chunks - 1 {
-                (f, b, count) = (f + hf, b + hb, count + hn);
+                (f, b, count) = (f + hf, b + hb, count + head.n);
             }
-            chunk_fb[c as usize] = (f * straggle, b * straggle);
-            work[k as usize] += m as f64 * (f + b) * straggle;
+            chunk_fb[c as usize] = (f, b);
+            work[k as usize] += m as f64 * (f + b);
             ops[k as usize] += m as f64 * count;
         }
         // Every layer runs on some stage, at best on the fastest stage's device.
-        all_work = all_work.min(m as f64 * (w.layers as f64 * (lf + lb) + ef + eb + hf + hb) * straggle / p as f64);
+        all_work = all_work.min(m as f64 * (w.layers as f64 * (lf + lb) + ef + eb + hf + hb) / p as f64);
     }
     // Each op's duration is rounded to the engine's nanosecond: at most half of one lower.
     let rounding = ops.iter().fold(0.0, |a: f64, &n| a.max(n)) * 0.5e-9;

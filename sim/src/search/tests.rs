@@ -45,8 +45,18 @@ fn pruned_search_finds_the_exhaustive_best_top_and_front() {
 
 #[test]
 fn bounds_are_never_above_the_simulated_values() {
-    let inp = small(r#"{"rank_order": "tp-dp-pp"}"#);
-    let all = search(&inp, Options { top: 1, prune: false }, &none).unwrap();
+    let h100 = input(
+        r#"{"workload": {"preset": "gpt3-2.7b"}, "cluster": {"node": "dgx-h100", "nodes": 2},
+            "training": {"global_batch": 32, "seq_len": 2048},
+            "plan": {"rank_order": "tp-dp-pp", "recompute": "selective", "offload": "none", "tp_mode": "1d"}}"#,
+    );
+    for inp in [small(r#"{"rank_order": "tp-dp-pp"}"#), h100] {
+        check_bounds(&inp);
+    }
+}
+
+fn check_bounds(inp: &SearchInput) {
+    let all = search(inp, Options { top: 1, prune: false }, &none).unwrap();
     assert!(all.simulated.len() > 50, "{}", all.simulated.len());
     let mut tight = 0.0f64;
     for e in &all.simulated {
