@@ -23,6 +23,7 @@ mod gantt;
 mod memory_plot;
 mod nccl_test;
 mod outputs;
+mod search;
 mod summary;
 mod train_run;
 mod validate_plot;
@@ -251,6 +252,10 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         plot: Option<PathBuf>,
     },
+    /// The fastest plan that fits, the top K and the Pareto front of iteration time against
+    /// peak memory, over dp, tp, pp, micro-batch, schedule, recompute, ZeRO, offload, partition
+    /// and rank order (bounds prune, survivors are simulated on all cores).
+    Search(search::SearchArgs),
     /// List every built-in device, link, node and workload preset.
     Presets {
         /// Print every preset with all its numbers and sources as one JSON object.
@@ -290,6 +295,7 @@ fn main() -> ExitCode {
         Command::Capacity { scenario, vary, gpus, json, plot } => {
             capacity_cmd(&scenario, &vary, &gpus, json, plot.as_deref())
         }
+        Command::Search(args) => search::run(&args),
         Command::Partition { scenario, json, write } => partition_cmd(&scenario, json, write.as_deref()),
         Command::SyntheticTrace { layers, epochs, seed } => {
             let t = sim::policy::freeze::synthetic_trace(layers, epochs, seed);

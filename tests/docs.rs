@@ -264,6 +264,18 @@ fn report_docs_list_every_key_the_commands_print() {
         "capacity --json",
         &[json_of(&[&"capacity", &small, &"--vary", &"layers", &"--gpus", &"1,2", &"--json"])],
     );
+    // A pipeline fixed, so that plans carry a partition; two GPU counts and a price, so that
+    // the per-count rows and costs are printed.
+    let searched = TempDir::new("docs-search");
+    let mut tiny_search: Value = serde_json::from_str(TINY_CPU).unwrap();
+    tiny_search["plan"] = serde_json::json!({"pp": 2});
+    tiny_search["training"].as_object_mut().unwrap().remove("micro_batch");
+    let s = searched.write("search.json", &tiny_search.to_string());
+    check_report_section(
+        &docs,
+        "search --json",
+        &[json_of(&[&"search", &s, &"--gpus", &"2,4", &"--price-per-gpu-hour", &"1", &"--top", &"20", &"--json"])],
+    );
     let tmp = TempDir::new("docs-replay");
     let tiny: &Path = &tmp.write("tiny.json", TINY_CPU);
     let quick: [&dyn AsRef<std::ffi::OsStr>; 6] = [&"--backend", &"cpu", &"--warmup", &"0", &"--repeats", &"1"];

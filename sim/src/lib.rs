@@ -20,6 +20,7 @@ pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod schedule;
+pub mod search;
 pub mod workload;
 
 use engine::RunOptions;

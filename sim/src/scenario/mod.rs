@@ -19,6 +19,7 @@ mod options;
 mod plan;
 pub mod reader;
 mod run;
+mod search;
 pub mod suggest;
 #[cfg(test)]
 mod tests;
@@ -31,6 +32,7 @@ pub use options::{
 };
 pub use reader::{Result, ScenarioError};
 pub use run::{CheckpointInterval, CheckpointSpec, FreezePolicy, FreezeSpec, RunSpec, RunVariability};
+pub use search::{SEARCHED_KEYS, SearchInput, parse_for_search};
 pub use training::Training;
 
 use crate::hardware::{ClusterSpec, DeviceKind};
@@ -166,17 +168,7 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     }
     let notes = checks::plan_notes(&plan, &cluster);
     let options = options::parse_options(root.obj("simulation")?)?;
-    if options.memory_headroom.is_none() && cluster.has_kind(DeviceKind::Gpu) {
-        defaults.push(format!(
-            "simulation.memory_headroom = {DEFAULT_GPU_MEMORY_HEADROOM} (GPU memory kept free for the caching allocator)"
-        ));
-    }
-    if options.device_variability.is_none() && cluster.has_kind(DeviceKind::Gpu) && cluster.device_count() > 1 {
-        defaults.push(format!(
-            "simulation.device_variability = {} (GPU speed spread; every step waits for the slowest device)",
-            options::DEFAULT_GPU_DEVICE_VARIABILITY
-        ));
-    }
+    option_defaults(&options, &cluster, &mut defaults);
     let scenario = Scenario {
         name,
         workload,
@@ -192,4 +184,19 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     };
     limits::check(&scenario)?;
     Ok(scenario)
+}
+
+/// The defaults of `simulation` worth saying (a GPU's memory headroom and speed spread).
+fn option_defaults(options: &SimOptions, cluster: &ClusterSpec, defaults: &mut Vec<String>) {
+    if options.memory_headroom.is_none() && cluster.has_kind(DeviceKind::Gpu) {
+        defaults.push(format!(
+            "simulation.memory_headroom = {DEFAULT_GPU_MEMORY_HEADROOM} (GPU memory kept free for the caching allocator)"
+        ));
+    }
+    if options.device_variability.is_none() && cluster.has_kind(DeviceKind::Gpu) && cluster.device_count() > 1 {
+        defaults.push(format!(
+            "simulation.device_variability = {} (GPU speed spread; every step waits for the slowest device)",
+            options::DEFAULT_GPU_DEVICE_VARIABILITY
+        ));
+    }
 }

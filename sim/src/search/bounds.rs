@@ -1,0 +1,255 @@
+//! Lower bounds on a plan's simulated iteration time and peak memory, from the plan alone (no
+//! lowering, no engine): what the search prunes with.
+//!
+//! Time. Every device runs its compute ops one after another on its one compute stream, each
+//! for at least the cost model's time for it (times the cluster's straggler factor, as
+//! `op_durations_ns` applies it); communication, host issue and contention only add. So the
+//! iteration is at least each stage's compute work `W_k` (its chunks' forward, recomputation
+//! and backward for every micro-batch, and the tensor-parallel collectives that hold the same
+//! stream: each at least `(n-1)/n` of its buffer over the device's total egress bandwidth). With a flush, the pipeline adds its fill and drain
+//! (the bubble formula, generalised to uneven chunks): the last stage's first op is a forward
+//! of its first chunk `p-1`, after the forwards of chunks `0..p-1` of that micro-batch on the
+//! other stages; its last op is a backward of chunk `p-1`, before the backwards of chunks
+//! `p-2..0`. Hence `T >= W_{p-1} + sum_{c<p-1} (F_c + B_c)`, which is
+//! `(m·v + p - 1) / (m·v)` times the work with uniform chunks.
+//!
+//! Memory. Each stage's devices hold their model states after ZeRO sharding and offload (as
+//! the lowering's static memory computes them) and the framework's allowance, plus, at the
+//! schedule's most crowded point, the saved activations of every (micro-batch, chunk) pair in
+//! flight (`schedule::in_flight_bound`), each at least the stage's smallest chunk's.
+//!
+//! Plans whose structure these formulas do not describe (distinct-layer nets, frozen layers,
+//! token slices, Gemini's dynamic placement, the explore policy) get the trivial bounds 0.
+
+use crate::cost::ComputeModel;
+use crate::cost::memory::bytes_per_parameter;
+use crate::plan::{PartitionPolicy, Recompute, Tier};
+use crate::scenario::{Scenario, expected_max_std_normal};
+use crate::schedule::{self, ScheduleKind, ScheduleShape};
+use crate::workload::{LayerOp, LayerShape, TpMode};
+
+/// Lower bounds on a plan's simulated report.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Bounds {
+    /// At most the simulated `iteration_s`.
+    pub iteration_s: f64,
+    /// At most the simulated `peak_memory_bytes` (the fullest device's peak).
+    pub peak_memory_bytes: f64,
+    /// False when some stage's memory bound exceeds its device's usable memory: the plan
+    /// cannot fit.
+    pub may_fit: bool,
+}
+
+impl Bounds {
+    const TRIVIAL: Bounds = Bounds { iteration_s: 0.0, peak_memory_bytes: 0.0, may_fit: true };
+}
+
+/// Forward and backward (with recomputation) seconds of a block's ops on one device's compute
+/// stream, and how many ops they are. A tensor-parallel collective occupies the stream too:
+/// each member must send at least `(n-1)/n` of the buffer (whatever the algorithm, switch
+/// reductions included), at most at `egress` bytes/s (`None`: the framework overlaps them with
+/// GEMMs, so they count 0).
+fn block_s(
+    model: &ComputeModel,
+    ops: &[LayerOp],
+    recompute: Recompute,
+    dims: &[u32],
+    egress: Option<f64>,
+) -> Block {
+    let (mut f, mut b, mut n, mut fc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for op in ops {
+        let spec = match op {
+            LayerOp::Compute(spec) => spec,
+            LayerOp::Comm { bytes, axis, forward, backward, .. } => {
+                let members = axis.dim().map_or(dims.iter().product(), |d| dims.get(d).copied().unwrap_or(1));
+                if let Some(bw) = egress
+                    && members > 1
+                {
+                    let m = members as f64;
+                    let t = (m - 1.0) / m * bytes / bw;
+                    fc += if forward.is_some() { t } else { 0.0 };
+                    bc += if backward.is_some() { t } else { 0.0 };
+                    n += 2.0;
+                }
+                continue;
+            }
+        };
+        let fwd = model.op_s(spec, false);
+        f += fwd;
+        b += model.op_s(spec, true);
+        n += 2.0;
+        let again = match recompute {
+            Recompute::Full => true,
+            Recompute::Selective => spec.saved.selective_bytes != 0.0 || spec.name == "scores",
+            Recompute::None => false,
+        };
+        if again {
+            b += fwd;
+            n += 1.0;
+        }
+    }
+    Block { f, b, fc, bc, n }
+}
+
+/// A block's times on one device: compute forward and backward (with recomputation), which
+/// the straggler factor stretches, and tensor-parallel communication forward and backward;
+/// and its op count.
+#[derive(Clone, Copy, Default)]
+struct Block {
+    f: f64,
+    b: f64,
+    fc: f64,
+    bc: f64,
+    n: f64,
+}
+
+impl Block {
+    /// Forward and backward seconds with compute stretched by `straggle`.
+    fn times(&self, straggle: f64) -> (f64, f64) {
+        (self.f * straggle + self.fc, self.b * straggle + self.bc)
+    }
+}
+
+/// The bounds of a scenario's plan.
+pub fn bounds(s: &Scenario) -> Bounds {
+    let plan = &s.plan;
+    if s.workload.net.is_some()
+        || plan.frozen.layers > 0
+        || plan.token_slices.is_some()
+        || plan.offload.dynamic.is_some()
+        || plan.partition_policy == Some(PartitionPolicy::Explore)
+    {
+        return Bounds::TRIVIAL;
+    }
+    let w = &s.workload.transformer;
+    let (p, v, m) = (plan.pp, plan.virtual_stages, plan.micro_batches);
+    let chunks = plan.chunks();
+    let e = plan.precision.activation_bytes();
+    let shape = LayerShape {
+        micro_batch: plan.micro_batch,
+        seq_len: plan.seq_len,
+        tp: plan.tp,
+        tp_mode: plan.tp_mode,
+        context: 0,
+        sequence_parallel: plan.sequence_parallel,
+        attention: plan.attention,
+        fusion: plan.fusion,
+        activation_bytes: e,
+    };
+    let edge_shape = if plan.ring() {
+        LayerShape { seq_len: plan.seq_len / plan.tp, tp: 1, tp_mode: TpMode::OneD, ..shape }
+    } else {
+        shape
+    };
+    let layer_ops = w.layer_ops(shape);
+    let (embed_ops, head_ops) = (w.embedding_ops(edge_shape), w.head_ops(edge_shape));
+    // A device sends at most over its port to the node's switch and all of the node's NICs.
+    let node = &s.cluster.node;
+    let egress = (!plan.framework.tp_comm_overlap && !plan.ring()).then(|| {
+        node.intra_node.as_ref().map_or(0.0, |l| l.bandwidth_bytes_per_s)
+            + node.nics as f64 * node.nic.bandwidth_bytes_per_s
+    });
+    let dims = plan.tp_mode.dims(plan.tp);
+    let edge_dims = if plan.ring() { vec![1] } else { dims.clone() };
+    let slowest = expected_max_std_normal(s.cluster.device_count() as u64);
+    // Per stage: (forward, backward) seconds of each of its chunks, per micro-batch.
+    let known = plan.partition_policy.is_none();
+    let starts = plan.chunk_starts();
+    let layers_of = |c: u32| if known { (starts[c as usize + 1] - starts[c as usize]) as f64 } else { 1.0 };
+    let mut chunk_fb = vec![(0.0, 0.0); chunks as usize];
+    let mut work = vec![0.0; p as usize];
+    let mut ops = vec![0.0; p as usize];
+    let mut all_work = f64::INFINITY;
+    let mut classes = Vec::with_capacity(p as usize);
+    for k in 0..p {
+        let dev = s.cluster.device_of(plan.device(0, k, 0));
+        classes.push(dev);
+        let model = ComputeModel::new(dev, plan.precision, None)
+            .with_op_rates(&s.op_rates)
+            .with_weights_on_chip(dev.fpga.is_some());
+        let straggle = 1.0 + s.options.device_variability(dev) * slowest;
+        let layer = block_s(&model, &layer_ops, plan.recompute, &dims, egress);
+        let embed = block_s(&model, &embed_ops, Recompute::None, &edge_dims, egress);
+        let head = block_s(&model, &head_ops, Recompute::None, &edge_dims, egress);
+        let ((lf, lb), (ef, eb), (hf, hb)) = (layer.times(straggle), embed.times(straggle), head.times(straggle));
+        for c in (k..chunks).step_by(p as usize) {
+            let n = layers_of(c);
+            let (mut f, mut b, mut count) = (n * lf, n * lb, n * layer.n);
+            if c == 0 {
+                (f, b, count) = (f + ef, b + eb, count + embed.n);
+            }
+            if c == chunks - 1 {
+                (f, b, count) = (f + hf, b + hb, count + head.n);
+            }
+            chunk_fb[c as usize] = (f, b);
+            work[k as usize] += m as f64 * (f + b);
+            ops[k as usize] += m as f64 * count;
+        }
+        // Every layer runs on some stage, at best on the fastest stage's device.
+        all_work = all_work.min(m as f64 * (w.layers as f64 * (lf + lb) + ef + eb + hf + hb) / p as f64);
+    }
+    // Each op's duration is rounded to the engine's nanosecond: at most half of one lower.
+    let rounding = ops.iter().fold(0.0, |a: f64, &n| a.max(n)) * 0.5e-9;
+    let mut time = if known { work.iter().fold(0.0, |a: f64, &x| a.max(x)) } else { all_work };
+    let flush = plan.schedule != ScheduleKind::TwoBW;
+    if flush && p > 1 && known {
+        let fill: f64 = chunk_fb[..p as usize - 1].iter().map(|(f, b)| f + b).sum();
+        time = time.max(work[p as usize - 1] + fill);
+    }
+    let time = (time - rounding).max(0.0);
+
+    // Memory, per stage.
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let tf = if plan.ring() { 1.0 } else { plan.tp as f64 };
+    let lp = w.layer_parameters() / plan.tp_mode.weight_shards(plan.tp) as f64;
+    let first_params =
+        (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
+    let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { w.head_classes() * w.hidden as f64 / tf };
+    let sync = plan.sync_degree();
+    let host_params = plan.offload.params != Tier::Device;
+    let host_opt = plan.offload.optimizer != Tier::Device;
+    let z = if sync > 1 || host_params { plan.zero_stage } else { 0 };
+    let shard = |at_least: u8| if z >= at_least { sync as f64 } else { 1.0 };
+    let per_param = (if host_params { 0.0 } else { wb / shard(3) })
+        + (if host_opt && z >= 2 { 0.0 } else { gb / shard(2) })
+        + (if host_opt { 0.0 } else { ob / shard(1) });
+    let saved_layer = if plan.offload.activations != Tier::Device {
+        0.0
+    } else if plan.recompute == Recompute::Full {
+        e * plan.micro_batch as f64 * plan.seq_len as f64 * w.hidden as f64
+            / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 }
+    } else {
+        layer_ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(plan.recompute)).sum()
+    };
+    let sched = ScheduleShape { stages: p, micro_batches: m, virtual_stages: v };
+    let chunk_params = |c: u32| {
+        layers_of(c) * lp + if c == 0 { first_params } else { 0.0 } + if c == chunks - 1 { last_params } else { 0.0 }
+    };
+    let stage_bytes: Vec<f64> = (0..p)
+        .map(|k| {
+            let mine: Vec<u32> = (k..chunks).step_by(p as usize).collect();
+            let params: f64 = mine.iter().map(|&c| chunk_params(c)).sum();
+            let smallest = mine.iter().map(|&c| layers_of(c)).fold(f64::INFINITY, f64::min);
+            let in_flight = schedule::in_flight_bound(plan.schedule, sched, k) as f64;
+            params * per_param + in_flight * smallest * saved_layer
+        })
+        .collect();
+    let framework = |k: usize| s.options.framework_bytes(classes[k]);
+    let (peak, may_fit) = if known {
+        let peak = (0..p as usize).map(|k| stage_bytes[k] + framework(k)).fold(0.0, f64::max);
+        let fit = (0..p as usize).all(|k| stage_bytes[k] + framework(k) <= s.options.usable_bytes(classes[k]));
+        (peak, fit)
+    } else {
+        // The partition is the policy's: the fullest stage holds at least the average of the
+        // stages' model states (every layer somewhere) and activations (every stage at least
+        // one layer, at the last stage's in-flight count).
+        let states: f64 = (w.layers as f64 * lp + first_params + last_params) * per_param;
+        let last_in_flight = schedule::in_flight_bound(plan.schedule, sched, p - 1) as f64;
+        let acts = last_in_flight * w.layers as f64 * saved_layer;
+        let framework_min = (0..p as usize).map(framework).fold(f64::INFINITY, f64::min);
+        let usable_max = classes.iter().map(|d| s.options.usable_bytes(d)).fold(0.0, f64::max);
+        let peak = (states + acts) / p as f64 + framework_min;
+        (peak, peak <= usable_max)
+    };
+    Bounds { iteration_s: time, peak_memory_bytes: peak, may_fit }
+}

@@ -1,0 +1,229 @@
+//! Plan search (`trainsim search`): the fastest plan that fits, the top K, and the Pareto
+//! front of iteration time against peak memory, over the space of [`space::enumerate`].
+//!
+//! Prune, simulate, rank. Every candidate is read as `simulate` would read it (a plan the
+//! reader refuses is counted as invalid), then bounded ([`bounds::bounds`]): a plan whose
+//! memory bound exceeds a device's usable memory cannot fit and is pruned. The others are
+//! simulated most promising first (by time bound), in rounds of [`ROUND`] plans on all cores;
+//! before each plan joins a round it is pruned if it can change neither the answer's top K
+//! (its time bound is above the K-th best simulated time) nor its front (a simulated plan that
+//! fits is strictly better than its bounds in one of time and memory and no worse in the
+//! other). Since the bounds are never above the simulated values, the pruned search returns
+//! exactly what the exhaustive one ([`Options::prune`] false) returns.
+//!
+//! Determinism: rounds are a fixed size, each round's results are merged in candidate order,
+//! and every ranking breaks ties by the enumeration index, so the output does not depend on
+//! the thread count.
+
+pub mod bounds;
+pub mod space;
+
+use crate::scenario::{Scenario, ScenarioError, SearchInput};
+use bounds::Bounds;
+use rayon::prelude::*;
+use serde::Serialize;
+use serde_json::Value;
+
+/// Plans simulated per round (a constant, so that pruning does not depend on the threads).
+pub const ROUND: usize = 8;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// How many of the fastest fitting plans to return.
+    pub top: usize,
+    /// Prune by the bounds (false: simulate every valid plan, for tests).
+    pub prune: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { top: 5, prune: true }
+    }
+}
+
+/// One simulated plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct Evaluated {
+    /// Position in the enumeration (the tie-breaker of every ranking).
+    pub index: usize,
+    /// The scenario's `plan` object.
+    pub plan: Value,
+    /// The scenario's `training.micro_batch`.
+    pub micro_batch: u32,
+    pub iteration_s: f64,
+    pub peak_memory_bytes: f64,
+    pub fits: bool,
+    pub mfu: f64,
+    /// Usable device memory (capacity less the headroom) left at the peak.
+    pub memory_headroom_bytes: f64,
+    pub bounds: Bounds,
+}
+
+/// Counts so far, for a progress bar.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Progress {
+    /// Plans in the space.
+    pub enumerated: usize,
+    /// Plans the reader refused (a constraint of the scenario or of the reader).
+    pub invalid: usize,
+    /// Pruned by the memory bound.
+    pub pruned_memory: usize,
+    /// Pruned by the time bound (unable to enter the top K or the front).
+    pub pruned_time: usize,
+    /// Simulated.
+    pub evaluated: usize,
+    /// The simulator refused them (too large to lower, past its clock).
+    pub failed: usize,
+}
+
+impl Progress {
+    pub fn pruned(&self) -> usize {
+        self.pruned_memory + self.pruned_time
+    }
+}
+
+/// What a search found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    /// The fastest plan that fits (`top[0]`).
+    pub best: Option<Evaluated>,
+    /// The fastest fitting plans, fastest first.
+    pub top: Vec<Evaluated>,
+    /// Iteration time against peak memory among the plans that fit: each faster than every
+    /// plan that needs less memory, fastest first.
+    pub pareto: Vec<Evaluated>,
+    pub progress: Progress,
+    /// Every simulated plan, in simulation order (for tests and reports).
+    #[serde(skip)]
+    pub simulated: Vec<Evaluated>,
+}
+
+/// The total order of a ranking: time, then memory, then enumeration index.
+fn rank_key(e: &Evaluated) -> (f64, f64, usize) {
+    (e.iteration_s, e.peak_memory_bytes, e.index)
+}
+
+fn cmp(a: &Evaluated, b: &Evaluated) -> std::cmp::Ordering {
+    let (x, y) = (rank_key(a), rank_key(b));
+    x.0.total_cmp(&y.0).then(x.1.total_cmp(&y.1)).then(x.2.cmp(&y.2))
+}
+
+/// The Pareto front of `fitting` (sorted by [`rank_key`]): each plan that needs less memory
+/// than every faster one.
+fn front(sorted: &[Evaluated]) -> Vec<Evaluated> {
+    let mut out: Vec<Evaluated> = Vec::new();
+    for e in sorted {
+        if out.last().is_none_or(|l| e.peak_memory_bytes < l.peak_memory_bytes) {
+            out.push(e.clone());
+        }
+    }
+    out
+}
+
+/// Simulate one plan; `None` when the simulator refuses it.
+fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds) -> Option<Evaluated> {
+    let r = crate::try_simulate(s, false).ok()?.report;
+    let usable = s.options.usable_bytes(&s.cluster.node.device);
+    Some(Evaluated {
+        index,
+        plan: c.plan.clone(),
+        micro_batch: c.micro_batch,
+        iteration_s: r.iteration_s,
+        peak_memory_bytes: r.peak_memory_bytes,
+        fits: r.fits,
+        mfu: r.mfu,
+        memory_headroom_bytes: usable - r.peak_memory_bytes,
+        bounds: b,
+    })
+}
+
+/// Search the input's space. `progress` is called after every round. With no valid plan at
+/// all, the reader's error for the first candidate.
+pub fn search(
+    input: &SearchInput,
+    opts: Options,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> Result<Outcome, ScenarioError> {
+    let candidates = space::enumerate(input);
+    let mut prog = Progress { enumerated: candidates.len(), ..Progress::default() };
+    // Read and bound every candidate (in parallel, results in order).
+    let read: Vec<Result<Bounds, ScenarioError>> =
+        candidates.par_iter().map(|c| input.with_plan(c.micro_batch, &c.plan).map(|s| bounds::bounds(&s))).collect();
+    let mut first_error = None;
+    let mut queue: Vec<(usize, Bounds)> = Vec::new();
+    for (i, r) in read.into_iter().enumerate() {
+        match r {
+            Err(e) => {
+                prog.invalid += 1;
+                first_error.get_or_insert(e);
+            }
+            Ok(b) if opts.prune && !b.may_fit => prog.pruned_memory += 1,
+            Ok(b) => queue.push((i, b)),
+        }
+    }
+    if queue.is_empty()
+        && prog.pruned_memory == 0
+        && let Some(e) = first_error
+    {
+        return Err(e);
+    }
+    progress(&prog);
+    // Most promising first.
+    queue.sort_by(|a, b| a.1.iteration_s.total_cmp(&b.1.iteration_s).then(a.0.cmp(&b.0)));
+    let mut simulated: Vec<Evaluated> = Vec::new();
+    let mut fitting: Vec<Evaluated> = Vec::new();
+    let mut next = 0;
+    while next < queue.len() {
+        let mut round = Vec::with_capacity(ROUND);
+        while round.len() < ROUND && next < queue.len() {
+            let (i, b) = queue[next];
+            next += 1;
+            if opts.prune && cannot_matter(&b, &fitting, opts.top) {
+                prog.pruned_time += 1;
+            } else {
+                round.push((i, b));
+            }
+        }
+        let results: Vec<Option<Evaluated>> = round
+            .par_iter()
+            .map(|&(i, b)| {
+                let c = &candidates[i];
+                let s = input.with_plan(c.micro_batch, &c.plan).ok()?;
+                evaluate(&s, i, c, b)
+            })
+            .collect();
+        for r in results {
+            prog.evaluated += 1;
+            match r {
+                Some(e) => {
+                    if e.fits {
+                        let at = fitting.partition_point(|x| cmp(x, &e).is_lt());
+                        fitting.insert(at, e.clone());
+                    }
+                    simulated.push(e);
+                }
+                None => prog.failed += 1,
+            }
+        }
+        progress(&prog);
+    }
+    let top: Vec<Evaluated> = fitting.iter().take(opts.top.max(1)).cloned().collect();
+    Ok(Outcome { best: top.first().cloned(), top, pareto: front(&fitting), progress: prog, simulated })
+}
+
+/// Whether a plan with bounds `b` can change neither the top `k` of `fitting` (sorted) nor its
+/// front: its time bound is above the k-th best time, and some fitting plan is strictly
+/// better than its bounds in time or memory and no worse in the other.
+fn cannot_matter(b: &Bounds, fitting: &[Evaluated], k: usize) -> bool {
+    let Some(kth) = fitting.get(k.max(1) - 1) else { return false };
+    if b.iteration_s <= kth.iteration_s {
+        return false;
+    }
+    fitting.iter().any(|q| {
+        (q.iteration_s < b.iteration_s && q.peak_memory_bytes <= b.peak_memory_bytes)
+            || (q.iteration_s <= b.iteration_s && q.peak_memory_bytes < b.peak_memory_bytes)
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,235 @@
+//! The space of plans a search enumerates, in a fixed order. A plan key the scenario gives is
+//! a constraint: its one value replaces the dimension's list. Otherwise:
+//!
+//! - `tp`: powers of two up to the node's device count that divide the attention heads
+//!   (1 for a net of distinct layers); `tp_mode` "1d", and "2d" / "3d" where `tp` is a square /
+//!   cube of at least 4; `sequence_parallel` false, and true with 1D `tp > 1`.
+//! - `pp`: every divisor of `devices / tp` up to the layer count (uneven partitions allowed);
+//!   `dp` the rest, a divisor of the global batch.
+//! - `training.micro_batch`: the powers of two that divide a replica's batch, up to 64, and the
+//!   replica's whole batch when it is at most 64.
+//! - `schedule`: "1f1b" without a pipeline; with one, "gpipe", "1f1b" and "interleaved" with
+//!   2 to 4 virtual stages (at most one chunk per layer, micro-batches a multiple of `pp`).
+//!   "2bw" changes the optimisation (stale weights) and is searched only when given.
+//! - `recompute`: none, selective, full.
+//! - `zero_stage`: 0 without data parallelism; 0 and 1 with a pipeline (as Megatron-LM and
+//!   DeepSpeed's pipeline engine allow); 0 to 3 otherwise. `offload` without a pipeline:
+//!   "zero-offload" from stage 1, "zero-infinity" at stage 3, besides none.
+//! - `partition`: "uniform" and "balanced" with a pipeline and one chunk per stage (the
+//!   reader's uniform or ends-short partition otherwise).
+//! - `rank_order`: "tp-dp-pp" and "tp-pp-dp" with both data and pipeline parallelism.
+
+use crate::scenario::SearchInput;
+use crate::schedule::{self, ScheduleKind, ScheduleShape};
+use serde_json::{Map, Value, json};
+
+/// One plan of the space: a scenario's `training.micro_batch` and `plan` object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub micro_batch: u32,
+    pub plan: Value,
+}
+
+/// The largest micro-batch size enumerated (unless given).
+pub const MAX_MICRO_BATCH: u32 = 64;
+/// The most virtual stages enumerated for the interleaved schedule (unless given).
+pub const MAX_VIRTUAL_STAGES: u32 = 4;
+
+fn divisors(n: u32) -> Vec<u32> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+fn exact_root(n: u32, k: u32) -> Option<u32> {
+    (1..=n).find(|q| q.pow(k) >= n).filter(|q| q.pow(k) == n)
+}
+
+/// Every candidate of the input's space, in enumeration order. A given key whose value is
+/// not what the dimension holds (a string for `tp`) yields the given plan alone, for the
+/// reader to reject with its usual message.
+pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
+    let fixed = &input.fixed_plan;
+    let uint = |k: &str| -> Result<Option<u32>, ()> {
+        match fixed.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().and_then(|x| u32::try_from(x).ok()).filter(|&x| x >= 1).map(Some).ok_or(()),
+        }
+    };
+    let as_given =
+        || vec![Candidate { micro_batch: input.fixed_micro_batch.unwrap_or(1), plan: Value::Object(fixed.clone()) }];
+    let (Ok(f_dp), Ok(f_tp), Ok(f_pp), Ok(f_v)) = (uint("dp"), uint("tp"), uint("pp"), uint("virtual_stages")) else {
+        return as_given();
+    };
+    let n = input.cluster.device_count();
+    let per_node = input.cluster.node.devices;
+    let w = &input.workload;
+    let layers = w.layers();
+    let heads = w.transformer.heads;
+    let gb = input.training.global_batch;
+    let net = w.net.is_some();
+    let choose = |k: &str, default: Vec<Value>| -> Vec<Value> {
+        match fixed.get(k) {
+            Some(v) => vec![v.clone()],
+            None => default,
+        }
+    };
+
+    let tps: Vec<u32> = match f_tp {
+        Some(t) => vec![t],
+        None if net => vec![1],
+        None => (0..)
+            .map(|i| 1u32 << i)
+            .take_while(|&t| t <= per_node.max(1))
+            .filter(|&t| n.is_multiple_of(t) && heads.is_multiple_of(t))
+            .collect(),
+    };
+    let mut out = Vec::new();
+    for &tp in &tps {
+        if !n.is_multiple_of(tp) {
+            continue;
+        }
+        let pps: Vec<u32> = match f_pp {
+            Some(p) => vec![p],
+            None => divisors(n / tp).into_iter().filter(|&p| p <= layers).collect(),
+        };
+        for &pp in &pps {
+            if !n.is_multiple_of(tp * pp) {
+                continue;
+            }
+            let dp = n / (tp * pp);
+            if f_dp.is_some_and(|d| d != dp) || !gb.is_multiple_of(dp) {
+                continue;
+            }
+            let per_replica = gb / dp;
+            let mbs: Vec<u32> = match input.fixed_micro_batch {
+                Some(b) => vec![b],
+                None => divisors(per_replica)
+                    .into_iter()
+                    .filter(|&b| b <= MAX_MICRO_BATCH && (b.is_power_of_two() || b == per_replica))
+                    .collect(),
+            };
+            let mut modes = vec![json!("1d")];
+            if exact_root(tp, 2).is_some_and(|q| q >= 2) {
+                modes.push(json!("2d"));
+            }
+            if exact_root(tp, 3).is_some_and(|q| q >= 2) {
+                modes.push(json!("3d"));
+            }
+            let modes = choose("tp_mode", modes);
+            let zeros: Vec<Value> = match (dp, pp) {
+                (1, _) => vec![json!(0)],
+                (_, 1) => (0..=3).map(|z| json!(z)).collect(),
+                _ => vec![json!(0), json!(1)],
+            };
+            let zeros = choose("zero_stage", zeros);
+            let orders = choose(
+                "rank_order",
+                if dp > 1 && pp > 1 { vec![json!("tp-dp-pp"), json!("tp-pp-dp")] } else { vec![json!("tp-dp-pp")] },
+            );
+            for &mb in &mbs {
+                if mb == 0 || !per_replica.is_multiple_of(mb) {
+                    if input.fixed_micro_batch.is_some() {
+                        // Let the reader say why.
+                        out.push(Candidate { micro_batch: mb, plan: Value::Object(fixed.clone()) });
+                    }
+                    continue;
+                }
+                let m = per_replica / mb;
+                for sched in schedules(fixed, pp, f_v, layers, m) {
+                    for mode in &modes {
+                        let sps = choose(
+                            "sequence_parallel",
+                            if tp > 1 && mode == "1d" { vec![json!(false), json!(true)] } else { vec![json!(false)] },
+                        );
+                        for sp in &sps {
+                            for rc in choose("recompute", vec![json!("none"), json!("selective"), json!("full")]) {
+                                for z in &zeros {
+                                    let stage = z.as_u64().unwrap_or(0);
+                                    let offloads = choose("offload", offloads(pp, stage));
+                                    for off in &offloads {
+                                        let parts = choose(
+                                            "partition",
+                                            if pp > 1 && sched.1 == 1 {
+                                                vec![json!("uniform"), json!("balanced")]
+                                            } else {
+                                                vec![Value::Null]
+                                            },
+                                        );
+                                        for part in &parts {
+                                            for order in &orders {
+                                                let mut p = Map::new();
+                                                p.insert("dp".into(), json!(dp));
+                                                p.insert("tp".into(), json!(tp));
+                                                p.insert("pp".into(), json!(pp));
+                                                p.insert("tp_mode".into(), mode.clone());
+                                                p.insert("sequence_parallel".into(), sp.clone());
+                                                p.insert("schedule".into(), sched.0.clone());
+                                                p.insert("virtual_stages".into(), json!(sched.1));
+                                                p.insert("recompute".into(), rc.clone());
+                                                p.insert("zero_stage".into(), z.clone());
+                                                p.insert("offload".into(), off.clone());
+                                                if !part.is_null() {
+                                                    p.insert("partition".into(), part.clone());
+                                                }
+                                                p.insert("rank_order".into(), order.clone());
+                                                // The other keys given (bucket_bytes, p2p, tp_depth...) as given.
+                                                for (k, v) in fixed {
+                                                    p.insert(k.clone(), v.clone());
+                                                }
+                                                out.push(Candidate { micro_batch: mb, plan: Value::Object(p) });
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        return as_given();
+    }
+    out
+}
+
+/// (schedule, virtual stages) pairs for `pp` stages and `m` micro-batches.
+fn schedules(fixed: &Map<String, Value>, pp: u32, f_v: Option<u32>, layers: u32, m: u32) -> Vec<(Value, u32)> {
+    let kinds: Vec<Value> = match fixed.get("schedule") {
+        Some(s) => vec![s.clone()],
+        None if pp == 1 && f_v.is_none_or(|v| v == 1) => vec![json!("1f1b")],
+        None if f_v.is_some_and(|v| v > 1) => vec![json!("interleaved")],
+        None => vec![json!("gpipe"), json!("1f1b"), json!("interleaved")],
+    };
+    let mut out = Vec::new();
+    for k in kinds {
+        if k == "interleaved" {
+            let vs: Vec<u32> = match f_v {
+                Some(v) => vec![v],
+                None => (2..=MAX_VIRTUAL_STAGES).collect(),
+            };
+            for v in vs {
+                let shape = ScheduleShape { stages: pp, micro_batches: m, virtual_stages: v };
+                let ok = pp * v <= layers && schedule::validate(ScheduleKind::Interleaved, shape).is_ok();
+                // A given schedule stays, for the reader to explain.
+                if ok || fixed.contains_key("schedule") && fixed.contains_key("virtual_stages") {
+                    out.push((k.clone(), v));
+                }
+            }
+        } else {
+            out.push((k, f_v.unwrap_or(1)));
+        }
+    }
+    out
+}
+
+fn offloads(pp: u32, zero_stage: u64) -> Vec<Value> {
+    let mut o = vec![json!("none")];
+    if pp == 1 && zero_stage >= 1 {
+        o.push(json!("zero-offload"));
+    }
+    if pp == 1 && zero_stage >= 3 {
+        o.push(json!("zero-infinity"));
+    }
+    o
+}

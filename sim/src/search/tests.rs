@@ -1,0 +1,125 @@
+//! The search against an exhaustive one on small spaces, and the bounds against simulation.
+
+use super::*;
+use crate::scenario::parse_for_search;
+
+fn input(text: &str) -> SearchInput {
+    parse_for_search(text, &|_| Err("no files".into())).expect("a valid search scenario")
+}
+
+/// GPT-3 1.3B on one DGX-1 (8 x V100 16 GB): memory rules out much of the space.
+fn small(plan: &str) -> SearchInput {
+    input(&format!(
+        r#"{{"workload": {{"preset": "gpt3-1.3b"}}, "cluster": {{"node": "dgx-1-v100", "nodes": 1}},
+            "training": {{"global_batch": 16, "seq_len": 1024}}, "plan": {plan}}}"#
+    ))
+}
+
+fn indices(v: &[Evaluated]) -> Vec<usize> {
+    v.iter().map(|e| e.index).collect()
+}
+
+fn none(_: &Progress) {}
+
+#[test]
+fn pruned_search_finds_the_exhaustive_best_top_and_front() {
+    // A sub-space (1F1B and interleaved, no offload) keeps the exhaustive run short.
+    for plan in [r#"{"rank_order": "tp-dp-pp", "offload": "none"}"#, r#"{"tp": 2, "recompute": "full"}"#] {
+        let inp = small(plan);
+        let all = search(&inp, Options { top: 3, prune: false }, &none).unwrap();
+        let pruned = search(&inp, Options { top: 3, prune: true }, &none).unwrap();
+        assert!(all.best.is_some(), "{plan}: nothing fits");
+        assert_eq!(indices(&pruned.top), indices(&all.top), "{plan}");
+        assert_eq!(indices(&pruned.pareto), indices(&all.pareto), "{plan}");
+        assert_eq!(pruned.best.as_ref().map(|e| e.index), all.best.as_ref().map(|e| e.index));
+        let p = pruned.progress;
+        assert_eq!(p.evaluated + p.pruned() + p.invalid, p.enumerated, "{p:?}");
+        assert!(p.pruned() > 0, "{plan}: nothing pruned: {p:?}");
+        assert!(p.evaluated < all.progress.evaluated, "{p:?}");
+        // The front is sorted by time, with memory falling.
+        for w in all.pareto.windows(2) {
+            assert!(w[0].iteration_s <= w[1].iteration_s && w[0].peak_memory_bytes > w[1].peak_memory_bytes);
+        }
+    }
+}
+
+#[test]
+fn bounds_are_never_above_the_simulated_values() {
+    let h100 = input(
+        r#"{"workload": {"preset": "gpt3-2.7b"}, "cluster": {"node": "dgx-h100", "nodes": 2},
+            "training": {"global_batch": 32, "seq_len": 2048},
+            "plan": {"rank_order": "tp-dp-pp", "recompute": "selective", "offload": "none", "tp_mode": "1d"}}"#,
+    );
+    for inp in [small(r#"{"rank_order": "tp-dp-pp"}"#), h100] {
+        check_bounds(&inp);
+    }
+}
+
+fn check_bounds(inp: &SearchInput) {
+    let all = search(inp, Options { top: 1, prune: false }, &none).unwrap();
+    assert!(all.simulated.len() > 50, "{}", all.simulated.len());
+    let mut tight = 0.0f64;
+    for e in &all.simulated {
+        assert!(
+            e.bounds.iteration_s <= e.iteration_s,
+            "time bound {} > simulated {} for {}",
+            e.bounds.iteration_s,
+            e.iteration_s,
+            e.plan
+        );
+        assert!(
+            e.bounds.peak_memory_bytes <= e.peak_memory_bytes,
+            "memory bound {} > simulated {} for {}",
+            e.bounds.peak_memory_bytes,
+            e.peak_memory_bytes,
+            e.plan
+        );
+        if !e.bounds.may_fit {
+            assert!(!e.fits, "{} fits though its bound says it cannot", e.plan);
+        }
+        tight = tight.max(e.bounds.iteration_s / e.iteration_s);
+    }
+    // The bounds are informative, not zero.
+    assert!(tight > 0.5, "the best time bound is {tight} of its simulated time");
+}
+
+#[test]
+fn given_plan_keys_are_constraints() {
+    let inp = small(r#"{"tp": 2, "schedule": "gpipe"}"#);
+    let cands = space::enumerate(&inp);
+    assert!(!cands.is_empty());
+    for c in &cands {
+        assert_eq!(c.plan["tp"], 2, "{}", c.plan);
+        assert_eq!(c.plan["schedule"], "gpipe", "{}", c.plan);
+    }
+    let fixed_mb = input(
+        r#"{"workload": {"preset": "gpt3-1.3b"}, "cluster": {"node": "dgx-1-v100", "nodes": 1},
+            "training": {"global_batch": 16, "micro_batch": 2, "seq_len": 1024}}"#,
+    );
+    assert!(space::enumerate(&fixed_mb).iter().all(|c| c.micro_batch == 2));
+    // Without constraints the space spans every searched dimension.
+    let free = space::enumerate(&small("{}"));
+    for key in crate::scenario::SEARCHED_KEYS {
+        if *key == "partition" {
+            continue;
+        }
+        let values: std::collections::BTreeSet<String> = free.iter().map(|c| c.plan[*key].to_string()).collect();
+        assert!(values.len() > 1, "{key} takes one value: {values:?}");
+    }
+}
+
+#[test]
+fn an_impossible_constraint_is_the_readers_error() {
+    let e = search(&small(r#"{"tp": 3}"#), Options::default(), &none).unwrap_err();
+    assert!(e.path.starts_with("plan"), "{e}");
+}
+
+#[test]
+fn the_outcome_does_not_depend_on_the_thread_count() {
+    let inp = small(r#"{"rank_order": "tp-dp-pp", "recompute": "selective"}"#);
+    let run = |threads| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| serde_json::to_string(&search(&inp, Options::default(), &none).unwrap()).unwrap())
+    };
+    assert_eq!(run(1), run(3));
+}
