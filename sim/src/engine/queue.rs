@@ -164,10 +164,10 @@ impl EventQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
     use rand::{RngExt, SeedableRng};
     use rand_pcg::Pcg64Mcg;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
 
     /// Pops in (time, insertion) order, as a binary heap of (time, sequence) does, under
     /// interleaved pushes at random times never before the clock, with many ties; payloads

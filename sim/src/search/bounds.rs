@@ -49,13 +49,7 @@ impl Bounds {
 /// each member must send at least `(n-1)/n` of the buffer (whatever the algorithm, switch
 /// reductions included), at most at `egress` bytes/s (`None`: the framework overlaps them with
 /// GEMMs, so they count 0).
-fn block_s(
-    model: &ComputeModel,
-    ops: &[LayerOp],
-    recompute: Recompute,
-    dims: &[u32],
-    egress: Option<f64>,
-) -> Block {
+fn block_s(model: &ComputeModel, ops: &[LayerOp], recompute: Recompute, dims: &[u32], egress: Option<f64>) -> Block {
     let (mut f, mut b, mut n, mut fc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for op in ops {
         let spec = match op {
