@@ -352,13 +352,18 @@ fn main() -> ExitCode {
 /// Read and validate a scenario; files it names are resolved against its folder.
 pub fn load_scenario(path: &Path) -> Result<Scenario, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read scenario {}: {e}", path.display()))?;
+    load_scenario_text(path, &text)
+}
+
+/// A scenario from `text`, its files read beside `path`.
+pub fn load_scenario_text(path: &Path, text: &str) -> Result<Scenario, String> {
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let load = |name: &str| {
         let p = Path::new(name);
         let p = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
         std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
     };
-    scenario::parse(&text, &load).map_err(|e| format!("{}: {e}", path.display()))
+    scenario::parse(text, &load).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Files `simulate` writes besides the report.

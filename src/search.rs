@@ -44,6 +44,55 @@ pub struct SearchArgs {
     /// Simulate every valid plan, without pruning by the bounds (slow; for checking).
     #[arg(long)]
     pub exhaustive: bool,
+    /// Tokens to train on: with --deadline-days, find the smallest GPU count (of --gpus, in
+    /// increasing order) whose best plan finishes the whole run in time, failures and
+    /// checkpoints included (the scenario's "run" section, else failures "llama3-2024").
+    #[arg(long, requires = "deadline_days")]
+    pub tokens: Option<f64>,
+    /// The deadline in days for --tokens.
+    #[arg(long, requires = "tokens")]
+    pub deadline_days: Option<f64>,
+    /// The confidence the deadline is met with: the run's completion-time quantile compared
+    /// with the deadline (0.5 to 0.999).
+    #[arg(long, default_value_t = 0.9)]
+    pub confidence: f64,
+    /// Seeded runs of failures and checkpoints per GPU count for --deadline-days.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100000))]
+    pub runs: u32,
+}
+
+/// One GPU count's whole run at its best plan, for --deadline-days.
+struct DeadlineRow {
+    gpus: u32,
+    wall_days_p50: f64,
+    wall_days_at_confidence: f64,
+    goodput: f64,
+    meets: bool,
+}
+
+/// The whole run of `tokens` at `r`'s best plan: the quantile `confidence` of its wall days.
+fn whole_run_at(a: &SearchArgs, r: &Run, tokens: f64) -> Result<Option<DeadlineRow>, String> {
+    let Some(b) = r.outcome.best.as_ref() else { return Ok(None) };
+    let mut file = r.input.scenario_file(b.micro_batch, &b.plan);
+    let mut run = file.get("run").and_then(Value::as_object).cloned().unwrap_or_default();
+    for k in ["dataset_samples", "epochs", "iterations"] {
+        run.remove(k);
+    }
+    run.insert("tokens".into(), json!(tokens));
+    run.entry("failures").or_insert(json!("llama3-2024"));
+    file["run"] = Value::Object(run);
+    let s = crate::load_scenario_text(&a.scenario, &file.to_string())?;
+    let w = sim::run::try_whole_run(&s, a.runs, None).map_err(|e| format!("{} GPUs: {e}", r.gpus))?;
+    let days = &w.wall_days_per_run;
+    let q = sim::run::goodput::quantile(days, a.confidence);
+    let deadline = a.deadline_days.unwrap_or(f64::INFINITY);
+    Ok(Some(DeadlineRow {
+        gpus: r.gpus,
+        wall_days_p50: sim::run::goodput::quantile(days, 0.5),
+        wall_days_at_confidence: q,
+        goodput: w.goodput.p50(),
+        meets: q <= deadline,
+    }))
 }
 
 /// One GPU count's search.
@@ -89,10 +138,29 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
     if let Some(w) = &a.write {
         crate::outputs::check_writable([("--write", w.as_path())])?;
     }
+    if let Some(t) = a.tokens
+        && !(t.is_finite() && t > 0.0 && t <= 1e18)
+    {
+        return Err(format!("--tokens {t}: expected a number of tokens in (0, 1e18]"));
+    }
+    if let Some(d) = a.deadline_days
+        && !(d.is_finite() && d > 0.0)
+    {
+        return Err(format!("--deadline-days {d}: expected a positive number of days"));
+    }
+    if !(0.5..=0.999).contains(&a.confidence) {
+        return Err(format!("--confidence {}: allowed 0.5 to 0.999", a.confidence));
+    }
     let text = std::fs::read_to_string(&a.scenario)
         .map_err(|e| format!("cannot read scenario {}: {e}", a.scenario.display()))?;
     let base = read_input(&a.scenario, &text)?;
-    let counts = if a.gpus.is_empty() { vec![base.cluster.device_count()] } else { a.gpus.clone() };
+    let mut counts = if a.gpus.is_empty() { vec![base.cluster.device_count()] } else { a.gpus.clone() };
+    if a.tokens.is_some() {
+        // The smallest count that meets the deadline: in increasing order, stopping there.
+        counts.sort_unstable();
+        counts.dedup();
+    }
+    let mut deadline: Vec<DeadlineRow> = Vec::new();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.unwrap_or(0))
         .build()
@@ -116,10 +184,22 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
             pool.install(|| search::search(&input, opts, &show)).map_err(|e| format!("{}: {e}", a.scenario.display()));
         bar.finish_and_clear();
         runs.push(Run { gpus: g, input, outcome: outcome?, wall_s: started.elapsed().as_secs_f64() });
+        if let Some(tokens) = a.tokens {
+            let last = runs.last().expect("just pushed");
+            if let Some(row) = whole_run_at(a, last, tokens)? {
+                let met = row.meets;
+                deadline.push(row);
+                if met {
+                    break;
+                }
+            }
+        }
     }
+    let met = deadline.iter().find(|r| r.meets).map(|r| r.gpus);
     let best = runs
         .iter()
         .filter_map(|r| r.outcome.best.as_ref().map(|b| (r, b)))
+        .filter(|(r, _)| a.tokens.is_none() || Some(r.gpus) == met)
         .min_by(|x, y| x.1.iteration_s.total_cmp(&y.1.iteration_s).then(x.0.gpus.cmp(&y.0.gpus)));
     if let (Some(w), Some((r, b))) = (&a.write, best) {
         let file = r.input.scenario_file(b.micro_batch, &b.plan);
@@ -130,12 +210,55 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
         plot(dir, &runs, a.price_per_gpu_hour)?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&runs, a.price_per_gpu_hour)).map_err(|e| e.to_string())?);
+        let mut v = to_json(&runs, a.price_per_gpu_hour);
+        if let Some(tokens) = a.tokens {
+            v["deadline"] = json!({
+                "tokens": tokens,
+                "deadline_days": a.deadline_days,
+                "confidence": a.confidence,
+                "runs": a.runs,
+                "met_at_gpus": met,
+                "by_gpus": deadline.iter().map(|r| json!({
+                    "gpus": r.gpus,
+                    "wall_days_p50": r.wall_days_p50,
+                    "wall_days_at_confidence": r.wall_days_at_confidence,
+                    "goodput": r.goodput,
+                    "meets_deadline": r.meets,
+                })).collect::<Vec<_>>(),
+            });
+        }
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
     } else {
         print_text(&runs, a.price_per_gpu_hour);
+        if let Some(tokens) = a.tokens {
+            println!(
+                "deadline:     {tokens:.3e} tokens in {} days at {:.0}% confidence ({} runs of failures and checkpoints each)",
+                a.deadline_days.unwrap_or(0.0),
+                a.confidence * 100.0,
+                a.runs
+            );
+            for r in &deadline {
+                println!(
+                    "  {:>6} GPUs  p50 {:.2} days, {:.0}% {:.2} days, goodput {:.3}{}",
+                    r.gpus,
+                    r.wall_days_p50,
+                    a.confidence * 100.0,
+                    r.wall_days_at_confidence,
+                    r.goodput,
+                    if r.meets { "  <- meets the deadline" } else { "" }
+                );
+            }
+            match met {
+                Some(g) => println!("smallest:     {g} GPUs"),
+                None => println!("smallest:     none of the GPU counts searched meets the deadline"),
+            }
+        }
     }
-    if best.is_none() {
+    if runs.iter().all(|r| r.outcome.best.is_none()) {
         return Err("no plan in the space fits the devices' memory".into());
+    }
+    if a.tokens.is_some() && met.is_none() {
+        return Err("no GPU count searched meets the deadline; add larger counts to --gpus".into());
     }
     Ok(())
 }

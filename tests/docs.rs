@@ -274,7 +274,22 @@ fn report_docs_list_every_key_the_commands_print() {
     check_report_section(
         &docs,
         "search --json",
-        &[json_of(&[&"search", &s, &"--gpus", &"2,4", &"--price-per-gpu-hour", &"1", &"--top", &"20", &"--json"])],
+        &[
+            json_of(&[&"search", &s, &"--gpus", &"2,4", &"--price-per-gpu-hour", &"1", &"--top", &"20", &"--json"]),
+            json_of(&[
+                &"search",
+                &s,
+                &"--gpus",
+                &"2,4",
+                &"--tokens",
+                &"1e6",
+                &"--deadline-days",
+                &"1000",
+                &"--runs",
+                &"5",
+                &"--json",
+            ]),
+        ],
     );
     let tmp = TempDir::new("docs-replay");
     let tiny: &Path = &tmp.write("tiny.json", TINY_CPU);

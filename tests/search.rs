@@ -126,3 +126,46 @@ fn impossible_constraints_and_plans_for_simulate_are_clear_errors() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("plan"), "{}", stderr(&o));
 }
+
+/// `--tokens N --deadline-days D`: the GPU counts are searched in increasing order until one's
+/// best plan finishes the whole run in time; the count before it does not, and the written
+/// plan is the one at that count.
+#[test]
+fn deadline_search_finds_the_smallest_gpu_count_that_meets_it() {
+    let tmp = TempDir::new("search-deadline");
+    let mut v: Value = serde_json::from_str(SMALL).unwrap();
+    v["cluster"] = serde_json::json!({"node": "dgx-a100-40gb", "nodes": 1});
+    let scenario = tmp.write("s.json", &v.to_string());
+    // First, how long the run takes on 8 GPUs; then a deadline 8 GPUs cannot meet and 16 can.
+    let tokens = "2e10";
+    let probe = search_json(&[&scenario, &"--tokens", &tokens, &"--deadline-days", &"1e6", &"--runs", &"20"]);
+    let at8 = probe["deadline"]["by_gpus"][0]["wall_days_at_confidence"].as_f64().unwrap();
+    assert_eq!(probe["deadline"]["met_at_gpus"], 8);
+    let deadline = format!("{}", at8 * 0.8);
+    let best = tmp.path().join("best.json");
+    let r = search_json(&[
+        &scenario,
+        &"--gpus",
+        &"16,8,32",
+        &"--tokens",
+        &tokens,
+        &"--deadline-days",
+        &deadline,
+        &"--runs",
+        &"20",
+        &"--write",
+        &best,
+    ]);
+    let d = &r["deadline"];
+    let rows = d["by_gpus"].as_array().unwrap();
+    assert_eq!(rows[0]["gpus"], 8);
+    assert_eq!(rows[0]["meets_deadline"], false, "{d}");
+    assert_eq!(d["met_at_gpus"], 16, "{d}");
+    assert_eq!(rows.len(), 2, "stops at the first count that meets it: {d}");
+    assert!(rows[1]["wall_days_at_confidence"].as_f64().unwrap() <= at8 * 0.8);
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&best).unwrap()).unwrap();
+    assert_eq!(written["cluster"]["nodes"], 2);
+    // A deadline no count meets is an error that says so.
+    let o = run(&[&"search", &scenario, &"--tokens", &tokens, &"--deadline-days", &"1e-6", &"--json"]);
+    assert!(!o.status.success() && stderr(&o).contains("meets the deadline"), "{}", stderr(&o));
+}
