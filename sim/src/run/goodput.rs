@@ -108,7 +108,7 @@ pub fn check(m: &RunModel) -> Result<(), String> {
     // 1 / survive attempts on average.
     let span = m.interval_s.min(m.useful_s) * (1.0 + m.slow_node_slowdown) + m.save_s;
     let survive = (-m.rates.per_s(m.devices) * span).exp();
-    let attempts = intervals.min(1e300).max(1.0) / survive;
+    let attempts = intervals.clamp(1.0, 1e300) / survive;
     if survive < 1e-6 || attempts > MAX_STEPS {
         return Err(format!(
             "an interval of {span:.1} s (compute and checkpoint save) survives interruptions with probability {survive:.1e}, so the run would take about {attempts:.1e} attempts (at most {MAX_STEPS:.0e}): it would not finish; shorten run.checkpoint.interval_s, speed up checkpoint storage or lower the failure rates"
