@@ -52,7 +52,7 @@ struct Args {
     #[arg(long, default_value_t = 600.0)]
     search_timeout: f64,
     /// Address-space limit of one run, MiB (ulimit -v); 0 = none
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 8192)]
     mem_mib: u64,
     /// Fraction of cases that also run `capacity`
     #[arg(long, default_value_t = 0.03)]

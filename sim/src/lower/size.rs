@@ -13,7 +13,9 @@ use crate::plan::{Recompute, Tier, TokenSlices};
 use crate::scenario::Scenario;
 use crate::workload::LayerShape;
 
-/// The largest program trainsim builds: about 2.2 GB at [`BYTES_PER_TASK`].
+/// The largest program trainsim builds: about 2.2 GB at [`BYTES_PER_TASK`], and up to about
+/// twice that while its vectors grow (a fuzzed capacity search near the limit failed to
+/// allocate under a 4 GiB address-space limit; the fuzzer allows 8 GiB).
 pub const MAX_TASKS: u64 = 40_000_000;
 
 /// Memory per task of the lowering and the engine together (the GPT-3 175B example: 6.1 M
