@@ -110,9 +110,9 @@ def train_run(
     The scenario needs a ``"run"`` section (``tokens``, ``iterations``, or ``dataset_samples``
     and ``epochs``; failures, checkpoints, restart, variability, seed). The result is the JSON
     object of ``trainsim train-run SCENARIO --json --runs RUNS``: ``wall_days``, ``gpu_hours``,
-    ``goodput`` and ``interruptions`` (each a statistic with ``mean``, ``p50``, ``p90``...),
+    ``goodput`` and ``interruptions`` (each a statistic: ``mean``, ``p50``, ``p90``),
     ``iterations``, ``tokens``, ``devices``, ``checkpoint``, ``lost``, ``cost_dollars`` (with a
-    price), and ``training`` (the simulated epochs and the freezing breakdown).
+    price), and the simulated phases: ``epochs``, ``total_s``, ``breakdown``, ``speedup``.
 
     Args:
         scenario: a scenario file or mapping with a ``run`` section.
