@@ -165,7 +165,12 @@ fn _train_run_json(
 /// when none fits).
 #[pyfunction]
 #[pyo3(signature = (path=None, text=None, base_dir=None))]
-fn _partition_json(py: Python<'_>, path: Option<String>, text: Option<String>, base_dir: Option<String>) -> PyResult<String> {
+fn _partition_json(
+    py: Python<'_>,
+    path: Option<String>,
+    text: Option<String>,
+    base_dir: Option<String>,
+) -> PyResult<String> {
     let input = Input::new(path, text, base_dir);
     let r: Result<String> = py.detach(|| {
         let s = input.load()?;
