@@ -1,0 +1,315 @@
+//! `trainsim._native`: the simulator behind the `trainsim` Python package.
+//!
+//! Every function takes a scenario either as a file (`path`) or as JSON text with the folder its
+//! relative files (gradient traces, Hugging Face configs) are resolved against (`base_dir`), and
+//! returns JSON text that the Python side decodes. The JSON is the CLI's `--json` output, made by
+//! the same `sim` calls. Simulation runs with the GIL released.
+//!
+//! Errors: a scenario the reader refuses, or a plan too large to simulate, raises `ValueError`
+//! with the CLI's message (key path, value, what is allowed); an unreadable file `OSError`; a
+//! report the simulator judges physically impossible `RuntimeError`.
+
+use pyo3::exceptions::{PyNotImplementedError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use sim::scenario::{self, Scenario};
+use std::path::{Path, PathBuf};
+
+/// Why a call has no result; becomes a Python exception once the GIL is held again.
+enum Error {
+    /// Bad input: `ValueError`.
+    Invalid(String),
+    /// A file that cannot be read: `OSError`.
+    Io(String),
+    /// A modelling error or an engine limit: `RuntimeError`.
+    Internal(String),
+}
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        match e {
+            Error::Invalid(m) => PyValueError::new_err(m),
+            Error::Io(m) => PyOSError::new_err(m),
+            Error::Internal(m) => PyRuntimeError::new_err(m),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+/// A scenario as the caller gave it.
+struct Input {
+    /// The file, or None for JSON text.
+    path: Option<PathBuf>,
+    text: Option<String>,
+    /// Where relative file names in the scenario are resolved.
+    base: PathBuf,
+}
+
+impl Input {
+    fn new(path: Option<String>, text: Option<String>, base_dir: Option<String>) -> Input {
+        let path = path.map(PathBuf::from);
+        let base = match (&path, base_dir) {
+            (_, Some(b)) => PathBuf::from(b),
+            (Some(p), None) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
+            (None, None) => PathBuf::new(),
+        };
+        Input { path, text, base }
+    }
+
+    /// The prefix the CLI puts before a message about this scenario: its file, if any.
+    fn prefix(&self, message: impl std::fmt::Display) -> String {
+        match &self.path {
+            Some(p) => format!("{}: {message}", p.display()),
+            None => message.to_string(),
+        }
+    }
+
+    /// Read and validate the scenario as the CLI's `load_scenario` does: files it names are
+    /// resolved against its folder (or `base_dir`).
+    fn load(&self) -> Result<Scenario> {
+        let text = match (&self.path, &self.text) {
+            (Some(p), _) => std::fs::read_to_string(p)
+                .map_err(|e| Error::Io(format!("cannot read scenario {}: {e}", p.display())))?,
+            (None, Some(t)) => t.clone(),
+            (None, None) => return Err(Error::Invalid("no scenario given".into())),
+        };
+        let load = |name: &str| {
+            let p = Path::new(name);
+            let p = if p.is_absolute() { p.to_path_buf() } else { self.base.join(p) };
+            std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        scenario::parse(&text, &load).map_err(|e| Error::Invalid(self.prefix(e)))
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::Internal(e.to_string()))
+}
+
+fn sim_error(input: &Input, e: sim::SimError) -> Error {
+    let m = input.prefix(&e);
+    match e {
+        sim::SimError::Impossible(_) => Error::Internal(m),
+        sim::SimError::TooLarge { .. } | sim::SimError::Run(_) => Error::Invalid(m),
+    }
+}
+
+/// One iteration's report (`trainsim simulate --json`).
+#[pyfunction]
+#[pyo3(signature = (path=None, text=None, base_dir=None, full=false, network=None))]
+fn _simulate_json(
+    py: Python<'_>,
+    path: Option<String>,
+    text: Option<String>,
+    base_dir: Option<String>,
+    full: bool,
+    network: Option<String>,
+) -> PyResult<String> {
+    let input = Input::new(path, text, base_dir);
+    let r: Result<String> = py.detach(|| {
+        let mut s = input.load()?;
+        if full {
+            s.options.symmetry = false;
+        }
+        if let Some(n) = network {
+            s.options.network = sim::network::NetworkKind::parse(&n).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "network: \"{n}\" is not one of: {}",
+                    sim::network::NetworkKind::NAMES.join(", ")
+                ))
+            })?;
+        }
+        let out = sim::try_simulate(&s, false).map_err(|e| sim_error(&input, e))?;
+        to_json(&out.report)
+    });
+    Ok(r?)
+}
+
+/// A whole training run (`trainsim train-run --json`).
+#[pyfunction]
+#[pyo3(signature = (path=None, text=None, base_dir=None, runs=1, price_per_gpu_hour=None))]
+fn _train_run_json(
+    py: Python<'_>,
+    path: Option<String>,
+    text: Option<String>,
+    base_dir: Option<String>,
+    runs: u32,
+    price_per_gpu_hour: Option<f64>,
+) -> PyResult<String> {
+    if !(1..=100_000).contains(&runs) {
+        return Err(Error::Invalid(format!("runs: {runs}; allowed: 1 to 100000")).into());
+    }
+    if let Some(p) = price_per_gpu_hour
+        && !(p.is_finite() && p >= 0.0)
+    {
+        return Err(Error::Invalid(format!("price_per_gpu_hour: {p}; allowed: a number >= 0")).into());
+    }
+    let input = Input::new(path, text, base_dir);
+    let r: Result<String> = py.detach(|| {
+        let s = input.load()?;
+        if s.run.is_none() {
+            return Err(Error::Invalid(
+                input.prefix("train-run needs \"run\": {\"dataset_samples\": N, \"epochs\": E}"),
+            ));
+        }
+        let whole = sim::run::try_whole_run(&s, runs, price_per_gpu_hour).map_err(|e| {
+            let m = input.prefix(&e);
+            if e.contains("internal error") { Error::Internal(m) } else { Error::Invalid(m) }
+        })?;
+        to_json(&whole)
+    });
+    Ok(r?)
+}
+
+/// BaPipe's exploration (`trainsim partition --json`): every candidate and the best plan (null
+/// when none fits).
+#[pyfunction]
+#[pyo3(signature = (path=None, text=None, base_dir=None))]
+fn _partition_json(
+    py: Python<'_>,
+    path: Option<String>,
+    text: Option<String>,
+    base_dir: Option<String>,
+) -> PyResult<String> {
+    let input = Input::new(path, text, base_dir);
+    let r: Result<String> = py.detach(|| {
+        let s = input.load()?;
+        if s.plan.token_slices.is_some() {
+            return Err(Error::Invalid(input.prefix(
+                "plan.token_slices is set: token slicing (TeraPipe) fixes the schedule and the units, so there is \
+                 nothing for partition to explore; use slices(), or drop token_slices to explore plain pipelines",
+            )));
+        }
+        to_json(&sim::partition::explore(&s))
+    });
+    Ok(r?)
+}
+
+/// TeraPipe's slicing optimiser (`trainsim slices --json`). Without a granularity: the plan's
+/// `auto` granularity, else 8-token units, coarser so that a sequence has at most 256 units.
+#[pyfunction]
+#[pyo3(signature = (path=None, text=None, base_dir=None, granularity=None))]
+fn _slices_json(
+    py: Python<'_>,
+    path: Option<String>,
+    text: Option<String>,
+    base_dir: Option<String>,
+    granularity: Option<u32>,
+) -> PyResult<String> {
+    let input = Input::new(path, text, base_dir);
+    let r: Result<String> = py.detach(|| {
+        let s = input.load()?;
+        let g = granularity
+            .or(match s.plan.token_slices {
+                Some(sim::plan::TokenSlices::Auto { granularity }) => Some(granularity),
+                _ => None,
+            })
+            .unwrap_or_else(|| 8.max(s.plan.seq_len.div_ceil(256)));
+        if g == 0 || g > s.plan.seq_len {
+            return Err(Error::Invalid(format!("granularity: {g} must be between 1 and seq_len {}", s.plan.seq_len)));
+        }
+        let problem = sim::policy::token_slicing::SliceProblem {
+            seq_len: s.plan.seq_len,
+            batch: s.training.global_batch / s.plan.dp,
+            stages: s.plan.pp,
+            granularity: g,
+        };
+        problem.check_size().map_err(|e| Error::Invalid(input.prefix(e)))?;
+        to_json(&sim::choose_token_slices(&s, g))
+    });
+    Ok(r?)
+}
+
+/// The largest model per memory policy on the scenario's devices (`trainsim capacity --json`
+/// without `--gpus`).
+#[pyfunction]
+#[pyo3(signature = (path=None, text=None, base_dir=None, vary="params".to_string()))]
+fn _capacity_json(
+    py: Python<'_>,
+    path: Option<String>,
+    text: Option<String>,
+    base_dir: Option<String>,
+    vary: String,
+) -> PyResult<String> {
+    use sim::capacity::{Policy, Vary, capacity};
+    let input = Input::new(path, text, base_dir);
+    let r: Result<String> = py.detach(|| {
+        let s = input.load()?;
+        let v = Vary::parse(&vary)
+            .ok_or_else(|| Error::Invalid(format!("vary: \"{vary}\" is not one of: hidden, layers, params")))?;
+        if s.workload.net.is_some() {
+            return Err(Error::Invalid(
+                "capacity studies vary a transformer; this workload is a network of distinct layers".into(),
+            ));
+        }
+        let r = capacity(&s, v, &Policy::ALL);
+        to_json(&serde_json::json!({"vary": r.vary, "devices": r.devices, "policies": r.policies}))
+    });
+    Ok(r?)
+}
+
+/// The built-in presets (`trainsim presets --json`): devices, links, nodes, workloads.
+#[pyfunction]
+fn _presets_json() -> PyResult<String> {
+    use sim::hardware::catalog;
+    let workloads = sim::workload::catalog::presets()
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "name": p.name, "parameters": p.config.parameters(),
+                "published_parameters": p.published_parameters, "config": p.config,
+            })
+        })
+        .chain(sim::workload::catalog::nets().into_iter().map(|(name, published, net)| {
+            serde_json::json!({
+                "name": name, "parameters": net.parameters(), "published_parameters": published,
+                "layers": net.layers.len(),
+            })
+        }))
+        .collect::<Vec<_>>();
+    let v = serde_json::json!({
+        "devices": catalog::devices(),
+        "links": catalog::links(),
+        "nodes": catalog::nodes(),
+        "workloads": workloads,
+    });
+    Ok(to_json(&v)?)
+}
+
+// ---- PLACEHOLDER: plan search -------------------------------------------------------------
+// `sim::search` is not merged yet. After merging, replace the body of this one function with
+// the call into it (parse `options_json`, run the search with the GIL released, return its
+// result as JSON). Nothing else in the package needs to change: `trainsim.search` already
+// passes its options here and decodes the result.
+/// Rank plans for a scenario: `scenario_json` is the scenario's JSON text, `options_json` an
+/// object with `gpus`, `top`, `base_dir` and any further search option.
+#[pyfunction]
+fn _search_json(py: Python<'_>, scenario_json: String, options_json: String) -> PyResult<String> {
+    let options: serde_json::Value = serde_json::from_str(&options_json)
+        .map_err(|e| Error::Invalid(format!("search options: not valid JSON: {e}")))?;
+    let base_dir = options.get("base_dir").and_then(|b| b.as_str()).map(str::to_string);
+    // The scenario is still validated, so that a bad key raises ValueError as everywhere else.
+    let input = Input::new(None, Some(scenario_json), base_dir);
+    py.detach(|| input.load())?;
+    Err(PyNotImplementedError::new_err("search lands with the search command"))
+}
+// ---- end of PLACEHOLDER ---------------------------------------------------------------------
+
+/// The version of the simulator this module was built from.
+#[pyfunction]
+fn _version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_simulate_json, m)?)?;
+    m.add_function(wrap_pyfunction!(_train_run_json, m)?)?;
+    m.add_function(wrap_pyfunction!(_partition_json, m)?)?;
+    m.add_function(wrap_pyfunction!(_slices_json, m)?)?;
+    m.add_function(wrap_pyfunction!(_capacity_json, m)?)?;
+    m.add_function(wrap_pyfunction!(_presets_json, m)?)?;
+    m.add_function(wrap_pyfunction!(_search_json, m)?)?;
+    m.add_function(wrap_pyfunction!(_version, m)?)?;
+    Ok(())
+}
