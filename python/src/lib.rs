@@ -9,7 +9,7 @@
 //! with the CLI's message (key path, value, what is allowed); an unreadable file `OSError`; a
 //! report the simulator judges physically impossible `RuntimeError`.
 
-use pyo3::exceptions::{PyNotImplementedError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use sim::scenario::{self, Scenario};
 use std::path::{Path, PathBuf};
@@ -276,24 +276,73 @@ fn _presets_json() -> PyResult<String> {
     Ok(to_json(&v)?)
 }
 
-// ---- PLACEHOLDER: plan search -------------------------------------------------------------
-// `sim::search` is not merged yet. After merging, replace the body of this one function with
-// the call into it (parse `options_json`, run the search with the GIL released, return its
-// result as JSON). Nothing else in the package needs to change: `trainsim.search` already
-// passes its options here and decodes the result.
-/// Rank plans for a scenario: `scenario_json` is the scenario's JSON text, `options_json` an
-/// object with `gpus`, `top`, `base_dir` and any further search option.
+/// Rank plans for a scenario (`trainsim search`): `scenario_json` is the scenario's JSON text
+/// (its `plan` and `training.micro_batch` may be missing; plan keys given stay fixed),
+/// `options_json` an object with `top`, `gpus` (a list of device counts; default the
+/// cluster's) and `base_dir`. One count: `{gpus, best, top, pareto, progress}`; several:
+/// `{by_gpus: [that, ...], best}` (the fastest best).
 #[pyfunction]
 fn _search_json(py: Python<'_>, scenario_json: String, options_json: String) -> PyResult<String> {
     let options: serde_json::Value = serde_json::from_str(&options_json)
         .map_err(|e| Error::Invalid(format!("search options: not valid JSON: {e}")))?;
-    let base_dir = options.get("base_dir").and_then(|b| b.as_str()).map(str::to_string);
-    // The scenario is still validated, so that a bad key raises ValueError as everywhere else.
-    let input = Input::new(None, Some(scenario_json), base_dir);
-    py.detach(|| input.load())?;
-    Err(PyNotImplementedError::new_err("search lands with the search command"))
+    let base = options.get("base_dir").and_then(|b| b.as_str()).map(PathBuf::from).unwrap_or_default();
+    let top = options.get("top").and_then(serde_json::Value::as_u64).unwrap_or(10).clamp(1, 1000) as usize;
+    let gpus: Vec<u64> = match options.get("gpus") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(g) => g
+            .as_array()
+            .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| Error::Invalid(format!("gpus: expected device counts, got {g}")))?,
+    };
+    let out = py.detach(|| -> Result<String> {
+        let load = |name: &str| {
+            let p = Path::new(name);
+            let p = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+            std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        let mut raw: serde_json::Value =
+            serde_json::from_str(&scenario_json).map_err(|e| Error::Invalid(format!("(file): not valid JSON: {e}")))?;
+        let first = scenario::parse_for_search(&raw.to_string(), &load).map_err(|e| Error::Invalid(e.to_string()))?;
+        let per_node = u64::from(first.cluster.node.devices);
+        let counts: Vec<Option<u64>> = if gpus.is_empty() { vec![None] } else { gpus.iter().map(|&g| Some(g)).collect() };
+        let mut runs = Vec::new();
+        for g in counts {
+            let input = match g {
+                None => first.clone(),
+                Some(g) => {
+                    if g == 0 || !g.is_multiple_of(per_node) {
+                        return Err(Error::Invalid(format!("gpus: {g} is not a multiple of the node's {per_node} devices")));
+                    }
+                    match raw.get_mut("cluster").and_then(serde_json::Value::as_object_mut) {
+                        Some(c) if c.contains_key("nodes") && !c.contains_key("device_overrides") => {
+                            c.insert("nodes".into(), serde_json::json!(g / per_node));
+                        }
+                        _ => return Err(Error::Invalid("gpus: needs a cluster given as {\"node\": ..., \"nodes\": N}".into())),
+                    }
+                    scenario::parse_for_search(&raw.to_string(), &load).map_err(|e| Error::Invalid(e.to_string()))?
+                }
+            };
+            let o = sim::search::search(&input, sim::search::Options { top, prune: true }, &|_| {})
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            runs.push(serde_json::json!({
+                "gpus": input.cluster.device_count(),
+                "best": o.best,
+                "top": o.top,
+                "pareto": o.pareto,
+                "progress": o.progress,
+            }));
+        }
+        let v = if runs.len() == 1 {
+            runs.remove(0)
+        } else {
+            let t = |r: &serde_json::Value| r["best"]["iteration_s"].as_f64().unwrap_or(f64::INFINITY);
+            let best = runs.iter().min_by(|a, b| t(a).total_cmp(&t(b))).map(|r| r["best"].clone());
+            serde_json::json!({"by_gpus": runs, "best": best})
+        };
+        to_json(&v)
+    })?;
+    Ok(out)
 }
-// ---- end of PLACEHOLDER ---------------------------------------------------------------------
 
 /// The version of the simulator this module was built from.
 #[pyfunction]

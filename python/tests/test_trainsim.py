@@ -158,17 +158,27 @@ def test_capacity_lists_every_policy():
         trainsim.capacity(example("experiments/offload/gpt2-10b-gemini.json"), vary="width")
 
 
-def test_search_validates_then_waits_for_the_search_command():
+def test_search_equals_the_cli_and_validates(cli, tmp_path):
     bad = load(SMALL)
     bad["plan"]["tp"] = 0
     with pytest.raises(ValueError, match="plan.tp"):
         trainsim.search(bad, gpus=8)
-    try:
-        result = trainsim.search(example(SMALL), gpus=[8, 16], top=3)
-    except NotImplementedError:
-        return
-    # Once search lands: a result that to_dataframe turns into at most `top` rows per count.
-    assert len(trainsim.to_dataframe(result)) > 0
+    space = load(SMALL)
+    space["plan"] = {"pp": 2}
+    space["training"].pop("micro_batch", None)
+    result = trainsim.search(space, top=3)
+    assert 0 < len(result["top"]) <= 3 and result["best"]["fits"]
+    # The same best plan as `trainsim search --json`.
+    f = tmp_path / "space.json"
+    f.write_text(json.dumps(space))
+    rc, stdout, stderr = cli("search", str(f), "--top", "3", "--json")
+    assert rc == 0, stderr
+    out = json.loads(stdout)
+    assert result["best"]["plan"] == out["best"]["plan"]
+    assert result["best"]["iteration_s"] == out["best"]["iteration_s"]
+    assert len(trainsim.to_dataframe(result)) == len(result["top"])
+    several = trainsim.search(space, gpus=[8, 16], top=2)
+    assert [r["gpus"] for r in several["by_gpus"]] == [8, 16]
 
 
 def test_to_dataframe_one_row_per_report():
