@@ -218,7 +218,6 @@ def search(
 
     Raises:
         ValueError: invalid scenario or options.
-        NotImplementedError: in builds that predate the search command.
     """
     src = _source(scenario, base_dir)
     if src["path"] is not None:
