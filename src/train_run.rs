@@ -29,7 +29,6 @@ pub fn train_run(path: &Path, json: bool, plot: Option<&Path>, runs: u32, price:
     let whole = whole.map_err(|e| format!("{}: {e}", path.display()))?;
     let r = &whole.training;
     if let Some(dir) = plot {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let mut epochs = String::from("epoch,frozen_layers,pipeline_length,replicas,samples_per_s,epoch_s\n");
         for e in &r.epochs {
             epochs += &format!(

@@ -9,23 +9,8 @@ use crate::plan::{PartitionPolicy, Recompute};
 use crate::policy::partition::{self, LayerProfile, PartitionPlan, StageDevice, StashRule};
 use crate::scenario::Scenario;
 use crate::schedule::ScheduleKind;
-use crate::workload::{LayerOp, LayerShape};
+use crate::workload::LayerOp;
 use serde::Serialize;
-
-fn shape(s: &Scenario) -> LayerShape {
-    let p = &s.plan;
-    LayerShape {
-        micro_batch: p.micro_batch,
-        seq_len: p.seq_len,
-        tp: p.tp,
-        tp_mode: p.tp_mode,
-        context: 0,
-        sequence_parallel: p.sequence_parallel,
-        attention: p.attention,
-        fusion: p.fusion,
-        activation_bytes: p.precision.activation_bytes(),
-    }
-}
 
 fn ops_s(model: &ComputeModel, ops: &[LayerOp], recompute: bool) -> f64 {
     ops.iter()
@@ -55,7 +40,7 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     }
     let w = &s.workload.transformer;
     let plan = &s.plan;
-    let sh = shape(s);
+    let sh = s.plan.layer_shape();
     let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates);
     let (wb, _, _) = bytes_per_parameter(plan.precision, plan.optimizer);
     let t = plan.tp_mode.weight_shards(plan.tp) as f64;
@@ -75,7 +60,7 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
 fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let w = &s.workload.transformer;
     let plan = &s.plan;
-    let sh = shape(s);
+    let sh = s.plan.layer_shape();
     let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates);
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
     let per_param = wb + gb + ob;

@@ -97,17 +97,7 @@ pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
             net.layers.iter().map(|l| l.layer_ops(plan.micro_batch, 2.0).len() as u64).sum::<u64>() * passes * tp
         }
         None => {
-            let shape = LayerShape {
-                micro_batch: plan.micro_batch,
-                seq_len: plan.seq_len,
-                tp: plan.tp,
-                tp_mode: plan.tp_mode,
-                context: 0,
-                sequence_parallel: plan.sequence_parallel,
-                attention: plan.attention,
-                fusion: plan.fusion,
-                activation_bytes: 2.0,
-            };
+            let shape = LayerShape { activation_bytes: 2.0, ..plan.layer_shape() };
             let layer = w.layer_ops(shape).len() as u64;
             let edges = (w.embedding_ops(shape).len() + w.head_ops(shape).len()) as u64;
             (layer * passes * w.layers as u64 + 2 * edges) * tp

@@ -290,6 +290,22 @@ fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S
 }
 
 impl Plan {
+    /// The shape of one transformer layer under this plan (micro-batch, sequence, tensor
+    /// parallelism, kernels), its activations at the training precision.
+    pub fn layer_shape(&self) -> crate::workload::LayerShape {
+        crate::workload::LayerShape {
+            micro_batch: self.micro_batch,
+            seq_len: self.seq_len,
+            tp: self.tp,
+            tp_mode: self.tp_mode,
+            context: 0,
+            sequence_parallel: self.sequence_parallel,
+            attention: self.attention,
+            fusion: self.fusion,
+            activation_bytes: self.precision.activation_bytes(),
+        }
+    }
+
     pub fn devices(&self) -> u32 {
         self.dp * self.tp * self.pp
     }

@@ -119,17 +119,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let (p, v, m) = (plan.pp, plan.virtual_stages, plan.micro_batches);
     let chunks = plan.chunks();
     let e = plan.precision.activation_bytes();
-    let shape = LayerShape {
-        micro_batch: plan.micro_batch,
-        seq_len: plan.seq_len,
-        tp: plan.tp,
-        tp_mode: plan.tp_mode,
-        context: 0,
-        sequence_parallel: plan.sequence_parallel,
-        attention: plan.attention,
-        fusion: plan.fusion,
-        activation_bytes: e,
-    };
+    let shape = plan.layer_shape();
     let edge_shape = if plan.ring() {
         LayerShape { seq_len: plan.seq_len / plan.tp, tp: 1, tp_mode: TpMode::OneD, ..shape }
     } else {
