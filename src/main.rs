@@ -357,13 +357,18 @@ pub fn load_scenario(path: &Path) -> Result<Scenario, String> {
 
 /// A scenario from `text`, its files read beside `path`.
 pub fn load_scenario_text(path: &Path, text: &str) -> Result<Scenario, String> {
+    scenario::parse(text, &file_loader(path)).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Reads a file a scenario names (a gradient trace, a Hugging Face config), relative names
+/// beside the scenario file `path`.
+pub fn file_loader(path: &Path) -> impl Fn(&str) -> Result<String, String> {
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let load = |name: &str| {
+    move |name: &str| {
         let p = Path::new(name);
         let p = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
         std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
-    };
-    scenario::parse(text, &load).map_err(|e| format!("{}: {e}", path.display()))
+    }
 }
 
 /// Files `simulate` writes besides the report.

@@ -104,13 +104,7 @@ struct Run {
 }
 
 fn read_input(path: &Path, text: &str) -> Result<SearchInput, String> {
-    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let load = |name: &str| {
-        let p = Path::new(name);
-        let p = if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
-        std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
-    };
-    scenario::parse_for_search(text, &load).map_err(|e| format!("{}: {e}", path.display()))
+    scenario::parse_for_search(text, &crate::file_loader(path)).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The input at `gpus` devices: the cluster's node count changed.
