@@ -63,6 +63,10 @@ struct Args {
     /// After the run, shrink each distinct failure's input (at most this many runs each; 0 = off)
     #[arg(long, default_value_t = 0)]
     shrink: usize,
+    /// Write the cases' inputs and commands under this folder (one folder per case) and run
+    /// nothing: to reproduce a case from a long run's log
+    #[arg(long)]
+    dump: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -111,6 +115,9 @@ fn main() -> ExitCode {
         args.bin.display()
     );
     let start = Instant::now();
+    if let Some(dir) = &args.dump {
+        return dump(dir, &args, &cat, mix);
+    }
     let next = AtomicU64::new(args.first);
     let end = args.first + args.cases;
     let corpus: Vec<case::Case> = args.corpus.iter().flat_map(|d| case::corpus(d, u64::MAX / 2)).collect();
@@ -239,4 +246,22 @@ fn shrink_all(
         }
         store.write(&sig);
     }
+}
+
+/// Writes cases `first..first+cases` as `DIR/case-N/` with their files and a `commands.txt`.
+fn dump(dir: &std::path::Path, args: &Args, cat: &presets::Catalog, mix: case::Mix) -> ExitCode {
+    for id in args.first..args.first + args.cases {
+        let c = case::build(args.seed, id, cat, mix);
+        let d = dir.join(format!("case-{id}"));
+        let commands: String = c.runs.iter().map(|r| format!("trainsim {}\n", r.join(" "))).collect();
+        let written = std::fs::create_dir_all(&d)
+            .and_then(|()| case::write_input(&d, &c.text, &c.files))
+            .and_then(|()| std::fs::write(d.join("commands.txt"), commands));
+        if let Err(e) = written {
+            eprintln!("scenario-fuzz: {}: {e}", d.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    eprintln!("wrote {} cases under {}", args.cases, dir.display());
+    ExitCode::SUCCESS
 }

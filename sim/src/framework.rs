@@ -167,7 +167,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "tp_comm_overlap",
-                    "megatron/core/model_parallel_config.py tp_comm_overlap (Transformer Engine userbuffers, with sequence parallelism); --tp-comm-overlap",
+                    "megatron/core/model_parallel_config.py tp_comm_overlap (Transformer Engine userbuffers; requires sequence parallelism); --tp-comm-overlap. Transformer Engine's userbuffers configurations (ub_cfg, as NeMo's recipes ship them): qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad by ring_exchange (the all-gather beside the GEMM); proj_fprop, fc2_fprop by pipeline (chunked reduce-scatter, the last chunk exposed). Applied only with plan.sequence_parallel in 1-D tensor parallelism",
                 ),
                 (
                     "attention",
@@ -380,7 +380,7 @@ pub fn reference_markdown() -> String {
         s += &format!("| gradient reduction | {reduce} |\n| gradient bucket | {bucket} |\n");
         s += &format!("| gradient dtype | {dtype} |\n| ZeRO-3 gathers | {gather} |\n");
         s += &format!("| parameter all-gather overlaps next forward | {} |\n", yes(f.param_gather_overlap));
-        s += &format!("| TP communication overlaps GEMMs | {} |\n", yes(f.tp_comm_overlap));
+        s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
         s += &format!("| attention | {} |\n", if f.flash_attention { "fused (flash)" } else { "materialised scores" });
         s += &format!(
             "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {} |\n\nSources:\n\n",

@@ -107,7 +107,7 @@ impl Attribution {
                 return;
             }
             (TaskKind::HostCopy, _) => Part::Offload,
-            (TaskKind::Collective, StreamKind::Compute) => self.comm[c.label as usize],
+            (TaskKind::Collective, StreamKind::Compute | StreamKind::TensorParallel) => self.comm[c.label as usize],
             (TaskKind::Collective, _) => Part::DpComm,
             // A collective waiting for its other members to arrive.
             (TaskKind::Compute, _) if p.tasks[t as usize].kind == TaskKind::Collective => {
@@ -176,6 +176,7 @@ impl Attribution {
                     let part = match StreamKind::ALL[k] {
                         StreamKind::PipelineSend => Part::PpComm,
                         StreamKind::HostCopy => Part::Offload,
+                        StreamKind::TensorParallel => Part::TpComm,
                         _ => Part::DpComm,
                     };
                     (a, b, part)

@@ -79,6 +79,9 @@ pub(super) struct Builder {
     pub(super) unit_log: Vec<gemini::UnitAccess>,
     /// Blocking point-to-point (`plan.p2p`): the sends each compute stream's next task waits for.
     pub(super) held_sends: Option<Vec<Vec<u32>>>,
+    /// Overlapped tensor-parallel collectives each compute stream's next task waits for
+    /// (empty unless `framework.tp_comm_overlap` applies).
+    pub(super) held_tp: Vec<Vec<u32>>,
     /// Gradient-accumulation ops by (device class, bytes).
     pub(super) accumulate_ops: HashMap<(u16, u64), u32>,
 }
@@ -125,6 +128,7 @@ impl Builder {
             unit_log: Vec::new(),
             accumulate_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
+            held_tp: if plan.tp_overlap() { vec![Vec::new(); simulated.len() * STREAMS] } else { Vec::new() },
         }
     }
 
@@ -167,6 +171,13 @@ impl Builder {
             {
                 for send in held[s as usize].drain(..) {
                     self.p.deps.push((send, id));
+                }
+            }
+            if let Some(held) = self.held_tp.get_mut(s as usize)
+                && Program::stream_kind(s) == StreamKind::Compute
+            {
+                for c in held.drain(..) {
+                    self.p.deps.push((c, id));
                 }
             }
         }
@@ -244,4 +255,7 @@ pub(super) struct StepCtx {
     pub(super) streams: Vec<u32>,
     /// The tensor-parallel grid's dimensions (see `TpMode::dims`).
     pub(super) dims: Vec<u32>,
+    /// The group's tensor-parallel communication streams when its collectives overlap the
+    /// GEMMs (`Plan::tp_overlap`), else empty.
+    pub(super) tp_streams: Vec<u32>,
 }

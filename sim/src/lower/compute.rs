@@ -5,7 +5,7 @@
 use super::blocks::Block;
 use super::builder::{Builder, PH, StepCtx};
 use super::program::*;
-use super::tensor_parallel::collective_on_compute;
+use super::tensor_parallel::{TpOverlap, collective_on_compute, is_gemm};
 use crate::report::timeline::{Label, Phase};
 use crate::workload::{LayerOp, OpSpec};
 
@@ -32,14 +32,18 @@ pub(super) fn emit_block(
     let mut last = NONE;
     let compute_ops = blk.ops.iter().filter(|o| o.compute().is_some()).count();
     let mut seen = 0;
+    let mut overlap = TpOverlap::default();
+    let walk = |i: usize| if backward { n - 1 - i } else { i };
     for i in 0..n {
-        let j = if backward { n - 1 - i } else { i };
+        let j = walk(i);
         match &blk.ops[j] {
             LayerOp::Compute(spec) => {
                 seen += 1;
                 let op = if backward { blk.bwd[j] } else { blk.fwd[j] };
                 let label = layer_label(b, layer, j, spec.name, phase, chunk);
+                overlap.before_compute(b, ctx);
                 let f = emit_group_compute(b, ctx, op, label, mb);
+                overlap.after_compute(b, ctx);
                 if first == NONE {
                     first = f;
                     if alloc > 0.0 {
@@ -60,7 +64,12 @@ pub(super) fn emit_block(
             LayerOp::Comm { name, bytes, axis, forward, backward: bwd, root } => {
                 let kind = if backward { *bwd } else { *forward };
                 if let Some(kind) = kind {
-                    collective_on_compute(b, ctx, kind, (*axis, *root), name, *bytes, layer, phase, chunk, mb);
+                    let near =
+                        (i > 0 && is_gemm(blk.ops.get(walk(i - 1))), i + 1 < n && is_gemm(blk.ops.get(walk(i + 1))));
+                    let at = (layer, phase, chunk, mb);
+                    if !overlap.collective(b, ctx, kind, *axis, near, (name, *bytes), at) {
+                        collective_on_compute(b, ctx, kind, (*axis, *root), name, *bytes, layer, phase, chunk, mb);
+                    }
                 }
             }
         }
@@ -82,6 +91,7 @@ pub(super) fn emit_recompute(
 ) -> (u32, u32) {
     let mut first = NONE;
     let mut last = NONE;
+    let mut overlap = TpOverlap::default();
     for (j, op) in blk.ops.iter().enumerate() {
         match op {
             LayerOp::Compute(spec) => {
@@ -89,7 +99,9 @@ pub(super) fn emit_recompute(
                     continue;
                 }
                 let label = layer_label(b, layer, j, spec.name, Phase::Recompute, chunk);
+                overlap.before_compute(b, ctx);
                 let f = emit_group_compute(b, ctx, blk.fwd[j], label, mb);
+                overlap.after_compute(b, ctx);
                 if first == NONE {
                     first = f;
                     if alloc > 0.0 {
@@ -102,7 +114,9 @@ pub(super) fn emit_recompute(
                 last = f + ctx.group.len() as u32 - 1;
             }
             LayerOp::Comm { name, bytes, axis, forward: Some(kind), root, .. } => {
-                if !selective_only {
+                let near = (j > 0 && is_gemm(blk.ops.get(j - 1)), is_gemm(blk.ops.get(j + 1)));
+                let at = (layer, Phase::Recompute, chunk, mb);
+                if !selective_only && !overlap.collective(b, ctx, *kind, *axis, near, (name, *bytes), at) {
                     collective_on_compute(
                         b,
                         ctx,

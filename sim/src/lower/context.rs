@@ -3,8 +3,10 @@
 
 use super::blocks::{self, UnitBlocks};
 use super::builder::{Builder, StepCtx};
+use super::program::Program;
 use crate::cost::memory::bytes_per_parameter;
 use crate::plan::{Dynamic, Plan, Tier};
+use crate::report::timeline::StreamKind;
 use crate::scenario::Scenario;
 use crate::schedule::{self, Pass, ScheduleShape, Step};
 use crate::workload::{OpClass, OpSpec, Saved};
@@ -181,7 +183,12 @@ impl Stage {
         let group: Vec<u32> = (0..lw.t).map(|x| plan.device(r, stage, x)).collect();
         let class = lw.s.cluster.class_of(group[0]);
         b.class = class;
-        let ctx = StepCtx { streams: b.compute_streams(&group), group, dims: plan.tp_mode.dims(lw.t) };
+        let tp_streams = if plan.tp_overlap() {
+            group.iter().map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::TensorParallel)).collect()
+        } else {
+            Vec::new()
+        };
+        let ctx = StepCtx { streams: b.compute_streams(&group), group, dims: plan.tp_mode.dims(lw.t), tp_streams };
         let order = if plan.token_slices.is_some() {
             // TeraPipe: every slice forward in order, then backward in exact reverse (a
             // slice's backward feeds gradients into the earlier slices it attended to).

@@ -1,11 +1,12 @@
 //! Tensor-parallel collectives: the all-reduces, all-gathers and reduce-scatters inside a
-//! block, as collective tasks shared by the group's compute streams (they block compute: no
-//! overlap of tensor-parallel communication with GEMMs is modelled).
+//! block, as collective tasks shared by the group's compute streams (they block compute), or
+//! beside the neighbouring GEMM on the tensor-parallel streams where the framework overlaps
+//! them ([`TpOverlap`]).
 
 use super::builder::{Builder, StepCtx};
 use super::program::*;
 use crate::report::timeline::{Label, Phase};
-use crate::workload::Axis;
+use crate::workload::{Axis, LayerOp, OpClass};
 
 /// A collective of `bytes` among the group's devices along `axis` (the whole group, or each
 /// line of the tensor-parallel grid along one dimension, rooted at `root`), on their compute
@@ -46,5 +47,102 @@ pub(super) fn collective_on_compute(
         let streams: Vec<u32> = idx.iter().map(|&i| ctx.streams[i]).collect();
         let id = b.collective_id(kind, &members, bytes);
         b.task(TaskKind::Collective, id, label, mb, &streams);
+    }
+}
+
+/// Megatron-Core's overlap of tensor-parallel communication with GEMMs (Transformer Engine's
+/// userbuffers, `tp_comm_overlap`), for one block's walk. The configurations Megatron-Core
+/// and NeMo ship (`ub_cfg`: `qkv_fprop`, `fc1_fprop`, `proj_dgrad`, `fc2_dgrad` by
+/// `ring_exchange`; `proj_fprop`, `fc2_fprop` by `pipeline`) overlap each sequence-parallel
+/// all-gather with the GEMM that consumes it and each reduce-scatter with the GEMM that
+/// produces it:
+///
+/// - an all-gather before a GEMM (ring exchange): the GEMM works on the chunk it holds while
+///   the next one arrives, so the whole all-gather runs on the tensor-parallel stream beside
+///   the GEMM and the task after the GEMM waits for it;
+/// - a reduce-scatter after a GEMM (pipelined): each chunk's partial sums are scattered while
+///   the next chunk is computed, so all but the last chunk's reduce-scatter, `(t - 1)/t` of
+///   the bytes, run beside the GEMM, and the last `1/t` follows it on the compute stream.
+///
+/// Not modelled: the SMs the pipelined reduce-scatter takes from the GEMM (`num_sm` in
+/// `ub_cfg`), and the lower efficiency of the chunked GEMMs.
+#[derive(Default)]
+pub(super) struct TpOverlap {
+    /// Per group member, the compute stream's last task before the latest GEMM.
+    tails: Vec<u32>,
+    /// An overlapped all-gather the task after the next compute op waits for.
+    after_next: Option<u32>,
+}
+
+/// Whether block op `op` is a GEMM (the ops tensor-parallel communication overlaps).
+pub(super) fn is_gemm(op: Option<&LayerOp>) -> bool {
+    matches!(op, Some(LayerOp::Compute(spec)) if matches!(spec.class, OpClass::Gemm { .. }))
+}
+
+impl TpOverlap {
+    /// Before a compute op is emitted: remember where each compute stream stands.
+    pub(super) fn before_compute(&mut self, b: &Builder, ctx: &StepCtx) {
+        if ctx.tp_streams.is_empty() {
+            return;
+        }
+        self.tails.clear();
+        self.tails.extend(ctx.streams.iter().map(|&s| b.p.streams[s as usize].last().copied().unwrap_or(NONE)));
+    }
+
+    /// After a compute op is emitted: the next task on each compute stream waits for the
+    /// all-gather that ran beside it.
+    pub(super) fn after_compute(&mut self, b: &mut Builder, ctx: &StepCtx) {
+        if let Some(task) = self.after_next.take() {
+            for &s in &ctx.streams {
+                b.held_tp[s as usize].push(task);
+            }
+        }
+    }
+
+    /// Lowers the collective overlapped with its neighbouring GEMM where the framework does
+    /// that (see [`TpOverlap`]); `false` when it is not overlapped (the caller lowers it on the
+    /// compute streams).
+    pub(super) fn collective(
+        &mut self,
+        b: &mut Builder,
+        ctx: &StepCtx,
+        kind: CollectiveKind,
+        axis: Axis,
+        (prev_gemm, next_gemm): (bool, bool),
+        (name, bytes): (&'static str, f64),
+        (layer, phase, chunk, mb): (i32, Phase, u32, u32),
+    ) -> bool {
+        if ctx.tp_streams.is_empty() || axis != Axis::Tensor {
+            return false;
+        }
+        let t = ctx.group.len() as f64;
+        let label = b.label(Label { op: name, layer, phase, chunk });
+        match kind {
+            CollectiveKind::AllGather if next_gemm => {
+                let id = b.collective_id(kind, &ctx.group, bytes);
+                let task = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
+                for &s in &ctx.streams {
+                    if let Some(&last) = b.p.streams[s as usize].last() {
+                        b.p.deps.push((last, task));
+                    }
+                }
+                self.after_next = Some(task);
+                true
+            }
+            CollectiveKind::ReduceScatter if prev_gemm && self.tails.len() == ctx.streams.len() => {
+                let id = b.collective_id(kind, &ctx.group, bytes * (t - 1.0) / t);
+                let beside = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
+                for &tail in &self.tails {
+                    if tail != NONE {
+                        b.p.deps.push((tail, beside));
+                    }
+                }
+                let last = b.collective_id(kind, &ctx.group, bytes / t);
+                let exposed = b.task(TaskKind::Collective, last, label, mb, &ctx.streams);
+                b.p.deps.push((beside, exposed));
+                true
+            }
+            _ => false,
+        }
     }
 }

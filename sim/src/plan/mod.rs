@@ -326,6 +326,17 @@ impl Plan {
         self.tp_mode == crate::workload::TpMode::Ring && self.tp > 1
     }
 
+    /// Whether the tensor-parallel all-gathers and reduce-scatters overlap their neighbouring
+    /// GEMMs: the framework does it (`tp_comm_overlap`, Megatron-Core with Transformer
+    /// Engine's userbuffers), and only under Megatron sequence parallelism in one dimension,
+    /// which it requires.
+    pub fn tp_overlap(&self) -> bool {
+        self.framework.tp_comm_overlap
+            && self.sequence_parallel
+            && self.tp > 1
+            && self.tp_mode == crate::workload::TpMode::OneD
+    }
+
     /// Devices that hold the same weights and sum their gradients: the data-parallel
     /// replicas, times the ring under ring sequence parallelism.
     pub fn sync_degree(&self) -> u32 {

@@ -18,15 +18,19 @@ pub enum StreamKind {
     /// Copies between host (or NVMe) and device memory: offloaded states, Gemini's chunks,
     /// activations.
     HostCopy,
+    /// Tensor-parallel collectives that overlap the neighbouring GEMM
+    /// (`framework.tp_comm_overlap`).
+    TensorParallel,
 }
 
 impl StreamKind {
-    pub const ALL: [StreamKind; 5] = [
+    pub const ALL: [StreamKind; 6] = [
         StreamKind::Compute,
         StreamKind::DataParallel,
         StreamKind::PipelineSend,
         StreamKind::Gather,
         StreamKind::HostCopy,
+        StreamKind::TensorParallel,
     ];
     pub fn index(self) -> usize {
         self as usize
@@ -38,6 +42,7 @@ impl StreamKind {
             StreamKind::PipelineSend => "pp-send",
             StreamKind::Gather => "gather",
             StreamKind::HostCopy => "host-copy",
+            StreamKind::TensorParallel => "tp-comm",
         }
     }
 }

@@ -129,7 +129,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let (embed_ops, head_ops) = (w.embedding_ops(edge_shape), w.head_ops(edge_shape));
     // A device sends at most over its port to the node's switch and all of the node's NICs.
     let node = &s.cluster.node;
-    let egress = (!plan.framework.tp_comm_overlap && !plan.ring()).then(|| {
+    let egress = (!plan.tp_overlap() && !plan.ring()).then(|| {
         node.intra_node.as_ref().map_or(0.0, |l| l.bandwidth_bytes_per_s)
             + node.nics as f64 * node.nic.bandwidth_bytes_per_s
     });
