@@ -74,8 +74,15 @@ fn fpga(name: &str, dsp: f64, sram_bytes: f64, mem_bytes: f64, mem_bw: f64, sour
 
 /// Every device preset.
 pub fn devices() -> Vec<DeviceSpec> {
-    // gemm_efficiency defaults: cuBLAS reaches ~85% of dense tensor peak on large GEMMs on
-    // V100/A100 and ~75% on H100/H200 (power- and clock-limited); replaced by calibration.
+    // gemm_efficiency defaults: the fraction of dense tensor peak the best-shaped bf16 GEMM
+    // reaches. Measured ceilings (stas00/ml-engineering, compute/accelerator/README.md,
+    // "Maximum Achievable Matmul FLOPS comparison table", mean of 100 matmuls after 50
+    // warm-up, torch 2.6-2.7): A100 SXM 271.2 of 312 TFLOP/s (86.9%), H100 SXM 794.5 of
+    // 989 (80.3%, "H200 is the same"). A100/V100 use 0.85, within 2% of that ceiling.
+    // H100/H200 use 0.75, 7% under it: an assumption, not a measurement, for clocks under
+    // sustained power in training (a 100-matmul burst holds boost clocks longer). Shapes
+    // then lose more to tile and wave quantisation (`kernels::gemm_tiling`). Calibration
+    // (`trainsim calibrate`) replaces them.
     let v100 = "NVIDIA V100 datasheet via ".to_string() + SPECS;
     let a100 = "NVIDIA A100 datasheet via ".to_string() + SPECS;
     let h100 = "NVIDIA H100 datasheet via ".to_string() + SPECS;
