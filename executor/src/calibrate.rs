@@ -130,6 +130,7 @@ fn gemm_op(batch: f64, m: f64, n: f64, k: f64) -> OpInstance {
         on_host: false,
         nvme_bytes: 0.0,
         class: 0,
+        sm_share: 1.0,
     }
 }
 
@@ -148,6 +149,7 @@ fn stream_op(bytes: f64) -> OpInstance {
         on_host: false,
         nvme_bytes: 0.0,
         class: 0,
+        sm_share: 1.0,
     }
 }
 

@@ -82,6 +82,8 @@ pub(super) struct Builder {
     /// Overlapped tensor-parallel collectives each compute stream's next task waits for
     /// (empty unless `framework.tp_comm_overlap` applies).
     pub(super) held_tp: Vec<Vec<u32>>,
+    /// Each op's copy that runs on fewer compute units (`TpOverlap`), by op.
+    pub(super) narrowed_ops: HashMap<u32, u32>,
     /// Gradient-accumulation ops by (device class, bytes).
     pub(super) accumulate_ops: HashMap<(u16, u64), u32>,
 }
@@ -127,6 +129,7 @@ impl Builder {
             colliding_collectives: HashMap::new(),
             unit_log: Vec::new(),
             accumulate_ops: HashMap::new(),
+            narrowed_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
             held_tp: if plan.tp_overlap() { vec![Vec::new(); simulated.len() * STREAMS] } else { Vec::new() },
         }
@@ -147,6 +150,7 @@ impl Builder {
             on_host: false,
             nvme_bytes: 0.0,
             class: self.class,
+            sm_share: 1.0,
         });
         (self.p.ops.len() - 1) as u32
     }
@@ -182,6 +186,19 @@ impl Builder {
             }
         }
         id
+    }
+
+    /// A copy of op `op` that runs on `share` of the device's compute units (one per op).
+    pub(super) fn narrowed(&mut self, op: u32, share: f64) -> u32 {
+        if let Some(&n) = self.narrowed_ops.get(&op) {
+            return n;
+        }
+        let mut o = self.p.ops[op as usize].clone();
+        o.sm_share = share;
+        self.p.ops.push(o);
+        let n = (self.p.ops.len() - 1) as u32;
+        self.narrowed_ops.insert(op, n);
+        n
     }
 
     /// The id of a collective, shared by every task with the same kind, members and size.
@@ -258,4 +275,7 @@ pub(super) struct StepCtx {
     /// The group's tensor-parallel communication streams when its collectives overlap the
     /// GEMMs (`Plan::tp_overlap`), else empty.
     pub(super) tp_streams: Vec<u32>,
+    /// Fraction of the device's compute units a GEMM keeps while a pipelined reduce-scatter
+    /// overlaps it (`TpOverlap`).
+    pub(super) tp_sm_share: f64,
 }

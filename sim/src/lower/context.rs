@@ -175,6 +175,11 @@ pub(super) struct Stage {
     pub(super) params: f64,
 }
 
+/// Compute units (SMs) Transformer Engine's pipelined and bulk overlaps keep for their
+/// communication kernels, taken from the GEMM (`num_sm` 16 with `set_sm_margin`:
+/// transformer_engine/pytorch/module/base.py `initialize_ub` defaults, TE 1.x-2.x).
+const TE_COMM_SMS: f64 = 16.0;
+
 impl Stage {
     /// Sets the builder's device class to the stage's.
     pub(super) fn new(b: &mut Builder, lw: &Lowering, r: u32, stage: u32) -> Stage {
@@ -188,7 +193,15 @@ impl Stage {
         } else {
             Vec::new()
         };
-        let ctx = StepCtx { streams: b.compute_streams(&group), group, dims: plan.tp_mode.dims(lw.t), tp_streams };
+        let units = lw.s.cluster.class(class).compute_units as f64;
+        let tp_sm_share = if units > TE_COMM_SMS { (units - TE_COMM_SMS) / units } else { 1.0 };
+        let ctx = StepCtx {
+            streams: b.compute_streams(&group),
+            group,
+            dims: plan.tp_mode.dims(lw.t),
+            tp_streams,
+            tp_sm_share,
+        };
         let order = if plan.token_slices.is_some() {
             // TeraPipe: every slice forward in order, then backward in exact reverse (a
             // slice's backward feeds gradients into the earlier slices it attended to).

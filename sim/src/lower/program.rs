@@ -53,6 +53,9 @@ pub struct OpInstance {
     pub nvme_bytes: f64,
     /// Device class it runs on (`ClusterSpec::class`).
     pub class: u16,
+    /// Fraction of the device's compute units the op runs on (1 but for a GEMM that shares
+    /// them with an overlapped collective's kernel, see `TpOverlap`).
+    pub sm_share: f64,
 }
 
 /// Collectives are the workload's communication kinds.

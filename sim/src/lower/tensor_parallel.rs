@@ -60,19 +60,28 @@ pub(super) fn collective_on_compute(
 /// - an all-gather before a GEMM (ring exchange): the GEMM works on the chunk it holds while
 ///   the next one arrives, so the whole all-gather runs on the tensor-parallel stream beside
 ///   the GEMM and the task after the GEMM waits for it;
-/// - a reduce-scatter after a GEMM (pipelined): each chunk's partial sums are scattered while
-///   the next chunk is computed, so all but the last chunk's reduce-scatter, `(t - 1)/t` of
-///   the bytes, run beside the GEMM, and the last `1/t` follows it on the compute stream.
+/// - a reduce-scatter after a GEMM (pipelined, `num_splits` 4 by default): each of the GEMM's
+///   4 chunks is scattered while the next is computed, so 3/4 of the bytes run beside the
+///   GEMM and the last chunk's 1/4 follows it on the compute stream; meanwhile the GEMM runs
+///   on the SMs the communication kernels leave it (`StepCtx::tp_sm_share`, `num_sm` 16 with
+///   `set_sm_margin`). Ring exchange uses the copy engines and leaves the GEMM all its SMs.
 ///
-/// Not modelled: the SMs the pipelined reduce-scatter takes from the GEMM (`num_sm` in
-/// `ub_cfg`), and the lower efficiency of the chunked GEMMs.
+/// Sources: transformer_engine/pytorch/module/base.py `initialize_ub` (default `num_sm` 1
+/// for ring_exchange and 16 otherwise, `set_sm_margin` off for ring_exchange, `num_splits`
+/// tp for ring_exchange and 4 for pipeline). Not modelled: the lower efficiency of the
+/// chunked GEMMs.
 #[derive(Default)]
 pub(super) struct TpOverlap {
     /// Per group member, the compute stream's last task before the latest GEMM.
     tails: Vec<u32>,
     /// An overlapped all-gather the task after the next compute op waits for.
     after_next: Option<u32>,
+    /// The first of the group's tasks of the latest compute op.
+    last_compute: u32,
 }
+
+/// Chunks of a pipelined reduce-scatter (Transformer Engine's default `num_splits`).
+const PIPELINE_SPLITS: f64 = 4.0;
 
 /// Whether block op `op` is a GEMM (the ops tensor-parallel communication overlaps).
 pub(super) fn is_gemm(op: Option<&LayerOp>) -> bool {
@@ -91,7 +100,8 @@ impl TpOverlap {
 
     /// After a compute op is emitted: the next task on each compute stream waits for the
     /// all-gather that ran beside it.
-    pub(super) fn after_compute(&mut self, b: &mut Builder, ctx: &StepCtx) {
+    pub(super) fn after_compute(&mut self, b: &mut Builder, ctx: &StepCtx, first: u32) {
+        self.last_compute = first;
         if let Some(task) = self.after_next.take() {
             for &s in &ctx.streams {
                 b.held_tp[s as usize].push(task);
@@ -115,7 +125,6 @@ impl TpOverlap {
         if ctx.tp_streams.is_empty() || axis != Axis::Tensor {
             return false;
         }
-        let t = ctx.group.len() as f64;
         let label = b.label(Label { op: name, layer, phase, chunk });
         match kind {
             CollectiveKind::AllGather if next_gemm => {
@@ -130,14 +139,20 @@ impl TpOverlap {
                 true
             }
             CollectiveKind::ReduceScatter if prev_gemm && self.tails.len() == ctx.streams.len() => {
-                let id = b.collective_id(kind, &ctx.group, bytes * (t - 1.0) / t);
+                // The GEMM shares its SMs with the reduce-scatter's kernels.
+                for x in 0..ctx.streams.len() as u32 {
+                    let task = (self.last_compute + x) as usize;
+                    let op = b.p.tasks[task].payload;
+                    b.p.tasks[task].payload = b.narrowed(op, ctx.tp_sm_share);
+                }
+                let id = b.collective_id(kind, &ctx.group, bytes * (PIPELINE_SPLITS - 1.0) / PIPELINE_SPLITS);
                 let beside = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
                 for &tail in &self.tails {
                     if tail != NONE {
                         b.p.deps.push((tail, beside));
                     }
                 }
-                let last = b.collective_id(kind, &ctx.group, bytes / t);
+                let last = b.collective_id(kind, &ctx.group, bytes / PIPELINE_SPLITS);
                 let exposed = b.task(TaskKind::Collective, last, label, mb, &ctx.streams);
                 b.p.deps.push((beside, exposed));
                 true

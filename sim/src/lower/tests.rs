@@ -248,8 +248,9 @@ fn tp_overlap(on: bool, sequence_parallel: bool) -> crate::Simulation {
 
 /// Megatron-Core's tensor-parallel overlap moves the all-gathers and all but the last chunk
 /// of the reduce-scatters beside the GEMMs: the exposed tensor-parallel time falls but not to
-/// zero (the reduce-scatters' last chunks stay), the iteration is shorter, and no more
-/// compute runs. Without sequence parallelism there is nothing it overlaps.
+/// zero (the reduce-scatters' last chunks stay), the iteration is shorter, and the GEMMs a
+/// reduce-scatter overlaps run on 116 of the H100's 132 SMs, so compute takes longer, by at
+/// most 132/116. Without sequence parallelism there is nothing it overlaps.
 #[test]
 fn tensor_parallel_overlap_hides_all_gathers_and_most_reduce_scatters() {
     let exposed = |sim: &crate::Simulation| sim.report.time_breakdown[0].exposed_tp_comm_s;
@@ -263,7 +264,7 @@ fn tensor_parallel_overlap_hides_all_gathers_and_most_reduce_scatters() {
     assert!(on.report.iteration_s < off.report.iteration_s, "{} vs {}", on.report.iteration_s, off.report.iteration_s);
     assert!(exposed(&on) > 0.0 && exposed(&on) < 0.5 * exposed(&off), "{} vs {}", exposed(&on), exposed(&off));
     let compute = |sim: &crate::Simulation| sim.report.time_breakdown[0].compute_s();
-    assert!((compute(&on) - compute(&off)).abs() < 1e-9 * compute(&off));
+    assert!(compute(&on) > compute(&off) && compute(&on) < compute(&off) * 132.0 / 116.0);
     // The hidden time is at most the communication the overlap moved off the compute stream.
     let saved = off.report.iteration_s - on.report.iteration_s;
     assert!(saved <= exposed(&off) - exposed(&on) + 1e-9, "{saved}");
