@@ -350,6 +350,7 @@ mod tests {
             on_host: false,
             nvme_bytes: 0.0,
             class: 0,
+            sm_share: 1.0,
         }
     }
 
