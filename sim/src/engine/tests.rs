@@ -125,8 +125,8 @@ fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResu
     let pp = shape.stages;
     let mut p = empty_program(pp);
     let v = shape.virtual_stages as u64;
-    p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0, class: 0, sm_share: 1.0 });
-    p.ops.push(OpInstance { spec: op(), backward: true, on_host: false, nvme_bytes: 0.0, class: 0, sm_share: 1.0 });
+    p.ops.push(device_op(false));
+    p.ops.push(device_op(true));
     let op_ns = [f / v, b / v];
     let chunks = pp * shape.virtual_stages;
     let m = shape.micro_batches;
@@ -154,6 +154,11 @@ fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResu
     }
     let c = cluster(pp, 1, link(1e12, 0.0), link(1e12, 0.0));
     run(&p, &Topology::new(&c), &op_ns, &HostCosts::default(), opts()).expect("runs")
+}
+
+/// `op()` as a device op instance of class 0 on all its compute units.
+fn device_op(backward: bool) -> OpInstance {
+    OpInstance { spec: op(), backward, on_host: false, nvme_bytes: 0.0, class: 0, sm_share: 1.0 }
 }
 
 fn op() -> OpSpec {
@@ -219,7 +224,7 @@ fn runs_are_deterministic() {
 fn host_chain(n: u32, gpu: u64, host: u64, recv: Option<f64>) -> u64 {
     let c = cluster(2, 1, link(1e9, 0.0), link(1e9, 0.0));
     let mut p = empty_program(2);
-    p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0, class: 0, sm_share: 1.0 });
+    p.ops.push(device_op(false));
     let s = Program::stream_index(0, StreamKind::Compute);
     let tasks: Vec<u32> = (0..n).map(|_| push(&mut p, TaskKind::Compute, 0, &[s], 0)).collect();
     if let (Some(bytes), Some(&first)) = (recv, tasks.first()) {
@@ -264,14 +269,7 @@ fn a_collective_waits_for_each_member_s_own_host() {
     let c = cluster(2, 1, link(1e9, 0.0), link(1e9, 0.0));
     let run_with = |per_collective: Vec<u64>| {
         let mut p = empty_program(2);
-        p.ops.push(OpInstance {
-            spec: op(),
-            backward: false,
-            on_host: false,
-            nvme_bytes: 0.0,
-            class: 0,
-            sm_share: 1.0,
-        });
+        p.ops.push(device_op(false));
         p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: vec![0, 1], bytes: 1e3 });
         let streams: Vec<u32> = (0..2).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
         push(&mut p, TaskKind::Collective, 0, &streams, 0);
@@ -310,14 +308,7 @@ fn a_run_past_the_clock_is_an_error_not_a_wrapped_time() {
     let half = MAX_TIME_NS / 2 + 1;
     for (ops, want) in [(1usize, Ok(half)), (2, Err(RunError::TimeOverflow))] {
         let mut p = empty_program(1);
-        p.ops.push(OpInstance {
-            spec: op(),
-            backward: false,
-            on_host: false,
-            nvme_bytes: 0.0,
-            class: 0,
-            sm_share: 1.0,
-        });
+        p.ops.push(device_op(false));
         let s = Program::stream_index(0, StreamKind::Compute);
         for _ in 0..ops {
             push(&mut p, TaskKind::Compute, 0, &[s], 0);
@@ -406,7 +397,7 @@ fn idle_time_is_charged_to_what_ended_it() {
     let mut p = empty_program(2);
     // A bandwidth-bound op of layer 0.
     p.labels[0].layer = 0;
-    p.ops.push(OpInstance { spec: op(), backward: false, on_host: false, nvme_bytes: 0.0, class: 0, sm_share: 1.0 });
+    p.ops.push(device_op(false));
     let op_ns = [100_000u64];
     let (c0, c1) = (Program::stream_index(0, StreamKind::Compute), Program::stream_index(1, StreamKind::Compute));
     let a = push(&mut p, TaskKind::Compute, 0, &[c0], 0);
