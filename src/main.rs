@@ -625,6 +625,9 @@ fn capacity_cmd(path: &Path, vary: &str, gpus: &[u32], json: bool, plot: Option<
     println!("{}: the largest model per policy on {} devices (varying {vary})", s.name, r.devices);
     for p in &r.policies {
         println!("  {:<14} {:>9.2} B parameters  {:>9.2} samples/s", p.policy, p.max_params / 1e9, p.samples_per_s);
+        if let Some(note) = &p.note {
+            println!("  {:<14} note: {note}", "");
+        }
     }
     for (n, c) in &sweep {
         let cells: Vec<String> =
@@ -661,7 +664,7 @@ fn slices(path: &Path, granularity: Option<u32>, json: bool) -> Result<(), Strin
         granularity: g,
     };
     problem.check_size().map_err(|e| format!("{}: {e}", path.display()))?;
-    let p = sim::choose_token_slices(&s, g);
+    let p = sim::choose_token_slices(&s, g).map_err(|e| format!("{}: {e}", path.display()))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?);
         return Ok(());

@@ -86,6 +86,14 @@ pub fn print_summary(r: &sim::report::Report) {
             r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map_or(0, |a| a.layer),
             r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map_or(0, |a| a.micro_batch),
         );
+        if let Some(o) = r.peak_activations_omitted {
+            println!(
+                "              (listed: the largest {}; {} more entries hold {})",
+                r.peak_activations.len(),
+                o.entries,
+                gib(o.bytes)
+            );
+        }
     }
     println!("stages:       stage  layers  busy_s    bubble_s  peak");
     for st in &r.stages {

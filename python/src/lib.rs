@@ -90,7 +90,7 @@ fn sim_error(input: &Input, e: sim::SimError) -> Error {
     let m = input.prefix(&e);
     match e {
         sim::SimError::Impossible(_) => Error::Internal(m),
-        sim::SimError::TooLarge { .. } | sim::SimError::Run(_) => Error::Invalid(m),
+        sim::SimError::TooLarge { .. } | sim::SimError::Run(_) | sim::SimError::Unsupported(_) => Error::Invalid(m),
     }
 }
 
@@ -215,7 +215,7 @@ fn _slices_json(
             granularity: g,
         };
         problem.check_size().map_err(|e| Error::Invalid(input.prefix(e)))?;
-        to_json(&sim::choose_token_slices(&s, g))
+        to_json(&sim::choose_token_slices(&s, g).map_err(|e| sim_error(&input, e))?)
     });
     Ok(r?)
 }

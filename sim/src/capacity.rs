@@ -114,6 +114,9 @@ pub struct PolicyCapacity {
     pub max_params: f64,
     /// Throughput of that model (0 when nothing fits).
     pub samples_per_s: f64,
+    /// Where the answer is not from a simulation of the whole cluster, what it is from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -169,12 +172,14 @@ fn step(s: &Scenario, vary: Vary) -> u32 {
     }
 }
 
-/// The scenario with fewer micro-batches where that leaves its memory peak alone: under 1F1B,
-/// PipeDream-Flush and 2BW a stage holds at most `pp` micro-batches in flight, so more than
-/// `max(pp, 2)` only lengthen the run (two keep gradient accumulation). GPipe, interleaving
-/// and token slicing keep theirs. Used to find the boundary quickly; the boundary is then
-/// confirmed with the scenario's own micro-batches.
-fn probe(s: &Scenario) -> Scenario {
+/// The scenario made cheap to simulate where that leaves its memory peak alone, or `None`
+/// when nothing changes: under 1F1B, PipeDream-Flush and 2BW a stage holds at most `pp`
+/// micro-batches in flight, so more than `max(pp, 2)` only lengthen the run (two keep
+/// gradient accumulation); GPipe, interleaving and token slicing keep theirs. Replicas are
+/// alike in memory, so one stands for all even where their shared NICs make that inexact
+/// for time. Used to find the boundary quickly; the boundary is then confirmed on the
+/// scenario itself.
+fn probe(s: &Scenario) -> Option<Scenario> {
     use crate::schedule::ScheduleKind;
     let mut p = s.clone();
     let plan = &mut p.plan;
@@ -186,39 +191,62 @@ fn probe(s: &Scenario) -> Scenario {
         plan.micro_batches = m;
         p.training.global_batch = m * plan.micro_batch * plan.dp;
     }
-    p
+    p.options.symmetry = true;
+    p.options.approximate_symmetry = true;
+    let changed = p.plan.micro_batches != s.plan.micro_batches
+        || crate::lower::simulates_one_replica(&p) != crate::lower::simulates_one_replica(s);
+    changed.then_some(p)
 }
 
 /// The largest knob value (>= the pipeline's chunk count for layers, a multiple of [`step`]
-/// for the width knobs) whose model fits, and that model's report. The search runs on the
-/// [`probe`] scenario and is confirmed on the scenario itself (v fits, v + 1 does not); where
-/// the two disagree, it is redone on the scenario itself.
-fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report)> {
+/// for the width knobs) whose model fits, that model's report, and a note where the report
+/// is not the scenario's own. The search runs on the [`probe`] scenario and is confirmed on
+/// the scenario itself (v fits, v + 1 does not); where the two disagree, it is redone on the
+/// scenario itself. Where the scenario itself at v is past what the simulator lowers (a
+/// family of small layers reaches millions of them), the answer stands on one simulated
+/// replica, and the note says so: the limit is the simulator's, not the cluster's memory.
+fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report, Option<String>)> {
     let g = step(s, vary);
     let min = if vary == Vary::Layers { s.plan.chunks() } else { 1 }.div_ceil(g);
     let start = (knob(s, vary) / g).max(min);
+    let run = |x: &Scenario, u: u32| crate::try_simulate(&sized(x, vary, u * g), false).map(|x| x.report);
     // A model the simulator refuses (too large to lower, past the clock) does not fit.
-    let report = |x: &Scenario, u: u32| crate::try_simulate(&sized(x, vary, u * g), false).ok().map(|x| x.report);
+    let report = |x: &Scenario, u: u32| run(x, u).ok();
     let probe_at = |x: &Scenario, u: u32| match report(x, u) {
         Some(r) => Probe { fits: r.fits, pressure: r.memory_pressure },
         None => Probe { fits: false, pressure: f64::INFINITY },
     };
     let fits = |x: &Scenario, u: u32| report(x, u).is_some_and(|r| r.fits);
     let fast = probe(s);
-    let found =
-        if fast.plan.micro_batches == s.plan.micro_batches { None } else { search(|u| probe_at(&fast, u), min, start) };
-    let confirmed = found.and_then(|u| {
-        let r = report(s, u).filter(|r| r.fits)?;
-        (!fits(s, u + 1)).then_some((u, r))
+    let found = fast.as_ref().and_then(|fast| search(|u| probe_at(fast, u), min, start, degree(vary)));
+    let confirmed = found.and_then(|u| match run(s, u) {
+        Ok(r) if r.fits => (!fits(s, u + 1)).then_some((u, r, None)),
+        Ok(_) => None,
+        Err(e) => {
+            // The probe's answer fits; the scenario itself is past the simulator. Keep every
+            // micro-batch where one replica can be simulated with them, else the probe's.
+            let mut one = s.clone();
+            one.options.symmetry = true;
+            one.options.approximate_symmetry = true;
+            let (r, how) = match run(&one, u) {
+                Ok(r) if r.fits => (r, "one simulated replica (its NIC shared with no other)".to_string()),
+                _ => {
+                    let fast = fast.as_ref()?;
+                    let m = fast.plan.micro_batches;
+                    (report(fast, u).filter(|r| r.fits)?, format!("one simulated replica running {m} micro-batches"))
+                }
+            };
+            Some((u, r, Some(format!("memory and throughput from {how}: the full cluster at this size is {e}"))))
+        }
     });
-    let (u, r) = match confirmed {
+    let (u, r, note) = match confirmed {
         Some(c) => c,
         None => {
-            let u = search(|u| probe_at(s, u), min, start)?;
-            (u, report(s, u)?)
+            let u = search(|u| probe_at(s, u), min, start, degree(vary))?;
+            (u, report(s, u)?, None)
         }
     };
-    Some((u * g, r))
+    Some((u * g, r, note))
 }
 
 /// One simulated size: whether it fits, and how full its fullest memory is (1 = full).
@@ -231,30 +259,42 @@ struct Probe {
 /// Past this knob value no cluster fits the model (1M layers, or h = 128M).
 const KNOB_LIMIT: u32 = 1 << 20;
 
-/// Where the pressure line through two probes reaches 1 (memory grows about linearly with
-/// layers, and with the square of the width over a few steps; the brackets keep the answer
-/// exact either way).
-fn crossing(a: (u32, f64), b: (u32, f64)) -> Option<f64> {
-    let slope = (b.1 - a.1) / (b.0 as f64 - a.0 as f64);
-    (slope.is_finite() && slope > 0.0).then(|| a.0 as f64 + (1.0 - a.1) / slope)
+/// How memory grows with the knob: about linearly with layers, with the square of the width,
+/// with the cube of both together (weights are `12 h^2` per layer).
+fn degree(vary: Vary) -> i32 {
+    match vary {
+        Vary::Layers => 1,
+        Vary::Hidden => 2,
+        Vary::Params => 3,
+    }
+}
+
+/// Where the pressure through two probes reaches 1, on a line in `u^degree` (exact for a
+/// fixed part plus a power of the knob; the brackets keep the answer exact either way).
+fn crossing(a: (u32, f64), b: (u32, f64), degree: i32) -> Option<f64> {
+    let (xa, xb) = ((a.0 as f64).powi(degree), (b.0 as f64).powi(degree));
+    let slope = (b.1 - a.1) / (xb - xa);
+    let x = xa + (1.0 - a.1) / slope;
+    (slope.is_finite() && slope > 0.0 && x > 0.0).then(|| x.powf(1.0 / degree as f64))
 }
 
 /// The largest `v >= min` that fits, assuming sizes fit up to some value and no further;
 /// the search starts at `start`. Each simulation is seconds on a large cluster, so the next
 /// size is where the measured memory pressure extrapolates to full (false position, with a
 /// bisection step whenever that fails to halve the bracket), not a blind doubling and halving.
-fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32) -> Option<u32> {
+fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32, degree: i32) -> Option<u32> {
     let first = at(start);
     let (mut lo, mut hi) = if first.fits {
         // Grow until a size does not fit.
         let mut lo = (start, first.pressure);
         let mut prev: Option<(u32, f64)> = None;
         loop {
-            let guess = match prev.and_then(|p| crossing(p, lo)) {
+            let guess = match prev.and_then(|p| crossing(p, lo, degree)) {
                 Some(x) => x * 1.02,
-                // One point: the pressure's fixed part is unknown, so scaling by 1 / pressure
-                // undershoots, which keeps the step safe.
-                None if lo.1 > 0.0 => lo.0 as f64 / lo.1,
+                // One point: the pressure's fixed part is unknown, so scaling by the
+                // degree-th root of 1 / pressure undershoots, which keeps the step safe (an
+                // overshoot would simulate a model far larger, and slower, than the answer).
+                None if lo.1 > 0.0 => lo.0 as f64 * lo.1.recip().powf(1.0 / degree as f64),
                 None => lo.0 as f64 * 2.0,
             };
             let next = (guess.ceil() as u64)
@@ -285,8 +325,9 @@ fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32) -> Option<u32> {
     while hi.0 - lo.0 > 1 {
         let half = lo.0 + (hi.0 - lo.0) / 2;
         let width = hi.0 - lo.0;
-        let mid =
-            crossing(lo, hi).map(|x| (x.floor() as u64).clamp(lo.0 as u64 + 1, hi.0 as u64 - 1) as u32).unwrap_or(half);
+        let mid = crossing(lo, hi, degree)
+            .map(|x| (x.floor() as u64).clamp(lo.0 as u64 + 1, hi.0 as u64 - 1) as u32)
+            .unwrap_or(half);
         let p = at(mid);
         if p.fits {
             lo = (mid, p.pressure)
@@ -317,16 +358,19 @@ pub fn capacity(s: &Scenario, vary: Vary, policies: &[Policy]) -> CapacityReport
         .map(|&pol| {
             let base = pol.apply(s);
             match largest(&base, vary) {
-                Some((v, r)) => {
+                Some((v, r, note)) => {
                     let m = sized(&base, vary, v);
                     PolicyCapacity {
                         policy: pol.name(),
                         max_value: v,
                         max_params: m.workload.parameters(),
                         samples_per_s: r.samples_per_s,
+                        note,
                     }
                 }
-                None => PolicyCapacity { policy: pol.name(), max_value: 0, max_params: 0.0, samples_per_s: 0.0 },
+                None => {
+                    PolicyCapacity { policy: pol.name(), max_value: 0, max_params: 0.0, samples_per_s: 0.0, note: None }
+                }
             }
         })
         .collect();
@@ -374,21 +418,32 @@ mod tests {
     fn search_finds_the_exact_edge_in_few_probes() {
         use std::cell::Cell;
         type Pressure = fn(u32) -> f64;
-        let cases: [(&str, Pressure); 3] = [
-            ("linear", |u| 0.3 + 0.7 * u as f64 / 700_000.0),
-            ("quadratic", |u| 0.1 + (u as f64 / 90_000.0).powi(2)),
-            ("steps", |u| 0.2 + 0.8 * (u / 8) as f64 / 613.0),
+        // Each pressure with its growth order in the knob (0: none of the three).
+        let cases: [(&str, Pressure, i32); 5] = [
+            ("linear", |u| 0.3 + 0.7 * u as f64 / 700_000.0, 1),
+            ("quadratic", |u| 0.1 + (u as f64 / 90_000.0).powi(2), 2),
+            ("steps", |u| 0.2 + 0.8 * (u / 8) as f64 / 613.0, 1),
+            ("cubic", |u| 0.05 + (u as f64 / 5_000.0).powi(3), 3),
+            ("quadratic plus linear", |u| 0.1 + u as f64 / 400_000.0 + (u as f64 / 120_000.0).powi(2), 0),
         ];
-        for (name, f) in cases {
+        for (name, f, order) in cases {
             let edge = (1..KNOB_LIMIT).take_while(|&u| f(u) <= 1.0).last().unwrap();
-            for start in [1, 50, edge + 5000] {
-                let calls = Cell::new(0);
-                let at = |u: u32| {
-                    calls.set(calls.get() + 1);
-                    Probe { fits: f(u) <= 1.0, pressure: f(u) }
-                };
-                assert_eq!(search(at, 1, start), Some(edge), "{name} from {start}");
-                assert!(calls.get() <= 24, "{name} from {start}: {} probes", calls.get());
+            for degree in 1..=3 {
+                for start in [1, 50, edge + 5000] {
+                    let (calls, largest) = (Cell::new(0), Cell::new(0));
+                    let at = |u: u32| {
+                        calls.set(calls.get() + 1);
+                        largest.set(largest.get().max(u));
+                        Probe { fits: f(u) <= 1.0, pressure: f(u) }
+                    };
+                    assert_eq!(search(at, 1, start, degree), Some(edge), "{name} from {start}, degree {degree}");
+                    assert!(calls.get() <= 24, "{name} from {start}, degree {degree}: {} probes", calls.get());
+                    // Growing with the right degree never probes far past the edge (the
+                    // largest model is the slowest to simulate).
+                    if degree == order && start < edge {
+                        assert!(largest.get() <= edge + edge / 4 + 1, "{name} from {start}: probed {}", largest.get());
+                    }
+                }
             }
         }
     }

@@ -42,6 +42,9 @@ pub enum SimError {
     Run(engine::RunError),
     /// The report broke a physical bound (`Report::check_invariants`): a modelling error.
     Impossible(String),
+    /// The scenario asks for something the model cannot answer (a policy that does not apply
+    /// to this workload, a cost that is not finite).
+    Unsupported(String),
 }
 
 impl std::fmt::Display for SimError {
@@ -49,6 +52,7 @@ impl std::fmt::Display for SimError {
         match self {
             SimError::TooLarge { key, message } => write!(f, "plan too large to simulate: {key}: {message}"),
             SimError::Run(e) => write!(f, "cannot simulate: {e}"),
+            SimError::Unsupported(e) => write!(f, "cannot simulate: {e}"),
             SimError::Impossible(e) => {
                 write!(
                     f,
@@ -211,7 +215,13 @@ fn dispatch(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError
 
 /// The optimiser's choice for `auto` token slicing: sub-batches and slices per replica, with
 /// the objective, t_max and every candidate it evaluated.
-pub fn choose_token_slices(s: &scenario::Scenario, granularity: u32) -> policy::token_slicing::SlicingPlan {
+/// An error when the policy does not apply to the workload, a slice's cost is not finite, or
+/// the pipeline pass would outlast the simulator's clock.
+pub fn choose_token_slices(
+    s: &scenario::Scenario,
+    granularity: u32,
+) -> Result<policy::token_slicing::SlicingPlan, SimError> {
+    policy::token_slicing::applies(&s.workload).map_err(SimError::Unsupported)?;
     let node = &s.cluster.node;
     let model = cost::ComputeModel::new(&node.device, s.training.precision, None).with_op_rates(&s.op_rates);
     let problem = policy::token_slicing::SliceProblem {
@@ -221,7 +231,11 @@ pub fn choose_token_slices(s: &scenario::Scenario, granularity: u32) -> policy::
         granularity,
     };
     let cost = |b: u32, l: u32, c: u32| cost::slice::slice_cost_s(s, &model, b, l, c);
-    policy::token_slicing::optimize(&problem, &cost)
+    let plan = policy::token_slicing::optimize(&problem, &cost).map_err(SimError::Unsupported)?;
+    if plan.latency_s >= engine::MAX_TIME_NS as f64 * 1e-9 {
+        return Err(SimError::Run(engine::RunError::TimeOverflow));
+    }
+    Ok(plan)
 }
 
 fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
@@ -229,7 +243,7 @@ fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Result<Simulation, S
     let mut sliced = s.clone();
     let mut chosen = None;
     if let Some(TokenSlices::Auto { granularity }) = s.plan.token_slices {
-        let p = choose_token_slices(s, granularity);
+        let p = choose_token_slices(s, granularity)?;
         let subs =
             p.sub_batches.iter().map(|sb| SlicedBatch { sequences: sb.sequences, slices: sb.slices.clone() }).collect();
         sliced.plan.token_slices = Some(TokenSlices::Explicit(subs));
@@ -241,7 +255,7 @@ fn simulate_sliced(s: &scenario::Scenario, record: bool) -> Result<Simulation, S
     // The same pipeline without token slicing, as TeraPipe compares: whole sequences, with the
     // batch still split into sub-batches by the same optimiser (one unit per sequence).
     let mut plain = s.clone();
-    let whole = choose_token_slices(s, s.plan.seq_len);
+    let whole = choose_token_slices(s, s.plan.seq_len)?;
     plain.plan.token_slices = Some(TokenSlices::Explicit(
         whole.sub_batches.iter().map(|sb| SlicedBatch { sequences: sb.sequences, slices: sb.slices.clone() }).collect(),
     ));

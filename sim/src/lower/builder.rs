@@ -3,7 +3,6 @@
 
 use super::gemini;
 use super::program::*;
-use super::symmetry_is_exact;
 use crate::plan::P2p;
 use crate::report::timeline::{Label, Phase, StreamKind};
 use crate::scenario::Scenario;
@@ -93,11 +92,11 @@ pub(super) const PH: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::Recom
 
 impl Builder {
     /// An empty program over the devices to simulate: all of them, or under symmetry (see
-    /// [`symmetry_is_exact`]) replica 0's only.
+    /// [`super::simulates_one_replica`]) replica 0's only.
     pub(super) fn new(s: &Scenario) -> Builder {
         let plan = &s.plan;
         let devices = plan.devices();
-        let symmetric = s.options.symmetry && symmetry_is_exact(plan, s.cluster.node.devices);
+        let symmetric = super::simulates_one_replica(s);
         let simulated: Vec<u32> = (0..devices).filter(|&d| !symmetric || plan.coords(d).0 == 0).collect();
         let mut dev_index = vec![NONE; devices as usize];
         for (i, &d) in simulated.iter().enumerate() {

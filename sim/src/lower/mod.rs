@@ -61,6 +61,16 @@ pub fn symmetry_is_exact(plan: &Plan, devices_per_node: u32) -> bool {
     })
 }
 
+/// Whether the lowering simulates replica 0 only: `simulation.symmetry` where that is exact,
+/// or wherever a memory probe asked for it ([`SimOptions::approximate_symmetry`]).
+///
+/// [`SimOptions::approximate_symmetry`]: crate::scenario::SimOptions::approximate_symmetry
+pub fn simulates_one_replica(s: &Scenario) -> bool {
+    s.plan.dp > 1
+        && s.options.symmetry
+        && (s.options.approximate_symmetry || symmetry_is_exact(&s.plan, s.cluster.node.devices))
+}
+
 /// Lower a validated scenario.
 pub fn lower(s: &Scenario) -> Program {
     if s.plan.offload.dynamic.is_none() {

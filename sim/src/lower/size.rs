@@ -86,7 +86,7 @@ fn units(s: &Scenario) -> u64 {
 pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
     let plan = &s.plan;
     let (dp, tp, pp) = (plan.dp as u64, plan.tp as u64, plan.pp as u64);
-    let symmetric = s.options.symmetry && super::symmetry_is_exact(plan, s.cluster.node.devices);
+    let symmetric = super::simulates_one_replica(s);
     let replicas = if symmetric { 1 } else { dp };
     let units = micro_batches.map_or_else(|| units(s), u64::from);
     let w = &s.workload.transformer;

@@ -179,9 +179,27 @@ impl SliceProblem {
     }
 }
 
+/// Whether token slicing applies to the workload: a transformer whose attention is causal (a
+/// later token must not be read by an earlier one), not a net of distinct layers.
+pub fn applies(w: &crate::workload::Workload) -> Result<(), String> {
+    if w.net.is_some() {
+        return Err(format!(
+            "token slicing (TeraPipe) cuts a transformer's sequences into slices; {} is a network of distinct layers (CNN or RNN)",
+            w.name
+        ));
+    }
+    if !w.transformer.causal {
+        return Err(
+            "token slicing needs causal attention (a later token must not be read by an earlier one); this workload is bidirectional".into(),
+        );
+    }
+    Ok(())
+}
+
 /// `cost(b, l, c)`: seconds one stage spends on a slice of `l` tokens of `b` sequences whose
 /// causal attention reads `c` earlier tokens (forward + backward; the caller's cost model).
-/// Must be finite and > 0 for `l > 0`.
+/// Must be finite and > 0 for `l > 0`; the optimiser returns an error naming the first slice
+/// whose cost is not.
 pub type SliceCost<'a> = dyn Fn(u32, u32, u32) -> f64 + 'a;
 
 /// A group of sequences that travel together, cut into token slices.
@@ -295,7 +313,7 @@ fn equal_units(units: usize, slices: usize) -> Vec<(usize, usize)> {
 }
 
 /// The optimal scheme with the default [`Options`].
-pub fn optimize(p: &SliceProblem, cost: &SliceCost<'_>) -> SlicingPlan {
+pub fn optimize(p: &SliceProblem, cost: &SliceCost<'_>) -> Result<SlicingPlan, String> {
     optimize_with(p, cost, Options::default())
 }
 
@@ -314,17 +332,18 @@ struct Table {
 }
 
 impl Table {
-    fn new(p: &SliceProblem, sequences: u32, cost: &SliceCost<'_>) -> Self {
+    fn new(p: &SliceProblem, sequences: u32, cost: &SliceCost<'_>) -> Result<Self, String> {
         let n = p.units();
         let mut w = vec![0.0; n * (n + 1) / 2];
         for m in 1..=n {
             for a in 0..m {
                 let (c, l) = (p.boundary(a), p.boundary(m) - p.boundary(a));
                 let t = cost(sequences, l, c);
-                assert!(
-                    t.is_finite() && t > 0.0,
-                    "slice cost must be finite and > 0: cost({sequences}, {l}, {c}) = {t}"
-                );
+                if !(t.is_finite() && t > 0.0) {
+                    return Err(format!(
+                        "a slice of {l} tokens of {sequences} sequence(s) after {c} earlier tokens costs {t} s; a slice's time must be finite and above zero (check the device's peak_flops, bandwidths and kernel_launch_s)"
+                    ));
+                }
                 w[tri(a, m)] = t;
             }
         }
@@ -333,7 +352,7 @@ impl Table {
         for m in 1..=n {
             h[m] = (0..m).map(|a| h[a].max(w[tri(a, m)])).fold(f64::INFINITY, f64::min);
         }
-        Table { sequences, w, bottleneck: h[n] }
+        Ok(Table { sequences, w, bottleneck: h[n] })
     }
 
     /// Unconstrained least-sum DP: `(f, back-pointers)`.
@@ -494,14 +513,15 @@ fn traced_scheme<'a>(tables: &[Table], g_arg: &[usize], bp_of: impl Fn(usize) ->
 }
 
 /// The optimal scheme (see the module doc).
-pub fn optimize_with(p: &SliceProblem, cost: &SliceCost<'_>, opts: Options) -> SlicingPlan {
+pub fn optimize_with(p: &SliceProblem, cost: &SliceCost<'_>, opts: Options) -> Result<SlicingPlan, String> {
     p.validate();
     let tol = opts.candidate_tolerance;
     assert!(tol >= 0.0 && tol.is_finite(), "candidate tolerance must be finite and >= 0");
     let n = p.units();
     let batch = p.batch as usize;
     let k1 = (p.stages - 1) as f64;
-    let tables: Vec<Table> = sub_batch_sizes(p.batch).into_iter().map(|b| Table::new(p, b, cost)).collect();
+    let tables: Vec<Table> =
+        sub_batch_sizes(p.batch).into_iter().map(|b| Table::new(p, b, cost)).collect::<Result<_, _>>()?;
 
     // The unconstrained optimum: S_min for the bound, and the first incumbent.
     let unconstrained: Vec<(Vec<f64>, Vec<u32>)> = tables.iter().map(|t| t.min_sum(n)).collect();
@@ -611,14 +631,14 @@ pub fn optimize_with(p: &SliceProblem, cost: &SliceCost<'_>, opts: Options) -> S
         })
         .collect();
     let (_, t_max_s) = sum_and_max(&sub_batches, cost);
-    SlicingPlan {
+    Ok(SlicingPlan {
         latency_s: latency(p, &sub_batches, cost),
         t_max_s,
         sub_batches,
         candidates,
         evaluated,
         stopped_early,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -217,7 +217,7 @@ fn dp_finds_the_brute_force_optimum_on_random_tables() {
         let integers = case % 2 == 0;
         let table = random_table(&mut rng, integers);
         let cost = table_cost(&table);
-        let plan = optimize_with(&p, &cost, if integers { Options::default() } else { EXACT });
+        let plan = optimize_with(&p, &cost, if integers { Options::default() } else { EXACT }).unwrap();
         check_plan(&p, &plan, &cost);
         let best = brute_force(&p, &cost);
         assert!(rel_close(plan.latency_s, best, 1e-9), "case {case} {p:?}: dp {} brute {best}", plan.latency_s);
@@ -236,11 +236,11 @@ fn dp_matches_the_plain_enumeration_on_larger_problems() {
             granularity: 8,
         };
         let cost = random_terapipe_cost(&mut rng);
-        let plan = optimize_with(&p, &cost, EXACT);
+        let plan = optimize_with(&p, &cost, EXACT).unwrap();
         check_plan(&p, &plan, &cost);
         let best = naive(&p, &cost);
         assert!(rel_close(plan.latency_s, best, 1e-9), "case {case} {p:?}: dp {} naive {best}", plan.latency_s);
-        let merged = optimize(&p, &cost);
+        let merged = optimize(&p, &cost).unwrap();
         check_plan(&p, &merged, &cost);
         assert!(merged.latency_s >= best * (1.0 - 1e-12) && merged.latency_s <= best * (1.0 + 1e-5), "{p:?}");
     }
@@ -302,7 +302,7 @@ fn long_slices_come_first_when_context_costs_more() {
             let (b, l, c) = (b as f64, l as f64, c as f64);
             o + b * (a1 * l + a2 * l * (l + c) + a3 * l * c.sqrt())
         };
-        let plan = optimize_with(&p, &cost, EXACT);
+        let plan = optimize_with(&p, &cost, EXACT).unwrap();
         check_plan(&p, &plan, &cost);
         for sb in &plan.sub_batches {
             assert!(sb.slices.windows(2).all(|w| w[0] >= w[1]), "case {case} {p:?}: {sb:?}");
@@ -326,8 +326,8 @@ fn more_stages_never_help_and_the_optimum_beats_uniform_slicing() {
         let mut previous = 0.0;
         for stages in 1..=12 {
             let p = SliceProblem { stages, ..base };
-            let exact = optimize_with(&p, &cost, EXACT);
-            let merged = optimize(&p, &cost);
+            let exact = optimize_with(&p, &cost, EXACT).unwrap();
+            let merged = optimize(&p, &cost).unwrap();
             check_plan(&p, &exact, &cost);
             check_plan(&p, &merged, &cost);
             assert!(exact.latency_s >= previous * (1.0 - 1e-12), "case {case} {p:?}");
@@ -353,7 +353,7 @@ fn slices_cover_the_sequence_in_whole_units() {
             granularity: rng.random_range(1..=16),
         };
         let cost = random_terapipe_cost(&mut rng);
-        check_plan(&p, &optimize(&p, &cost), &cost);
+        check_plan(&p, &optimize(&p, &cost).unwrap(), &cost);
     }
 }
 
@@ -362,7 +362,7 @@ fn gpt_sized_problem_is_solved_consistently() {
     // 2048 tokens in units of 8 through 40 stages, a batch of 32: correctness only.
     let p = SliceProblem::new(2048, 32, 40);
     let cost = terapipe_cost(2e-3, 1e-4, 1e-5, 5e-9);
-    let plan = optimize(&p, &cost);
+    let plan = optimize(&p, &cost).unwrap();
     check_plan(&p, &plan, &cost);
     assert!(plan.stopped_early && plan.evaluated > 0 && !plan.candidates.is_empty());
     assert!(plan.sub_batches.iter().all(|sb| sb.slices.len() > 1), "{plan:?}");
@@ -373,7 +373,7 @@ fn gpt_sized_problem_is_solved_consistently() {
     }
     let best_uniform = (1..=16).map(|s| latency(&p, &uniform(&p, s), &cost)).fold(f64::INFINITY, f64::min);
     assert!(plan.latency_s <= best_uniform);
-    let exact = optimize_with(&p, &cost, EXACT);
+    let exact = optimize_with(&p, &cost, EXACT).unwrap();
     check_plan(&p, &exact, &cost);
     assert!(exact.latency_s <= plan.latency_s * (1.0 + 1e-12));
     assert!(plan.latency_s <= exact.latency_s * (1.0 + 1e-5));
@@ -393,7 +393,7 @@ fn one_stage_takes_the_least_total_work() {
     let mut rng = Pcg64Mcg::seed_from_u64(17);
     let table = random_table(&mut rng, false);
     let cost = table_cost(&table);
-    let plan = optimize_with(&p, &cost, EXACT);
+    let plan = optimize_with(&p, &cost, EXACT).unwrap();
     assert_eq!(plan.evaluated, 0);
     assert!(rel_close(plan.latency_s, brute_force(&p, &cost), 1e-9));
 }
@@ -402,7 +402,7 @@ fn one_stage_takes_the_least_total_work() {
 fn the_plan_is_deterministic() {
     let p = SliceProblem { seq_len: 300, batch: 6, stages: 8, granularity: 8 };
     let cost = terapipe_cost(1e-3, 1e-4, 1e-5, 5e-9);
-    let (a, b) = (optimize(&p, &cost), optimize(&p, &cost));
+    let (a, b) = (optimize(&p, &cost).unwrap(), optimize(&p, &cost).unwrap());
     assert_eq!(a, b);
     assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
 }

@@ -44,6 +44,18 @@ pub struct TokenSlicing {
     pub t_max_s: Option<f64>,
 }
 
+/// At most this many [`LiveActivation`]s are listed (the largest); the rest are summed in
+/// [`Report::peak_activations_omitted`], so that a GPipe run of thousands of micro-batches
+/// does not write a report of megabytes.
+pub const MAX_LISTED_ACTIVATIONS: usize = 256;
+
+/// The live activations at the peak that are not listed: how many entries, how many bytes.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct OmittedActivations {
+    pub entries: u64,
+    pub bytes: f64,
+}
+
 /// Activations live at the peak, for one layer and micro-batch.
 #[derive(Clone, Debug, Serialize)]
 pub struct LiveActivation {
@@ -106,8 +118,9 @@ pub struct Report {
     pub compute_idle_fraction: f64,
     pub fits: bool,
     pub peak_memory_bytes: f64,
+    /// The memory of the device with the peak (`peak_memory_device`).
     pub memory_capacity_bytes: f64,
-    /// Memory kept free for the allocator on the node's device (`simulation.memory_headroom`):
+    /// Memory kept free for the allocator on that device (`simulation.memory_headroom`):
     /// a plan fits when its peak is at most `memory_capacity_bytes - memory_headroom_bytes`.
     pub memory_headroom_bytes: f64,
     /// The fullest memory tier: the largest of each device's peak over its usable bytes and
@@ -125,8 +138,12 @@ pub struct Report {
     /// `simulation.host_op_s`.
     pub host_op_s: f64,
     pub memory_breakdown: MemoryBreakdown,
-    /// The activations behind the peak device's peak, by layer and micro-batch.
+    /// The activations behind the peak device's peak, by layer and micro-batch: the largest
+    /// [`MAX_LISTED_ACTIVATIONS`], in layer then micro-batch order.
     pub peak_activations: Vec<LiveActivation>,
+    /// The entries beyond [`MAX_LISTED_ACTIVATIONS`], summed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_activations_omitted: Option<OmittedActivations>,
     /// Whether every device's HBM peak fits.
     pub fits_hbm: bool,
     /// Host DRAM the busiest node needs for offloaded states, and what it has.
@@ -162,6 +179,28 @@ pub struct Report {
     pub chunk_placement: Vec<crate::lower::ChunkPlacement>,
 }
 
+/// The largest [`MAX_LISTED_ACTIVATIONS`] of the live `(tag, micro-batch, bytes)` entries, in
+/// their order, and the rest summed.
+fn listed_activations(live: &[(u32, u32, f64)]) -> (Vec<LiveActivation>, Option<OmittedActivations>) {
+    let mut order: Vec<usize> = (0..live.len()).collect();
+    let mut omitted = None;
+    if live.len() > MAX_LISTED_ACTIVATIONS {
+        // Largest first, ties in list order; the kept ones go back to list order.
+        order.sort_by(|&a, &b| live[b].2.total_cmp(&live[a].2).then(a.cmp(&b)));
+        let rest = order.split_off(MAX_LISTED_ACTIVATIONS);
+        omitted = Some(OmittedActivations { entries: rest.len() as u64, bytes: rest.iter().map(|&i| live[i].2).sum() });
+        order.sort_unstable();
+    }
+    let listed = order
+        .into_iter()
+        .map(|i| {
+            let (tag, mb, bytes) = live[i];
+            LiveActivation { layer: crate::lower::tag_layer(tag), micro_batch: mb, bytes }
+        })
+        .collect();
+    (listed, omitted)
+}
+
 pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
     let plan = &s.plan;
     let iteration_s = r.iteration_ns as f64 * 1e-9;
@@ -195,7 +234,9 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         })
         .collect();
     let worst = (0..nd).max_by(|&a, &b| totals[a].total().total_cmp(&totals[b].total()).then(b.cmp(&a))).unwrap_or(0);
-    let capacity = s.cluster.node.device.hbm_bytes;
+    // The capacity of the device with the peak (device overrides may give it another memory).
+    let peak_device = s.cluster.device_of(p.devices[worst]);
+    let capacity = peak_device.hbm_bytes;
     // Each device's memory less the allocator's headroom; Gemini fails when a unit's chunks
     // find no room beside its non-model memory.
     let usable: Vec<f64> = (0..nd).map(|d| s.options.usable_bytes(s.cluster.device_of(p.devices[d]))).collect();
@@ -226,6 +267,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
             }
         })
         .collect();
+    let (peak_activations, peak_activations_omitted) = listed_activations(&r.peak_live[worst]);
     Report {
         name: s.name.clone(),
         workload: s.workload.name.clone(),
@@ -258,7 +300,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         host_memory_breakdown: host_worst,
         peak_memory_bytes: totals[worst].total(),
         memory_capacity_bytes: capacity,
-        memory_headroom_bytes: capacity - s.options.usable_bytes(&s.cluster.node.device),
+        memory_headroom_bytes: capacity - s.options.usable_bytes(peak_device),
         memory_pressure: if p.chunk_placement.iter().all(|c| c.feasible) {
             hbm_pressure
                 .max(host_node / s.cluster.node.host.dram_bytes.max(1.0))
@@ -270,10 +312,8 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         framework_overhead_bytes: s.options.framework_bytes(&s.cluster.node.device),
         host_op_s: s.options.host_op_s(&s.cluster.node.device),
         memory_breakdown: totals[worst],
-        peak_activations: r.peak_live[worst]
-            .iter()
-            .map(|&(tag, mb, bytes)| LiveActivation { layer: crate::lower::tag_layer(tag), micro_batch: mb, bytes })
-            .collect(),
+        peak_activations,
+        peak_activations_omitted,
         devices,
         simulated_devices: nd as u32,
         symmetric: p.symmetric,

@@ -24,6 +24,11 @@ pub struct SimOptions {
     /// Relative standard deviation of a device's speed among devices of one model; `None`:
     /// the device kind's default (see [`SimOptions::device_variability`]).
     pub device_variability: Option<f64>,
+    /// Simulate one replica even where that is not exact (several replicas share a node, so
+    /// their traffic through its NICs is left out): for searches that probe only the memory
+    /// peak and confirm their answer on the scenario itself. Not a scenario key.
+    #[serde(skip)]
+    pub approximate_symmetry: bool,
 }
 
 impl Default for SimOptions {
@@ -35,6 +40,7 @@ impl Default for SimOptions {
             host_op_s: None,
             memory_headroom: None,
             device_variability: None,
+            approximate_symmetry: false,
         }
     }
 }

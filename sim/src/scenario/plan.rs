@@ -446,12 +446,7 @@ fn parse_token_slices(o: &Obj, w: &Workload, t: &Training, dp: u32) -> Result<Op
         }
         return Ok(None);
     };
-    if !w.transformer.causal {
-        return Err(invalid(
-            &key,
-            "token slicing needs causal attention (a later token must not be read by an earlier one); this workload is bidirectional",
-        ));
-    }
+    crate::policy::token_slicing::applies(w).map_err(|e| invalid(&key, e))?;
     let per_replica = t.global_batch / dp;
     let tokens_ok = |slices: &[u32], path: &str| -> Result<()> {
         let sum: u64 = slices.iter().map(|&x| x as u64).sum();
