@@ -119,9 +119,15 @@ fn a_slower_network_exposes_more_communication_of_the_plans_kind() {
         assert_adds_up(&slow, &plan.to_string());
         let (f, s) = (part(&fast.time_breakdown[0], key), part(&slow.time_breakdown[0], key));
         assert!(s > 2.0 * f && s > 0.0, "{plan}: {key} {f} s on a fast link, {s} s on a 100x slower one");
-        // Compute does not depend on the link.
+        // Compute depends on the link only through the SMs that overlapping data-parallel
+        // collectives take (one per NCCL channel, whose count follows the link's speed; at
+        // most half): within a factor 2 with dp > 1; tensor-parallel and pipeline traffic take none.
         let (cf, cs) = (fast.time_breakdown[0].compute_s(), slow.time_breakdown[0].compute_s());
-        assert!((cf - cs).abs() <= 1e-6 * cf, "{plan}: compute {cf} s vs {cs} s");
+        if plan["dp"] != 1 {
+            assert!(cs != cf && cs <= 2.0 * cf && cf <= 2.0 * cs, "{plan}: compute {cf} s vs {cs} s");
+        } else {
+            assert!((cf - cs).abs() <= 1e-6 * cf, "{plan}: compute {cf} s vs {cs} s");
+        }
     }
 }
 

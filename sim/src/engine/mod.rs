@@ -8,6 +8,8 @@
 
 mod attribution;
 pub mod collective;
+mod contention;
+mod expanded;
 pub mod lone;
 pub mod queue;
 pub mod run;

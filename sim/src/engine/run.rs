@@ -1,7 +1,8 @@
 //! Interpreting a Program: streams, dependencies, flows and memory, event by event.
 
 use super::attribution::Attribution;
-use super::collective::{Steps, expand};
+use super::contention::Contention;
+use super::expanded::Expanded;
 use super::queue::{Event, EventQueue};
 use crate::hardware::Topology;
 use crate::lower::{NONE, Program, STREAMS, TaskKind};
@@ -100,19 +101,6 @@ const STEP_START: u8 = 2;
 const ISSUED: u8 = 3;
 const VERSION_MASK: u32 = 0xff_ffff;
 
-/// A collective's expansion with routes resolved and symmetry applied.
-struct Expanded {
-    steps: Vec<ExpStep>,
-    /// Simulated members, as device indices.
-    members: Vec<u32>,
-}
-
-struct ExpStep {
-    /// (links, bytes, source, target, ceiling in bytes/s)
-    flows: Vec<([u32; 2], f64, u32, u32, f64)>,
-    latency_ns: u64,
-}
-
 /// An in-flight transfer or collective.
 struct Active {
     task: u32,
@@ -170,6 +158,8 @@ struct Engine<'a> {
     gate: Sparse,
     /// A time went past [`MAX_TIME_NS`].
     overflow: bool,
+    /// SMs that overlapping collectives take from compute kernels.
+    sm: Contention,
 }
 
 /// Run a program. `op_ns[i]` is the duration of `Program::ops[i]` on its device.
@@ -256,6 +246,7 @@ pub fn run(
         gate_source,
         gate,
         overflow: false,
+        sm: Contention::new(p.devices.iter().map(|&d| topo.sms(d)).collect()),
     };
     e.res.timeline.devices = p.devices.clone();
     e.res.timeline.stages = p.stages.clone();
@@ -268,7 +259,12 @@ pub fn run(
     e.drain_ready(0);
     while let Some((now, ev)) = e.q.pop() {
         match ev.kind {
-            TASK_END => e.complete(ev.id, now),
+            TASK_END => {
+                let d = Program::stream_device(p.tasks[ev.id as usize].stream) as usize;
+                if e.sm.end(d, ev.version, VERSION_MASK) {
+                    e.complete(ev.id, now)
+                }
+            }
             FLOW_END => e.flow_end(ev.id, ev.version, now),
             STEP_START => e.step_start(ev.id, now),
             ISSUED => e.begin(ev.id, now),
@@ -520,13 +516,16 @@ impl<'a> Engine<'a> {
         let task = self.p.tasks[t as usize];
         match task.kind {
             TaskKind::Compute => {
-                let end = self.after(now, self.op_ns[task.payload as usize]);
-                self.q.push(end, Event { kind: TASK_END, id: t, version: 0 });
+                let d = Program::stream_device(task.stream) as usize;
+                let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize]);
+                let end = self.after(now, ns);
+                self.q.push(end, Event { kind: TASK_END, id: t, version: version & VERSION_MASK });
             }
             TaskKind::Transfer | TaskKind::Collective | TaskKind::HostCopy => {
                 let collective = if task.kind == TaskKind::Collective { task.payload } else { NONE };
                 if collective != NONE {
                     self.ensure_expanded(collective);
+                    self.hold_sms(t, true, now);
                     if self.expanded[collective as usize].as_ref().expect("expanded").steps.is_empty() {
                         self.complete(t, now);
                         return;
@@ -564,71 +563,9 @@ impl<'a> Engine<'a> {
     }
 
     fn ensure_expanded(&mut self, c: u32) {
-        if self.expanded[c as usize].is_some() {
-            return;
+        if self.expanded[c as usize].is_none() {
+            self.expanded[c as usize] = Some(Expanded::new(&self.p.collectives[c as usize], self.p, self.topo));
         }
-        let col = &self.p.collectives[c as usize];
-        let steps: Steps = expand(col, self.topo);
-        let p = self.p;
-        let simulated = |d: u32| {
-            let m = p.mirror[d as usize];
-            m != NONE && p.devices[m as usize] == d
-        };
-        let map = |d: u32| p.devices[p.mirror[d as usize] as usize];
-        let steps = steps
-            .into_iter()
-            .map(|st| {
-                let mut latency = 0.0f64;
-                let chain = st.chain;
-                let fixed = st.latency_s;
-                let flows = st
-                    .flows
-                    .iter()
-                    .filter(|f| simulated(f.source))
-                    .map(|f| {
-                        let r = self.topo.route(f.source, f.target);
-                        latency = if chain { latency + r.latency_s } else { latency.max(r.latency_s) };
-                        let mut links = r.links;
-                        if p.symmetric {
-                            for l in links.iter_mut() {
-                                *l = self.topo.map_link(*l, &map);
-                            }
-                        }
-                        (links, f.bytes, f.source, f.target, f.cap_bytes_per_s)
-                    })
-                    .collect();
-                (ExpStep { flows, latency_ns: ns(fixed.unwrap_or(latency)) }, chain)
-            })
-            .collect::<Vec<_>>();
-        // Consecutive ring steps over the same pairs move the same bytes over the same links,
-        // one after another: one step of their summed bytes and latencies costs the same
-        // without other traffic, and the engine far fewer flows.
-        let mut merged: Vec<ExpStep> = Vec::with_capacity(steps.len());
-        let mut last_chain = true;
-        for (st, chain) in steps {
-            let same = !chain
-                && !last_chain
-                && merged.last().is_some_and(|m: &ExpStep| {
-                    m.flows.len() == st.flows.len()
-                        && m.flows
-                            .iter()
-                            .zip(&st.flows)
-                            .all(|(a, b)| a.0 == b.0 && a.2 == b.2 && a.3 == b.3 && a.4 == b.4)
-                });
-            if same {
-                let m = merged.last_mut().expect("checked");
-                for (a, b) in m.flows.iter_mut().zip(&st.flows) {
-                    a.1 += b.1;
-                }
-                m.latency_ns += st.latency_ns;
-            } else {
-                merged.push(st);
-            }
-            last_chain = chain;
-        }
-        let steps = merged;
-        let members = col.members.iter().filter(|&&d| simulated(d)).map(|&d| p.mirror[d as usize]).collect();
-        self.expanded[c as usize] = Some(Expanded { steps, members });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -726,12 +663,36 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Collective `t`'s kernel takes its SMs on its members (`hold`) or gives them back;
+    /// the compute kernels running there are rescheduled. Only collectives that overlap
+    /// compute count: data-parallel reductions and ZeRO gathers.
+    fn hold_sms(&mut self, t: u32, hold: bool, now: u64) {
+        let task = self.p.tasks[t as usize];
+        if !matches!(Program::stream_kind(task.stream), StreamKind::DataParallel | StreamKind::Gather) {
+            return;
+        }
+        let sms = self.expanded[task.payload as usize].as_ref().map_or(0, |x| x.sms);
+        if sms == 0 {
+            return;
+        }
+        self.for_streams(t, |e, s| {
+            let d = Program::stream_device(s) as usize;
+            if let Some((kernel, left, version)) = e.sm.change(d, sms, hold, now) {
+                let end = e.after(now, left);
+                e.q.push(end, Event { kind: TASK_END, id: kernel, version: version & VERSION_MASK });
+            }
+        });
+    }
+
     fn complete(&mut self, t: u32, now: u64) {
         if let Some(&i) = self.gate_source.get(t).first() {
             self.done_at[i as usize] = now;
         }
         self.memory(t, true, now);
         let task = self.p.tasks[t as usize];
+        if task.kind == TaskKind::Collective {
+            self.hold_sms(t, false, now);
+        }
         let record = self.opts.record;
         let on_compute = Program::stream_kind(task.stream) == StreamKind::Compute;
         let part = if on_compute { self.attr.busy_part(&task) } else { crate::report::breakdown::Part::Other };

@@ -261,6 +261,8 @@ pub struct Topology {
     capacity_bytes_per_s: Vec<f64>,
     latency_s: Vec<f64>,
     has_intra: bool,
+    /// SMs of each GPU (0 for other devices): what communication kernels take from compute.
+    sms: Vec<u32>,
     /// How NCCL sees the cluster (GPU clusters only): collectives run as NCCL runs them.
     nccl: Option<nccl::NcclSystem>,
 }
@@ -319,6 +321,12 @@ impl Topology {
             capacity_bytes_per_s: capacity,
             latency_s: latency,
             has_intra: intra.is_some(),
+            sms: (0..devices)
+                .map(|d| {
+                    let dev = cluster.device_of(d);
+                    if dev.kind == DeviceKind::Gpu { dev.compute_units } else { 0 }
+                })
+                .collect(),
             nccl: nccl::NcclSystem::new(cluster),
         }
     }
@@ -329,6 +337,11 @@ impl Topology {
 
     pub fn capacities(&self) -> &[f64] {
         &self.capacity_bytes_per_s
+    }
+
+    /// SMs of `device` when it is a GPU, else 0.
+    pub fn sms(&self, device: u32) -> u32 {
+        self.sms[device as usize]
     }
 
     pub fn nccl(&self) -> Option<&nccl::NcclSystem> {
