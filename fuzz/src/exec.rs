@@ -1,5 +1,11 @@
-//! Runs the trainsim binary as a child process under a wall-clock limit and an address-space
-//! limit (Linux: `sh -c 'ulimit -v ...; exec ...'`), capturing a bounded amount of its output.
+//! Runs the trainsim binary as a child process under a CPU-time limit, a wall-clock backstop and
+//! an address-space limit (Linux: `sh -c 'ulimit -S -t ...; ulimit -v ...; exec ...'`),
+//! capturing a bounded amount of its output. The soft CPU limit ends a run with SIGXCPU, told
+//! apart from the SIGKILL of the out-of-memory killer.
+//!
+//! The time limit is on CPU seconds (all threads together) so that a loaded machine does not turn
+//! a slow-but-bounded run into a false timeout; the wall-clock backstop ([`WALL_FACTOR`] times the
+//! limit) still catches a run that hangs without using the CPU.
 
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
@@ -10,11 +16,18 @@ use std::time::{Duration, Instant};
 /// Bytes kept of each output stream; the rest is read and dropped so the child never blocks.
 const KEEP_BYTES: usize = 8 << 20;
 
+/// The wall-clock backstop, as a multiple of the CPU-time limit (plus [`WALL_SLACK`]).
+pub const WALL_FACTOR: u32 = 10;
+const WALL_SLACK: Duration = Duration::from_secs(2);
+/// The signal the kernel sends a process past its CPU-time limit (`RLIMIT_CPU`) on Linux.
+pub const SIGXCPU: i32 = 24;
+
 /// Limits one run is held to.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
+    /// CPU-time limit of one run (all its threads together).
     pub timeout: Duration,
-    /// Wall-clock limit of a `capacity` or `partition` run: a search over dozens of whole
+    /// CPU-time limit of a `capacity` or `partition` run: a search over dozens of whole
     /// simulations, each seconds on a large cluster.
     pub search_timeout: Duration,
     /// Address-space limit in MiB (`ulimit -v`); 0 = none.
@@ -59,11 +72,16 @@ fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> 
 
 /// Run `bin args...` in `dir` under `limits`. Errors only when the process cannot be started.
 pub fn run(bin: &Path, args: &[String], dir: &Path, limits: Limits) -> std::io::Result<Outcome> {
-    let script = if limits.mem_mib > 0 {
-        format!("ulimit -v {} || exit 125; exec \"$@\"", limits.mem_mib * 1024)
-    } else {
-        "exec \"$@\"".to_string()
-    };
+    let search = matches!(args.first().map(String::as_str), Some("capacity" | "partition"));
+    let limit = if search { limits.search_timeout } else { limits.timeout };
+    // `ulimit -t` takes whole seconds; round up so a sub-second limit is not zero (= none).
+    let cpu_s = limit.as_secs() + u64::from(limit.subsec_nanos() > 0);
+    let mut script = format!("ulimit -S -t {cpu_s} || exit 125; ");
+    if limits.mem_mib > 0 {
+        script += &format!("ulimit -v {} || exit 125; ", limits.mem_mib * 1024);
+    }
+    script += "exec \"$@\"";
+    let wall = limit * WALL_FACTOR + WALL_SLACK;
     let start = Instant::now();
     let mut child = Command::new("sh")
         .arg("-c")
@@ -86,9 +104,7 @@ pub fn run(bin: &Path, args: &[String], dir: &Path, limits: Limits) -> std::io::
         if let Some(s) = child.try_wait()? {
             break s;
         }
-        let search = matches!(args.first().map(String::as_str), Some("capacity" | "partition"));
-        let limit = if search { limits.search_timeout } else { limits.timeout };
-        if start.elapsed() >= limit {
+        if start.elapsed() >= wall {
             timed_out = true;
             let _ = child.kill();
             break child.wait()?;
@@ -100,7 +116,7 @@ pub fn run(bin: &Path, args: &[String], dir: &Path, limits: Limits) -> std::io::
     Ok(Outcome {
         code: status.code(),
         signal: status.signal(),
-        timed_out,
+        timed_out: timed_out || status.signal() == Some(SIGXCPU),
         stdout: out.join().unwrap_or_default(),
         stderr: err.join().unwrap_or_default(),
         wall_s,
@@ -112,12 +128,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_past_its_limit_is_killed_and_marked() {
-        let limits =
-            Limits { timeout: Duration::from_millis(200), search_timeout: Duration::from_millis(200), mem_mib: 0 };
-        let o = run(Path::new("sleep"), &["5".into()], Path::new("."), limits).unwrap();
+    fn a_run_past_its_cpu_limit_is_killed_and_marked() {
+        let limits = Limits { timeout: Duration::from_secs(1), search_timeout: Duration::from_secs(1), mem_mib: 0 };
+        let args = ["-c".to_string(), "while :; do :; done".to_string()];
+        let o = run(Path::new("sh"), &args, Path::new("."), limits).unwrap();
         assert!(o.timed_out);
-        assert!(o.wall_s < 4.0, "killed at {} s", o.wall_s);
+        assert_eq!(o.signal, Some(SIGXCPU));
+        assert!(o.wall_s < 15.0, "killed at {} s", o.wall_s);
+    }
+
+    #[test]
+    fn a_run_that_hangs_without_cpu_meets_the_wall_backstop() {
+        let limits =
+            Limits { timeout: Duration::from_millis(100), search_timeout: Duration::from_millis(100), mem_mib: 0 };
+        let o = run(Path::new("sleep"), &["60".into()], Path::new("."), limits).unwrap();
+        assert!(o.timed_out);
+        assert!(o.wall_s < 30.0, "killed at {} s", o.wall_s);
         assert_eq!(o.code, None);
     }
 

@@ -44,10 +44,11 @@ struct Args {
     /// The trainsim binary; default: target/release/trainsim
     #[arg(long, default_value = "target/release/trainsim")]
     bin: PathBuf,
-    /// Wall-clock limit of one run, seconds
+    /// CPU-time limit of one run (all threads), seconds; a run also stops at 10x this in
+    /// wall-clock time (a hang that uses no CPU)
     #[arg(long, default_value_t = 20.0)]
     timeout: f64,
-    /// Wall-clock limit of one `capacity` or `partition` run (searches over many whole
+    /// CPU-time limit of one `capacity` or `partition` run (searches over many whole
     /// simulations), seconds
     #[arg(long, default_value_t = 600.0)]
     search_timeout: f64,
@@ -105,7 +106,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     eprintln!(
-        "scenario-fuzz: {} cases from seed {} (cases {}..{}), {jobs} jobs, {} s / {} MiB per run, binary {}",
+        "scenario-fuzz: {} cases from seed {} (cases {}..{}), {jobs} jobs, {} CPU s / {} MiB per run, binary {}",
         args.cases,
         args.seed,
         args.first,

@@ -281,11 +281,35 @@ fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimE
     two.plan.micro_batches *= 2;
     let a = simulate_once(&one, false)?;
     let mut b = simulate_once(&two, record)?;
-    // One batch's work on each stage: its m micro-batches and its optimizer step, which 2BW
-    // runs every batch (the m-micro-batch run holds exactly that). The steady state cannot
-    // turn over faster than its busiest stage works.
-    let busiest = a.report.stages.iter().map(|st| st.compute_busy_s).fold(0.0, f64::max);
-    let iteration_s = (b.report.iteration_s - a.report.iteration_s).max(busiest);
+    // One batch's work on each stream: its m micro-batches, its gradient synchronisation and
+    // its optimizer step, which 2BW runs every batch (the m-micro-batch run holds exactly
+    // that). The steady state cannot turn over faster than its busiest stream works: the
+    // next batch's compute hides the gradient all-reduce only up to its own length.
+    let (stream, busiest_ns) = a
+        .timeline
+        .stream_busy_ns
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by_key(|&(i, ns)| (ns, std::cmp::Reverse(i)))
+        .unwrap_or((0, 0));
+    let busiest_compute = a.report.stages.iter().map(|st| st.compute_busy_s).fold(0.0, f64::max);
+    let doubled_s = b.report.iteration_s - a.report.iteration_s;
+    let iteration_s = doubled_s.max(busiest_compute).max(busiest_ns as f64 * 1e-9);
+    // Time past the doubled run's difference that a communication stream's work sets, told
+    // as that stream's wait.
+    let stretch = {
+        use report::breakdown::Part;
+        use report::timeline::StreamKind as K;
+        let part = match lower::Program::stream_kind(stream as u32) {
+            K::Compute => None,
+            K::DataParallel | K::Gather => Some(Part::DpComm),
+            K::PipelineSend => Some(Part::PpComm),
+            K::HostCopy => Some(Part::Offload),
+            K::TensorParallel => Some(Part::TpComm),
+        };
+        part.map(|p| (p, (iteration_s - doubled_s.max(busiest_compute)).max(0.0)))
+    };
     let idle = |r: &report::Report| r.bubble_fraction * r.iteration_s;
     let extra_idle = idle(&b.report) - idle(&a.report);
     let two_bubble: Vec<f64> = b.report.stages.iter().map(|st| st.bubble_s).collect();
@@ -301,7 +325,7 @@ fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimE
     // The same device classes in both runs: one batch's share, part by part.
     if r.time_breakdown.len() == a.report.time_breakdown.len() {
         for (two, one) in r.time_breakdown.iter_mut().zip(&a.report.time_breakdown) {
-            *two = two.difference(one, iteration_s);
+            *two = two.difference(one, iteration_s, stretch);
         }
     }
     r.model_flops_per_iteration = a.report.model_flops_per_iteration;

@@ -494,7 +494,12 @@ pub fn explore_with(s: &Scenario, per_schedule: usize) -> Exploration {
                 virtual_stages: c.plan.virtual_stages,
             };
             let two_bw_short = c.plan.schedule == ScheduleKind::TwoBW && c.plan.micro_batches < c.plan.pp;
-            if crate::schedule::validate(c.plan.schedule, shape).is_err() || two_bw_short {
+            // The loop above already explores this exact plan (the balanced partition is the
+            // scenario's own): listed once.
+            let explored = c.plan.virtual_stages <= 1
+                && matches!(c.plan.schedule, ScheduleKind::GPipe | ScheduleKind::OneFOneB | ScheduleKind::TwoBW)
+                && balanced_for(c.plan.schedule, mb).is_ok_and(|parts| parts == c.plan.partition);
+            if crate::schedule::validate(c.plan.schedule, shape).is_err() || two_bw_short || explored {
                 continue;
             }
             let estimate_s = estimate_per_sample_s(&c);
@@ -540,8 +545,14 @@ pub fn explore_with(s: &Scenario, per_schedule: usize) -> Exploration {
         Some(tried.swap_remove(chosen).1)
     };
     let explored = jobs.len();
-    let candidates: Vec<Candidate> =
-        simulate_in_order(&jobs, per_schedule, explore_one).into_iter().flatten().collect();
+    let mut candidates: Vec<Candidate> = Vec::new();
+    // A scenario's own plan can meet a balanced job's fallback (its uniform partition): listed once.
+    for c in simulate_in_order(&jobs, per_schedule, explore_one).into_iter().flatten() {
+        let key = |c: &Candidate| (c.schedule, c.virtual_stages, c.micro_batch, c.partition.clone());
+        if !candidates.iter().any(|d| key(d) == key(&c)) {
+            candidates.push(c);
+        }
+    }
     let best = candidates
         .iter()
         .filter(|c| c.fits)

@@ -292,6 +292,7 @@ pub fn run(
         e.res.compute_busy_ns[d] = e.stream_busy[d * STREAMS];
     }
     e.res.timeline.iteration_ns = e.res.iteration_ns;
+    e.res.timeline.stream_busy_ns = e.stream_busy.clone();
     (e.res.time_parts_ns, e.res.recompute_flops) = e.attr.finish(p, e.res.iteration_ns);
     Ok(e.res)
 }

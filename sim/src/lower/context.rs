@@ -180,6 +180,13 @@ pub(super) struct Stage {
 /// transformer_engine/pytorch/module/base.py `initialize_ub` defaults, TE 1.x-2.x).
 const TE_COMM_SMS: f64 = 16.0;
 
+/// The share of a device's SMs a GEMM keeps while Transformer Engine's pipelined
+/// reduce-scatter runs beside it (`TE_COMM_SMS` taken; devices without that many keep all).
+pub(crate) fn tp_sm_share(compute_units: u32) -> f64 {
+    let units = compute_units as f64;
+    if units > TE_COMM_SMS { (units - TE_COMM_SMS) / units } else { 1.0 }
+}
+
 impl Stage {
     /// Sets the builder's device class to the stage's.
     pub(super) fn new(b: &mut Builder, lw: &Lowering, r: u32, stage: u32) -> Stage {
@@ -193,8 +200,7 @@ impl Stage {
         } else {
             Vec::new()
         };
-        let units = lw.s.cluster.class(class).compute_units as f64;
-        let tp_sm_share = if units > TE_COMM_SMS { (units - TE_COMM_SMS) / units } else { 1.0 };
+        let tp_sm_share = tp_sm_share(lw.s.cluster.class(class).compute_units);
         let ctx = StepCtx {
             streams: b.compute_streams(&group),
             group,

@@ -41,7 +41,9 @@ mod optimizer;
 mod p2p;
 mod tensor_parallel;
 mod walk;
+pub(crate) use context::tp_sm_share;
 pub use program::*;
+pub(crate) use tensor_parallel::PIPELINE_SPLITS;
 
 use crate::plan::Plan;
 use crate::scenario::Scenario;

@@ -81,7 +81,7 @@ pub(super) struct TpOverlap {
 }
 
 /// Chunks of a pipelined reduce-scatter (Transformer Engine's default `num_splits`).
-const PIPELINE_SPLITS: f64 = 4.0;
+pub(crate) const PIPELINE_SPLITS: f64 = 4.0;
 
 /// Whether block op `op` is a GEMM (the ops tensor-parallel communication overlaps).
 pub(super) fn is_gemm(op: Option<&LayerOp>) -> bool {

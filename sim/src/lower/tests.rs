@@ -106,6 +106,45 @@ fn two_bw_keeps_two_weight_versions_and_drops_the_flush() {
     assert!(two.report.bubble_fraction < flush.report.bubble_fraction);
 }
 
+/// Across nodes joined by a slow link the gradient all-reduce of one batch outlasts the next
+/// batch's compute: 2BW's steady state is then no faster than that all-reduce (the doubled run's
+/// difference holds no all-reduce at all), and the time past its compute is the data-parallel
+/// wait.
+#[test]
+fn two_bw_turns_over_no_faster_than_its_gradient_all_reduce() {
+    let text = |s: &str| {
+        format!(
+            r#"{{"workload": {GPT}, "cluster": {{"node": {{"preset": "dgx-a100-80gb", "devices": 1}}, "nodes": 4,
+                "inter_node": {{"preset": "ib-ndr", "bandwidth_bytes_per_s": 1e8}}}},
+                "training": {{"global_batch": 64, "micro_batch": 1, "seq_len": 512, "precision": "bf16", "optimizer": "adam"}},
+                "plan": {{"dp": 2, "pp": 2, "schedule": "{s}"}}}}"#
+        )
+    };
+    let parse = |s: &str| scenario::parse(&text(s), &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+    let flush = crate::simulate(&parse("1f1b"), false);
+    let two = crate::simulate(&parse("2bw"), false);
+    // One node per device: one stage's gradients cross the 100 MB/s link in a ring of two,
+    // far longer than the batch's compute.
+    let compute = flush.report.stages.iter().map(|st| st.compute_busy_s).fold(0.0, f64::max);
+    let dp_busy = flush
+        .timeline
+        .stream_busy_ns
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % super::STREAMS == StreamKind::DataParallel.index())
+        .map(|(_, &ns)| ns as f64 * 1e-9)
+        .fold(0.0, f64::max);
+    assert!(dp_busy > 3.0 * compute, "all-reduce {dp_busy} s, compute {compute} s");
+    assert!(
+        two.report.iteration_s >= dp_busy * (1.0 - 1e-9),
+        "2bw {} s < all-reduce {dp_busy} s",
+        two.report.iteration_s
+    );
+    assert!(two.report.iteration_s <= flush.report.iteration_s);
+    let critical = &two.report.time_breakdown[0];
+    assert!(critical.exposed_dp_comm_s > 0.5 * two.report.iteration_s, "{critical:?}");
+}
+
 /// One A100 (with `hbm` bytes of memory) training a 2.6B-parameter model: its mixed-precision
 /// Adam states take 16 bytes per parameter (41 GB), its fp16 weights alone 5.2 GB. One
 /// framework for every policy (by default the plan would pick Colossal-AI for Gemini only).

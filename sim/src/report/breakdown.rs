@@ -177,12 +177,19 @@ impl DeviceTime {
     /// One batch's share of a run that holds two (PipeDream-2BW, whose steady-state step is
     /// T(2m) - T(m)): the compute of `one` (the m-micro-batch run: m micro-batches and one
     /// optimizer step, which 2BW runs every batch), and the waits that the second batch added,
-    /// `self - one` part by part (at least 0), scaled to fill the rest of `iteration_s`.
-    pub fn difference(&self, one: &DeviceTime, iteration_s: f64) -> DeviceTime {
+    /// `self - one` part by part (at least 0), plus `stretch` (seconds a communication
+    /// stream's own work adds past the doubled run's difference, told as that part), scaled
+    /// to fill the rest of `iteration_s`.
+    pub fn difference(&self, one: &DeviceTime, iteration_s: f64, stretch: Option<(Part, f64)>) -> DeviceTime {
         let mut out = self.clone();
         let (mine, theirs) = (self.parts(), one.parts());
         for (i, v) in out.parts_mut().into_iter().enumerate() {
             *v = if i < 6 { theirs[i].1 } else { (mine[i].1 - theirs[i].1).max(0.0) };
+            if let Some((part, s)) = stretch
+                && part as usize == i
+            {
+                *v += s;
+            }
         }
         let compute = out.compute_s();
         let waits = out.total_s() - compute;

@@ -154,4 +154,8 @@ pub struct Timeline {
     pub hbm_capacity_bytes: f64,
     pub host_capacity_bytes: f64,
     pub iteration_ns: u64,
+    /// Busy time of each stream, recorded or not (indices as in `Program::streams`: device
+    /// `i / STREAMS`, kind `i % STREAMS`).
+    #[serde(skip)]
+    pub stream_busy_ns: Vec<u64>,
 }

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use super::timeline::*;
+use crate::lower::STREAMS;
 
 /// What to keep. `None` keeps everything of that dimension.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -66,6 +67,11 @@ impl TraceFilter {
             hbm_capacity_bytes: t.hbm_capacity_bytes,
             host_capacity_bytes: t.host_capacity_bytes,
             iteration_ns: t.iteration_ns,
+            stream_busy_ns: kept
+                .iter()
+                .flat_map(|&i| t.stream_busy_ns.get(i * STREAMS..(i + 1) * STREAMS).unwrap_or(&[]))
+                .copied()
+                .collect(),
         }
     }
 }

@@ -23,10 +23,11 @@
 
 use crate::cost::ComputeModel;
 use crate::cost::memory::bytes_per_parameter;
+use crate::lower::{PIPELINE_SPLITS, tp_sm_share};
 use crate::plan::{PartitionPolicy, Recompute, Tier};
 use crate::scenario::{Scenario, expected_max_std_normal};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
-use crate::workload::{LayerOp, LayerShape, TpMode};
+use crate::workload::{Axis, Comm, LayerOp, LayerShape, OpClass, TpMode};
 
 /// Lower bounds on a plan's simulated report.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
@@ -45,24 +46,52 @@ impl Bounds {
 }
 
 /// Forward and backward (with recomputation) seconds of a block's ops on one device's compute
-/// stream, and how many ops they are. A tensor-parallel collective occupies the stream too:
-/// each member must send at least `(n-1)/n` of the buffer (whatever the algorithm, switch
-/// reductions included), at most at `egress` bytes/s (`None`: the framework overlaps them with
-/// GEMMs, so they count 0).
-fn block_s(model: &ComputeModel, ops: &[LayerOp], recompute: Recompute, dims: &[u32], egress: Option<f64>) -> Block {
+/// stream, and how many ops they are. A tensor-parallel collective on the stream takes at
+/// least the time each member needs to send `(n-1)/n` of the buffer (whatever the algorithm,
+/// switch reductions included) at `egress` bytes/s. Where the framework overlaps them with
+/// GEMMs (`overlap`: the GEMM's share of the SMs, as the lowering's `TpOverlap` does it), an
+/// all-gather before a GEMM counts nothing, a reduce-scatter after one its last split, and
+/// that GEMM runs on its share of the SMs; the others stay on the stream.
+fn block_s(
+    model: &ComputeModel,
+    ops: &[LayerOp],
+    recompute: Recompute,
+    dims: &[u32],
+    egress: f64,
+    overlap: Option<f64>,
+) -> Block {
     let (mut f, mut b, mut n, mut fc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
-    for op in ops {
+    let gemm = |i: Option<usize>| {
+        i.and_then(|i| ops.get(i)).and_then(LayerOp::compute).filter(|s| matches!(s.class, OpClass::Gemm { .. }))
+    };
+    for (i, op) in ops.iter().enumerate() {
         let spec = match op {
             LayerOp::Compute(spec) => spec,
             LayerOp::Comm { bytes, axis, forward, backward, .. } => {
                 let members = axis.dim().map_or(dims.iter().product(), |d| dims.get(d).copied().unwrap_or(1));
-                if let Some(bw) = egress
-                    && members > 1
-                {
+                if members > 1 && egress > 0.0 {
                     let m = members as f64;
-                    let t = (m - 1.0) / m * bytes / bw;
-                    fc += if forward.is_some() { t } else { 0.0 };
-                    bc += if backward.is_some() { t } else { 0.0 };
+                    let t = (m - 1.0) / m * bytes / egress;
+                    // (emission-order neighbours: the backward walks the block in reverse)
+                    let part = |kind: Option<Comm>, before: Option<usize>, after: Option<usize>, stretch: &mut f64| {
+                        let tensor = *axis == Axis::Tensor;
+                        match (kind, overlap) {
+                            (None, _) => 0.0,
+                            (Some(Comm::AllGather), Some(_)) if tensor && gemm(after).is_some() => 0.0,
+                            (Some(Comm::ReduceScatter), Some(share)) if tensor && gemm(before).is_some() => {
+                                let g = gemm(before).expect("checked");
+                                *stretch += model.op_s(g, before > Some(i)) * (1.0 / share - 1.0);
+                                t / PIPELINE_SPLITS
+                            }
+                            _ => t,
+                        }
+                    };
+                    let (prev, next) = (i.checked_sub(1), Some(i + 1));
+                    let (mut sf, mut sb) = (0.0, 0.0);
+                    fc += part(*forward, prev, next, &mut sf);
+                    bc += part(*backward, next, prev, &mut sb);
+                    f += sf;
+                    b += sb;
                     n += 2.0;
                 }
                 continue;
@@ -104,6 +133,17 @@ impl Block {
     }
 }
 
+/// The least share of the whole work `W` (every stage's, all `m` micro-batches) an iteration
+/// with a flush takes, whatever the partition into `p` stages of one chunk. Stage `k` starts
+/// after the first micro-batch's forwards on stages `0..k` and ends before the last one's
+/// backwards there, so `T >= W_k + sum_{c<k} W_c / m`. Equalising these over `k` is the best a
+/// partition can do: `W_k = V (1 - 1/m)^k` with `sum W_k = W`, so
+/// `T >= W / (m (1 - (1 - 1/m)^p))`. (Uniform stages give the larger `(m + p - 1) / (p m)`.)
+fn any_partition_fill(m: u32, p: u32) -> f64 {
+    let m = m as f64;
+    1.0 / (m * (1.0 - (1.0 - 1.0 / m).powi(p as i32)))
+}
+
 /// The bounds of a scenario's plan.
 pub fn bounds(s: &Scenario) -> Bounds {
     let plan = &s.plan;
@@ -129,10 +169,13 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let (embed_ops, head_ops) = (w.embedding_ops(edge_shape), w.head_ops(edge_shape));
     // A device sends at most over its port to the node's switch and all of the node's NICs.
     let node = &s.cluster.node;
-    let egress = (!plan.tp_overlap() && !plan.ring()).then(|| {
+    // (Ring sequence parallelism's exchanges overlap attention: counted 0.)
+    let egress = if plan.ring() {
+        0.0
+    } else {
         node.intra_node.as_ref().map_or(0.0, |l| l.bandwidth_bytes_per_s)
             + node.nics as f64 * node.nic.bandwidth_bytes_per_s
-    });
+    };
     let dims = plan.tp_mode.dims(plan.tp);
     let edge_dims = if plan.ring() { vec![1] } else { dims.clone() };
     let slowest = expected_max_std_normal(s.cluster.device_count() as u64);
@@ -152,9 +195,10 @@ pub fn bounds(s: &Scenario) -> Bounds {
             .with_op_rates(&s.op_rates)
             .with_weights_on_chip(dev.fpga.is_some());
         let straggle = 1.0 + s.options.device_variability(dev) * slowest;
-        let layer = block_s(&model, &layer_ops, plan.recompute, &dims, egress);
-        let embed = block_s(&model, &embed_ops, Recompute::None, &edge_dims, egress);
-        let head = block_s(&model, &head_ops, Recompute::None, &edge_dims, egress);
+        let overlap = plan.tp_overlap().then(|| tp_sm_share(dev.compute_units));
+        let layer = block_s(&model, &layer_ops, plan.recompute, &dims, egress, overlap);
+        let embed = block_s(&model, &embed_ops, Recompute::None, &edge_dims, egress, overlap);
+        let head = block_s(&model, &head_ops, Recompute::None, &edge_dims, egress, overlap);
         let ((lf, lb), (ef, eb), (hf, hb)) = (layer.times(straggle), embed.times(straggle), head.times(straggle));
         for c in (k..chunks).step_by(p as usize) {
             let n = layers_of(c);
@@ -179,6 +223,8 @@ pub fn bounds(s: &Scenario) -> Bounds {
     if flush && p > 1 && known {
         let fill: f64 = chunk_fb[..p as usize - 1].iter().map(|(f, b)| f + b).sum();
         time = time.max(work[p as usize - 1] + fill);
+    } else if flush && p > 1 && chunks == p {
+        time = time.max(all_work * p as f64 * any_partition_fill(m, p));
     }
     let time = (time - rounding).max(0.0);
 
@@ -236,4 +282,51 @@ pub fn bounds(s: &Scenario) -> Bounds {
         (peak, peak <= usable_max)
     };
     Bounds { iteration_s: time, peak_memory_bytes: peak, may_fit }
+}
+
+#[cfg(test)]
+mod fill_tests {
+    use super::any_partition_fill;
+
+    /// `max_k (x_k + sum_{c<k} x_c / m)` for stage shares `x` summing to 1.
+    fn makespan(x: &[f64], m: u32) -> f64 {
+        let mut before = 0.0;
+        let mut worst: f64 = 0.0;
+        for &xk in x {
+            worst = worst.max(xk + before / m as f64);
+            before += xk;
+        }
+        worst
+    }
+
+    /// No partition beats the bound, the geometric one attains it, and uniform stages give the
+    /// usual bubble, never less.
+    #[test]
+    fn no_partition_fills_a_pipeline_faster() {
+        let mut seed = 12345u64;
+        let mut draw = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 11) as f64 / (1u64 << 53) as f64) + 1e-3
+        };
+        for (m, p) in [(1, 2), (2, 2), (3, 4), (8, 4), (3, 64), (48, 16)] {
+            let bound = any_partition_fill(m, p);
+            for _ in 0..2000 {
+                let mut x: Vec<f64> = (0..p).map(|_| draw()).collect();
+                let sum: f64 = x.iter().sum();
+                x.iter_mut().for_each(|v| *v /= sum);
+                assert!(makespan(&x, m) >= bound - 1e-12, "m {m} p {p}");
+            }
+            let r = 1.0 - 1.0 / m as f64;
+            let mut geo: Vec<f64> = (0..p).map(|k| r.powi(k as i32)).collect();
+            let sum: f64 = geo.iter().sum();
+            geo.iter_mut().for_each(|v| *v /= sum);
+            if m > 1 {
+                assert!((makespan(&geo, m) - bound).abs() < 1e-9, "m {m} p {p}");
+            }
+            let uniform = (m + p - 1) as f64 / (m * p) as f64;
+            assert!(
+                uniform >= bound - 1e-12 && (makespan(&vec![1.0 / p as f64; p as usize], m) - uniform).abs() < 1e-12
+            );
+        }
+    }
 }
