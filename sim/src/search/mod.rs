@@ -120,6 +120,22 @@ fn front(sorted: &[Evaluated]) -> Vec<Evaluated> {
     out
 }
 
+/// The scenario a candidate is bounded and simulated as. A balanced partition is resolved here
+/// into its layer counts (as `simulate` first does), so the bounds see the real stages. The
+/// search stops there: where those counts do not fit, `simulate` would also try the balanced
+/// partition under the simulator's own memory, which a bound cannot foresee; the search counts
+/// such a plan as not fitting (README, "Plan search").
+fn scenario_of(input: &SearchInput, c: &space::Candidate) -> Result<Scenario, ScenarioError> {
+    let mut s = input.with_plan(c.micro_batch, &c.plan)?;
+    if s.plan.partition_policy == Some(crate::plan::PartitionPolicy::Balanced) {
+        if let Ok(parts) = crate::partition::resolve(&s) {
+            s.plan.partition = parts;
+        }
+        s.plan.partition_policy = None;
+    }
+    Ok(s)
+}
+
 /// Simulate one plan; `None` when the simulator refuses it.
 fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds) -> Option<Evaluated> {
     let r = crate::try_simulate(s, false).ok()?.report;
@@ -148,7 +164,7 @@ pub fn search(
     let mut prog = Progress { enumerated: candidates.len(), ..Progress::default() };
     // Read and bound every candidate (in parallel, results in order).
     let read: Vec<Result<Bounds, ScenarioError>> =
-        candidates.par_iter().map(|c| input.with_plan(c.micro_batch, &c.plan).map(|s| bounds::bounds(&s))).collect();
+        candidates.par_iter().map(|c| scenario_of(input, c).map(|s| bounds::bounds(&s))).collect();
     let mut first_error = None;
     let mut queue: Vec<(usize, Bounds)> = Vec::new();
     for (i, r) in read.into_iter().enumerate() {
@@ -188,7 +204,7 @@ pub fn search(
             .par_iter()
             .map(|&(i, b)| {
                 let c = &candidates[i];
-                let s = input.with_plan(c.micro_batch, &c.plan).ok()?;
+                let s = scenario_of(input, c).ok()?;
                 evaluate(&s, i, c, b)
             })
             .collect();
