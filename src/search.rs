@@ -167,9 +167,10 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
         let started = Instant::now();
         let show = |p: &search::Progress| {
             bar.set_message(format!(
-                "{g} GPUs: {} plans, {} simulated, {} pruned, {} invalid",
+                "{g} GPUs: {} plans, {} evaluated ({} simulations), {} pruned, {} invalid",
                 p.enumerated,
                 p.evaluated,
+                p.simulated,
                 p.pruned(),
                 p.invalid
             ))
@@ -339,6 +340,7 @@ fn to_json(runs: &[Run], price: Option<f64>) -> Value {
         "pruned_memory": sum(&|p| p.pruned_memory),
         "pruned_time": sum(&|p| p.pruned_time),
         "evaluated": sum(&|p| p.evaluated),
+        "simulated": sum(&|p| p.simulated),
         "failed": sum(&|p| p.failed),
         "wall_s": runs.iter().map(|r| r.wall_s).sum::<f64>(),
     });
@@ -382,8 +384,16 @@ fn print_text(runs: &[Run], price: Option<f64>) {
     for r in runs {
         let p = &r.outcome.progress;
         println!(
-            "{} GPUs: {} plans: {} invalid, {} pruned by memory, {} by time, {} simulated ({} refused) in {:.1} s",
-            r.gpus, p.enumerated, p.invalid, p.pruned_memory, p.pruned_time, p.evaluated, p.failed, r.wall_s
+            "{} GPUs: {} plans: {} invalid, {} pruned by memory, {} by time, {} evaluated ({} refused) with {} simulations (a twin takes its plan's result) in {:.1} s",
+            r.gpus,
+            p.enumerated,
+            p.invalid,
+            p.pruned_memory,
+            p.pruned_time,
+            p.evaluated,
+            p.failed,
+            p.simulated,
+            r.wall_s
         );
         let Some(b) = &r.outcome.best else {
             println!("  no plan fits");

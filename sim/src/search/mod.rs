@@ -70,8 +70,12 @@ pub struct Progress {
     pub pruned_memory: usize,
     /// Pruned by the time bound (unable to enter the top K or the front).
     pub pruned_time: usize,
-    /// Simulated.
+    /// Evaluated: simulated, or a twin of a simulated plan (see `simulated`).
     pub evaluated: usize,
+    /// Simulations run: a plan whose simulation is the same as an evaluated one's (a rank
+    /// order that only relabels nodes, selective recomputation with nothing to recompute)
+    /// takes that result.
+    pub simulated: usize,
     /// The simulator refused them (too large to lower, past its clock).
     pub failed: usize,
 }
@@ -136,6 +140,37 @@ fn scenario_of(input: &SearchInput, c: &space::Candidate) -> Result<Scenario, Sc
     Ok(s)
 }
 
+/// A key equal for two candidates whose simulations are the same: the resolved plan, with the
+/// choices that change nothing the simulator sees set to one value.
+/// - The rank order, where it only relabels whole nodes: a single pipeline stage or replica
+///   (both orders give the same mapping), or tensor-parallel groups that fill whole nodes on a
+///   cluster of identical nodes (each node then holds one (replica, stage) pair; the inter-node
+///   network is flat).
+/// - Selective recomputation, where no op of the layer has an attention core to recompute
+///   (fused attention stores none): it lowers exactly as no recomputation.
+fn twin_key(s: &Scenario) -> String {
+    use crate::plan::{RankOrder, Recompute};
+    let mut plan = s.plan.clone();
+    let per_node = s.cluster.node.devices;
+    let whole_nodes = per_node > 0 && plan.tp.is_multiple_of(per_node) && s.cluster.overrides.is_empty();
+    if plan.dp == 1 || plan.pp == 1 || whole_nodes {
+        plan.rank_order = RankOrder::TpDpPp;
+    }
+    if plan.recompute == Recompute::Selective && s.workload.net.is_none() {
+        let nothing = s
+            .workload
+            .transformer
+            .layer_ops(plan.layer_shape())
+            .iter()
+            .filter_map(crate::workload::LayerOp::compute)
+            .all(|o| o.saved.selective_bytes == 0.0 && o.name != "scores");
+        if nothing {
+            plan.recompute = Recompute::None;
+        }
+    }
+    format!("{plan:?}")
+}
+
 /// Simulate one plan; `None` when the simulator refuses it.
 fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds) -> Option<Evaluated> {
     let r = crate::try_simulate(s, false).ok()?.report;
@@ -188,6 +223,7 @@ pub fn search(
     queue.sort_by(|a, b| a.1.iteration_s.total_cmp(&b.1.iteration_s).then(a.0.cmp(&b.0)));
     let mut simulated: Vec<Evaluated> = Vec::new();
     let mut fitting: Vec<Evaluated> = Vec::new();
+    let mut memo: std::collections::HashMap<String, Option<Evaluated>> = std::collections::HashMap::new();
     let mut next = 0;
     while next < queue.len() {
         let mut round = Vec::with_capacity(ROUND);
@@ -200,12 +236,38 @@ pub fn search(
                 round.push((i, b));
             }
         }
-        let results: Vec<Option<Evaluated>> = round
+        // Each distinct simulation once: a twin (see `twin_key`) takes its result.
+        let keyed: Vec<(usize, Bounds, Option<Scenario>, String)> = round
             .par_iter()
             .map(|&(i, b)| {
-                let c = &candidates[i];
-                let s = scenario_of(input, c).ok()?;
-                evaluate(&s, i, c, b)
+                let s = scenario_of(input, &candidates[i]).ok();
+                let key = s.as_ref().map_or_else(|| format!("refused {i}"), twin_key);
+                (i, b, s, key)
+            })
+            .collect();
+        let fresh: Vec<&(usize, Bounds, Option<Scenario>, String)> = keyed
+            .iter()
+            .enumerate()
+            .filter(|&(j, k)| !memo.contains_key(&k.3) && !keyed[..j].iter().any(|e| e.3 == k.3))
+            .map(|(_, k)| k)
+            .collect();
+        let ran: Vec<Option<Evaluated>> = fresh
+            .par_iter()
+            .map(|(i, b, s, _)| s.as_ref().and_then(|s| evaluate(s, *i, &candidates[*i], *b)))
+            .collect();
+        for (k, r) in fresh.iter().zip(ran) {
+            memo.insert(k.3.clone(), r);
+            prog.simulated += 1;
+        }
+        let results: Vec<Option<Evaluated>> = keyed
+            .iter()
+            .map(|(i, b, _, key)| {
+                memo[key].as_ref().map(|e| Evaluated {
+                    index: *i,
+                    plan: candidates[*i].plan.clone(),
+                    bounds: *b,
+                    ..e.clone()
+                })
             })
             .collect();
         for r in results {

@@ -123,3 +123,29 @@ fn the_outcome_does_not_depend_on_the_thread_count() {
     };
     assert_eq!(run(1), run(3));
 }
+
+/// A twin's result is exactly what simulating it gives: every evaluated plan of a space with
+/// both rank orders (tensor parallelism filling a 2-GPU node) and selective recomputation under
+/// fused attention, simulated on its own, matches the search's entry bit for bit.
+#[test]
+fn twins_take_exactly_their_own_simulated_result() {
+    let inp = input(
+        r#"{"workload": {"preset": "gpt3-2.7b"}, "cluster": {"node": {"preset": "dgx-h100", "devices": 2}, "nodes": 4},
+            "training": {"global_batch": 16, "seq_len": 1024, "precision": "bf16", "attention": "flash"},
+            "plan": {"offload": "none", "zero_stage": 1, "tp_mode": "1d"}}"#,
+    );
+    let all = search(&inp, Options { top: 1, prune: false }, &none).unwrap();
+    let p = all.progress;
+    assert!(p.simulated < p.evaluated, "no twins: {p:?}");
+    let c = space::enumerate(&inp);
+    for e in &all.simulated {
+        let s = scenario_of(&inp, &c[e.index]).unwrap();
+        let r = crate::try_simulate(&s, false).unwrap().report;
+        assert_eq!(
+            (r.iteration_s, r.peak_memory_bytes, r.fits),
+            (e.iteration_s, e.peak_memory_bytes, e.fits),
+            "{}",
+            e.plan
+        );
+    }
+}
