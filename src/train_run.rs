@@ -18,7 +18,7 @@ pub fn train_run(path: &Path, json: bool, plot: Option<&Path>, runs: u32, price:
     }
     let s = crate::load_scenario(path)?;
     if s.run.is_none() {
-        return Err(format!("{}: train-run needs \"run\": {{\"dataset_samples\": N, \"epochs\": E}}", path.display()));
+        return Err(format!("{}: {}", path.display(), sim::run::NEEDS_RUN));
     }
     let progress = crate::outputs::spinner(format!(
         "simulating {} epoch(s), the baseline and the breakdown, then {runs} run(s) of failures and checkpoints",

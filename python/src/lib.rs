@@ -149,7 +149,7 @@ fn _train_run_json(
         let s = input.load()?;
         if s.run.is_none() {
             return Err(Error::Invalid(
-                input.prefix("train-run needs \"run\": {\"dataset_samples\": N, \"epochs\": E}"),
+                input.prefix(sim::run::NEEDS_RUN),
             ));
         }
         let whole = sim::run::try_whole_run(&s, runs, price_per_gpu_hour).map_err(|e| {

@@ -156,6 +156,9 @@ pub fn run_model(s: &Scenario, report: &RunReport) -> Result<(goodput::RunModel,
     Ok((model, checkpoint))
 }
 
+/// What `train-run` says of a scenario without a `run` section (the CLI and the Python package).
+pub const NEEDS_RUN: &str = "train-run needs \"run\": the run's length, {\"tokens\": T}, {\"iterations\": I} or {\"dataset_samples\": N, \"epochs\": E} (docs/scenario.md, \"run\")";
+
 /// The whole run: the phases simulated, then `runs` seeded Monte Carlo runs of failures and
 /// checkpoints over them. `price` is dollars per GPU-hour.
 pub fn try_whole_run(s: &Scenario, runs: u32, price: Option<f64>) -> Result<WholeRunReport, String> {
