@@ -479,8 +479,17 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
     progress.finish_and_clear();
     let no_plan = || {
         format!(
-            "no plan fits: none of the {} explored plans (schedules, micro-batch sizes, partitions) fits the devices' memory{}",
+            "no plan fits: none of the {} simulated plans (schedules, micro-batch sizes, partitions) fits the devices' memory{}{}",
             e.candidates.len(),
+            if e.not_simulated > 0 {
+                format!(
+                    "; {} more (schedule, micro-batch size) plans were not simulated: the search for a fitting one stopped at its budget of {} M tasks",
+                    e.not_simulated,
+                    sim::partition::FALLBACK_TASK_BUDGET / 1_000_000
+                )
+            } else {
+                String::new()
+            },
             if write.is_some() { "; nothing written" } else { "" }
         )
     };

@@ -252,6 +252,9 @@ pub struct Exploration {
     /// How many plans (schedule, micro-batch size) the partition objective ranked; the
     /// `candidates` are the ones simulated.
     pub explored: usize,
+    /// Plans left unsimulated because none of those simulated fit and the search for one spent
+    /// its budget ([`FALLBACK_TASK_BUDGET`]); 0 otherwise.
+    pub not_simulated: usize,
     /// Data parallelism over all the devices (no pipeline), if it fits; and the plan's own
     /// schedule with the uniform partition.
     /// (Absent when the baseline does not fit or cannot be formed.)
@@ -351,6 +354,12 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
 /// them fits).
 pub const SIMULATED_PER_SCHEDULE: usize = 3;
 
+/// Tasks (the lowering's size estimate, summed over the plans simulated) past which the rounds
+/// that look for a fitting plan when none of the most promising fits stop: at the engine's
+/// few million tasks per second and up to three simulations per plan (balanced, refit,
+/// uniform), about a minute. The first round always runs whatever its size.
+pub const FALLBACK_TASK_BUDGET: u64 = 100_000_000;
+
 /// One plan of the exploration before simulation: its schedule, chunks per stage and
 /// micro-batch size, and the partition objective's estimate of its time per sample.
 #[derive(Clone, Copy)]
@@ -398,16 +407,27 @@ fn estimate_per_sample_s(c: &Scenario) -> f64 {
     slowest * slots / f64::from(plan.micro_batches * plan.micro_batch)
 }
 
-/// `f` over the jobs in order of promise (estimate, then position), results at the jobs'
+/// `f` over the jobs in order of promise (estimate, then position; plans the objective cannot
+/// rank, cheapest first by `tasks`), results at the jobs'
 /// positions (`None` where not run): each schedule's `per_schedule` most promising plans first, then, while none of the results fits, the rest in rounds of that size. The
 /// rounds are fixed, so which jobs run never depends on the thread count.
 fn simulate_in_order(
     jobs: &[Job],
     per_schedule: usize,
+    tasks: impl Fn(&Job) -> u64,
     f: impl Fn(&Job) -> Option<Candidate> + Sync,
-) -> Vec<Option<Candidate>> {
+) -> (Vec<Option<Candidate>>, usize) {
+    let cost: Vec<u64> = jobs.iter().map(&tasks).collect();
     let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| jobs[a].estimate_s.total_cmp(&jobs[b].estimate_s).then(a.cmp(&b)));
+    // Plans the objective cannot rank (no partition fits its memory estimate) go cheapest first.
+    order.sort_by(|&a, &b| {
+        let unranked = jobs[a].estimate_s.is_infinite() && jobs[b].estimate_s.is_infinite();
+        jobs[a]
+            .estimate_s
+            .total_cmp(&jobs[b].estimate_s)
+            .then(if unranked { cost[a].cmp(&cost[b]) } else { a.cmp(&b) })
+            .then(a.cmp(&b))
+    });
     let mut first: Vec<usize> = Vec::new();
     for &i in &order {
         let key = (jobs[i].kind, jobs[i].own);
@@ -424,13 +444,20 @@ fn simulate_in_order(
         }
     };
     run(&first, &mut out);
-    for round in rest.chunks(per_schedule.max(1)) {
+    let mut spent: u64 = first.iter().map(|&i| cost[i]).sum();
+    let mut skipped = 0;
+    for (k, round) in rest.chunks(per_schedule.max(1)).enumerate() {
         if out.iter().flatten().any(|c| c.fits) {
             break;
         }
+        if spent > FALLBACK_TASK_BUDGET {
+            skipped = rest.len() - k * per_schedule.max(1);
+            break;
+        }
+        spent += round.iter().map(|&i| cost[i]).sum::<u64>();
         run(round, &mut out);
     }
-    out
+    (out, skipped)
 }
 
 /// BaPipe's exploration: every schedule in {GPipe, 1F1B, 2BW} with every micro-batch size
@@ -546,8 +573,14 @@ pub fn explore_with(s: &Scenario, per_schedule: usize) -> Exploration {
     };
     let explored = jobs.len();
     let mut candidates: Vec<Candidate> = Vec::new();
+    let tasks = |job: &Job| {
+        let parts =
+            if job.own { s.plan.partition.clone() } else { crate::plan::Plan::uniform_partition(layers, s.plan.pp) };
+        crate::lower::size::estimate(&with(job.kind, job.virtual_stages, job.micro_batch, parts), None).tasks()
+    };
+    let (simulated, not_simulated) = simulate_in_order(&jobs, per_schedule, tasks, explore_one);
     // A scenario's own plan can meet a balanced job's fallback (its uniform partition): listed once.
-    for c in simulate_in_order(&jobs, per_schedule, explore_one).into_iter().flatten() {
+    for c in simulated.into_iter().flatten() {
         let key = |c: &Candidate| (c.schedule, c.virtual_stages, c.micro_batch, c.partition.clone());
         if !candidates.iter().any(|d| key(d) == key(&c)) {
             candidates.push(c);
@@ -584,11 +617,64 @@ pub fn explore_with(s: &Scenario, per_schedule: usize) -> Exploration {
     let speedup = |base: Option<f64>| base.zip(best.as_ref()).map(|(b, c)| b / c.time_per_sample_s);
     Exploration {
         explored,
+        not_simulated,
         speedup_vs_data_parallel: speedup(dp),
         speedup_vs_uniform_gpipe: speedup(uniform),
         data_parallel_time_per_sample_s: dp,
         uniform_gpipe_time_per_sample_s: uniform,
         best,
         candidates,
+    }
+}
+
+#[cfg(test)]
+mod order_tests {
+    use super::*;
+
+    fn job(micro_batch: u32, estimate_s: f64) -> Job {
+        Job { kind: ScheduleKind::OneFOneB, virtual_stages: 1, micro_batch, own: false, estimate_s }
+    }
+
+    fn none_fits(job: &Job) -> Option<Candidate> {
+        Some(Candidate {
+            schedule: "1f1b",
+            virtual_stages: 1,
+            micro_batch: job.micro_batch,
+            micro_batches: 1,
+            partition: Vec::new(),
+            stages: Vec::new(),
+            fits: false,
+            iteration_s: 1.0,
+            time_per_sample_s: 1.0,
+        })
+    }
+
+    /// Plans the objective cannot rank are simulated cheapest first, and once nothing fits and
+    /// the budget is spent the rest are left out and counted.
+    #[test]
+    fn unranked_plans_go_cheapest_first_within_the_budget() {
+        // Task counts fall with the micro-batch size, as the program's units do.
+        let tasks = |j: &Job| 2 * FALLBACK_TASK_BUDGET / u64::from(j.micro_batch);
+        let jobs: Vec<Job> = [1, 2, 4, 8, 16, 32, 64, 128].iter().map(|&mb| job(mb, f64::INFINITY)).collect();
+        let order = std::sync::Mutex::new(Vec::new());
+        let (out, skipped) = simulate_in_order(&jobs, 1, tasks, |j| {
+            order.lock().unwrap().push(j.micro_batch);
+            none_fits(j)
+        });
+        let order = order.into_inner().unwrap();
+        assert_eq!(order[0], 128, "{order:?}");
+        assert!(order.windows(2).all(|w| w[0] > w[1]), "{order:?}");
+        assert_eq!(out.iter().filter(|c| c.is_some()).count(), order.len());
+        assert_eq!(skipped, jobs.len() - order.len());
+        assert!(skipped > 0 && !order.contains(&1), "{order:?}");
+        // A ranked plan still goes by its estimate, whatever its cost.
+        let mut ranked = jobs.clone();
+        ranked[0].estimate_s = 1.0;
+        let first = std::sync::Mutex::new(None);
+        simulate_in_order(&ranked, 1, tasks, |j| {
+            first.lock().unwrap().get_or_insert(j.micro_batch);
+            none_fits(j)
+        });
+        assert_eq!(first.into_inner().unwrap(), Some(1));
     }
 }
