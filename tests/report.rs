@@ -222,7 +222,7 @@ fn symmetric_and_full_simulation_agree() {
 /// stage holds exactly min(p, m) micro-batches then (the schedule's in-flight bound).
 #[test]
 fn peak_activations_are_itemised_by_layer_and_micro_batch() {
-    for (pp, m) in [(4u32, 8u32), (4, 2), (2, 6)] {
+    for (pp, m) in [(4u32, 8u32), (4, 2), (2, 6), (4, 96)] {
         let w = json!({"transformer": {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 1024}});
         let plan = json!({"dp": 8 / pp, "tp": 1, "pp": pp, "schedule": "1f1b"});
         let r = simulate(&scenario(w, 1, training(m * (8 / pp), 1, 1024), plan));

@@ -147,6 +147,12 @@ struct Engine<'a> {
     /// from `live` only before the next change that sets no new peak, or at the end (copying
     /// at every new peak is quadratic in the micro-batches under GPipe).
     peak_pending: Vec<bool>,
+    /// `live` as of each device's latest settled peak, kept up to date from `dirty` (the keys
+    /// changed since), so that settling a peak costs the changes, not the whole map.
+    peak_snap: Vec<std::collections::BTreeMap<(u32, u32), f64>>,
+    /// Keys of `live` changed since `peak_snap` was last brought up to date; `None` once they
+    /// outnumber `live` (the next settle copies `live` whole).
+    dirty: Vec<Option<Vec<(u32, u32)>>>,
     res: RunResult,
     flows: u64,
     /// Host issue model: when each simulated device's host thread is next free; the end
@@ -230,6 +236,8 @@ pub fn run(
         cur_buf: vec![0.0; nd],
         live: vec![std::collections::BTreeMap::new(); nd],
         peak_pending: vec![false; nd],
+        peak_snap: vec![std::collections::BTreeMap::new(); nd],
+        dirty: vec![Some(Vec::new()); nd],
         res: RunResult {
             compute_busy_ns: vec![0; nd],
             pipeline_end_ns: vec![0; nd],
@@ -283,6 +291,7 @@ pub fn run(
     }
     for d in 0..nd {
         e.settle_peak(d);
+        e.res.peak_live[d] = e.peak_snap[d].iter().map(|(&(tag, mb), &b)| (tag, mb, b)).collect();
     }
     let unfinished = e.pos.iter().zip(&p.streams).filter(|(pos, s)| (**pos as usize) < s.len()).count();
     assert_eq!(unfinished, 0, "deadlock: {unfinished} streams did not finish (a lowering bug)");
@@ -431,6 +440,13 @@ impl<'a> Engine<'a> {
                 if v.abs() < 1.0 {
                     self.live[d].remove(&key);
                 }
+                let live = self.live[d].len();
+                if let Some(keys) = &mut self.dirty[d] {
+                    keys.push(key);
+                    if keys.len() > 2 * live + 64 {
+                        self.dirty[d] = None;
+                    }
+                }
                 self.apply_memory(d, ev.activation_bytes, ev.buffer_bytes, now);
             }
         }
@@ -445,7 +461,17 @@ impl<'a> Engine<'a> {
     /// Copies device `d`'s live activations at its peak, if the peak is still the current state.
     fn settle_peak(&mut self, d: usize) {
         if std::mem::take(&mut self.peak_pending[d]) {
-            self.res.peak_live[d] = self.live[d].iter().map(|(&(tag, mb), &b)| (tag, mb, b)).collect();
+            match self.dirty[d].replace(Vec::new()) {
+                Some(keys) => {
+                    for key in keys {
+                        match self.live[d].get(&key) {
+                            Some(&b) => self.peak_snap[d].insert(key, b),
+                            None => self.peak_snap[d].remove(&key),
+                        };
+                    }
+                }
+                None => self.peak_snap[d].clone_from(&self.live[d]),
+            }
         }
     }
 
