@@ -194,7 +194,9 @@ pub fn presets(json: bool) {
             "links": links,
             "nodes": nodes,
             "workloads": workloads.iter().map(|p| serde_json::json!({
-                "name": p.name, "parameters": p.config.parameters(), "published_parameters": p.published_parameters, "config": p.config,
+                "name": p.name, "parameters": p.config.parameters(), "published_parameters": p.published_parameters,
+                "active_parameters": p.config.moe.is_some().then(|| p.config.active_parameters()),
+                "published_active_parameters": p.published_active_parameters, "config": p.config,
             })).chain(sim::workload::catalog::nets().into_iter().map(|(name, published, net)| serde_json::json!({
                 "name": name, "parameters": net.parameters(), "published_parameters": published, "layers": net.layers.len(),
             }))).collect::<Vec<_>>(),
@@ -239,7 +241,17 @@ pub fn presets(json: bool) {
     println!("clusters: any node preset with \"nodes\": N, e.g. {{\"node\": \"dgx-a100-80gb\", \"nodes\": 128}}");
     println!("workloads (parameters):");
     for p in &workloads {
-        println!("  {:<14} {:>9.3} B", p.name, p.config.parameters() / 1e9);
+        match p.config.moe {
+            Some(m) => println!(
+                "  {:<14} {:>9.3} B  ({:.3} B active: {} of {} experts per token)",
+                p.name,
+                p.config.parameters() / 1e9,
+                p.config.active_parameters() / 1e9,
+                m.top_k,
+                m.experts
+            ),
+            None => println!("  {:<14} {:>9.3} B", p.name, p.config.parameters() / 1e9),
+        }
     }
     for (name, _, net) in sim::workload::catalog::nets() {
         println!("  {:<14} {:>9.3} B  ({} layers of their own)", name, net.parameters() / 1e9, net.layers.len());

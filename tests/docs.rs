@@ -239,6 +239,7 @@ fn report_docs_list_every_key_the_commands_print() {
         "experiments/terapipe/heldout-setting1-gpt3-1b.json",
         "experiments/parallelism/gpt3-6.7b-zero-infinity.json",
         "experiments/parallelism/gpt3-6.7b-tp16-across-nodes.json",
+        "experiments/moe/mixtral-8x7b-64xh100-tp8.json",
         // More activations than a report lists: the omitted ones are summed.
         "tests/data/regressions/fuzz_report_size.json",
     ]

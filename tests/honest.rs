@@ -59,10 +59,12 @@ fn fp8_needs_fp8_tensor_cores() {
     assert!(r.iteration_s > 0.0 && r.mfu > 0.0 && r.mfu <= 1.0);
 }
 
-/// A mixture-of-experts Hugging Face config is refused as "not supported yet" instead of being
-/// simulated as a dense model; a dense config with the same shape keys is accepted.
+/// A mixture-of-experts Hugging Face config is simulated with its experts, never as a dense
+/// model: a Mixtral config of the same shape as a dense Mistral one has 7 more MLPs' worth of
+/// parameters, reports the active ones, and runs two experts' MLP work per token. An expert
+/// config this reader does not understand (DBRX's `ffn_config`) is refused as not supported.
 #[test]
-fn mixture_of_experts_configs_are_refused() {
+fn mixture_of_experts_configs_are_modelled_or_refused() {
     let dir = TempDir::new("moe");
     let dense = json!({"model_type": "mistral", "num_hidden_layers": 4, "hidden_size": 512,
         "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 32000, "intermediate_size": 1024,
@@ -71,20 +73,39 @@ fn mixture_of_experts_configs_are_refused() {
     moe["model_type"] = json!("mixtral");
     moe["num_local_experts"] = json!(8);
     moe["num_experts_per_tok"] = json!(2);
+    let mut dbrx = dense.clone();
+    dbrx["model_type"] = json!("dbrx");
+    dbrx["ffn_config"] = json!({"moe_num_experts": 16, "moe_top_k": 4});
     dir.write("dense.json", &dense.to_string());
     dir.write("moe.json", &moe.to_string());
+    dir.write("dbrx.json", &dbrx.to_string());
     let scenario = |config: &str| {
         json!({"workload": {"hf_config": config}, "cluster": {"node": "dgx-a100-80gb", "nodes": 1},
             "training": {"global_batch": 8, "seq_len": 512}, "plan": {"dp": 8, "tp": 1, "pp": 1}})
         .to_string()
     };
-    let ok = run(&[&"simulate", &dir.write("dense-s.json", &scenario("dense.json")), &"--json"]);
-    assert!(ok.status.success(), "{}", stderr(&ok));
-    let o = run(&[&"simulate", &dir.write("moe-s.json", &scenario("moe.json")), &"--json"]);
+    let report = |name: &str| {
+        let o =
+            run(&[&"simulate", &dir.write(&format!("{name}-s.json"), &scenario(&format!("{name}.json"))), &"--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let (d, m) = (report("dense"), report("moe"));
+    let mlp = 3.0 * 512.0 * 1024.0;
+    let router = 512.0 * 8.0;
+    let extra = m["parameters"].as_f64().unwrap() - d["parameters"].as_f64().unwrap();
+    assert!((extra - 4.0 * (7.0 * mlp + router)).abs() < 1.0, "{extra}");
+    assert!(d.get("active_parameters").is_none(), "{d}");
+    let active = m["active_parameters"].as_f64().unwrap() - d["parameters"].as_f64().unwrap();
+    assert!((active - 4.0 * (mlp + router)).abs() < 1.0, "{active}");
+    assert!(m["iteration_s"].as_f64().unwrap() > d["iteration_s"].as_f64().unwrap(), "{m} {d}");
+    let mfu = m["mfu"].as_f64().unwrap();
+    assert!(mfu > 0.0 && mfu <= 1.0, "{mfu}");
+    let o = run(&[&"simulate", &dir.write("dbrx-s.json", &scenario("dbrx.json")), &"--json"]);
     let err = stderr(&o);
-    assert!(!o.status.success(), "a Mixtral config was simulated as a dense model");
+    assert!(!o.status.success(), "a DBRX config was simulated as a dense model");
     assert!(
-        err.contains("not supported yet") && err.contains("mixture-of-experts") && err.contains("num_local_experts"),
+        err.contains("not supported yet") && err.contains("mixture-of-experts") && err.contains("moe_num_experts"),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");

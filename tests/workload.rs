@@ -35,6 +35,40 @@ fn presets_match_published_parameter_counts() {
 /// The GPT-3 paper states these sizes to two significant digits ("1.3B", "2.7B"): the
 /// architectures it gives count 1.316e9 and 2.652e9, inside the stated precision (half a unit
 /// of the last digit) though more than 1% from the label; BERT-large's "340M" likewise.
+/// Mixture-of-experts presets: total and active (per-token) parameters within 1% of the
+/// published figures (Mixtral 8x7B 46.7B / 12.9B, DeepSeek-V3 671B / 37B, ...), and the MFU
+/// numerator counts the active ones.
+#[test]
+fn moe_presets_match_published_total_and_active_parameters() {
+    let moe: Vec<_> = sim::workload::catalog::presets().into_iter().filter(|p| p.config.moe.is_some()).collect();
+    let names: Vec<_> = moe.iter().map(|p| p.name).collect();
+    for must in ["mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b"] {
+        assert!(names.contains(&must), "{must} missing from {names:?}");
+    }
+    for p in &moe {
+        let (total, active) = (p.config.parameters(), p.config.active_parameters());
+        let published = p.published_active_parameters.expect("an MoE preset states its active parameters");
+        assert!(
+            close(total, p.published_parameters, 0.01),
+            "{}: {total:.4e} vs {:.4e}",
+            p.name,
+            p.published_parameters
+        );
+        // Two active counts are labels cut to two digits: DeepSeek-V3's "37B activated" (its
+        // layers give 37.55B counted as its 671B total is, embedding and output head included,
+        // as Mixtral's 12.9B is) and Qwen3-30B-A3B's "3.3B" (3.353B).
+        let tolerance = if ["deepseek-v3", "qwen3-30b-a3b"].contains(&p.name) { 0.02 } else { 0.01 };
+        assert!(close(active, published, tolerance), "{}: active {active:.4e} vs {published:.4e}", p.name);
+        assert!(active < total / 2.0, "{}: active {active:.3e} of {total:.3e}", p.name);
+        // 6 x active parameters per token (plus attention): far below 6 x total.
+        let per_token = p.config.model_flops_per_sample(1);
+        assert!(
+            per_token < 6.0 * total / 2.0
+                && per_token >= 6.0 * (active - p.config.vocab as f64 * p.config.hidden as f64) * 0.99
+        );
+    }
+}
+
 #[test]
 fn rounded_label_presets_are_within_the_stated_precision() {
     for p in sim::workload::catalog::presets().iter().filter(|p| ROUNDED_LABELS.contains(&p.name)) {

@@ -131,7 +131,23 @@ impl Context {
             let g = |k: &str| t.get(k).and_then(Value::as_u64).filter(|x| *x > 0).map(|x| x as f64);
             let (h, heads) = (g("hidden"), g("heads"));
             c.layers = t.get("layers").and_then(Value::as_u64);
-            h.zip(heads).map(|(h, n)| (h, n, g("kv_heads").unwrap_or(n), g("ffn_hidden").unwrap_or(4.0 * h)))
+            // Experts: a token's MLP is its top-k experts and the shared ones, which may be
+            // narrower than the dense `ffn_hidden`; latent attention and a head width of its own
+            // change the attention projections (no bound from them).
+            let moe = t.get("moe");
+            let mg = |k: &str| moe.and_then(|m| m.get(k)).and_then(Value::as_f64);
+            let ffn = |h: f64| {
+                let dense = g("ffn_hidden").unwrap_or(4.0 * h);
+                match moe {
+                    Some(_) => dense.min(
+                        mg("top_k").unwrap_or(0.0) * mg("expert_ffn").unwrap_or(dense)
+                            + mg("shared_ffn").unwrap_or(0.0),
+                    ),
+                    None => dense,
+                }
+            };
+            let plain = t.get("mla").is_none() && t.get("head_dim").is_none();
+            h.zip(heads).filter(|_| plain).map(|(h, n)| (h, n, g("kv_heads").unwrap_or(n), ffn(h)))
         } else if let Some(p) = w.and_then(|w| w.get("preset")).and_then(Value::as_str).and_then(|p| cat.workload(p)) {
             c.layers = Some(p.layers as u64);
             if !p.tokens {

@@ -88,6 +88,7 @@ fn workload(r: &mut R, cat: &Catalog, s: &mut Scenario) -> (Value, WorkloadInfo)
         for k in ["bias", "dropout", "tied_embeddings"] {
             opt(&mut t, r, 0.25, k, |r| json!(r.chance(0.5)));
         }
+        experts(r, &mut t, layers, hidden);
         let mut w = Map::new();
         w.insert("transformer".into(), Value::Object(t));
         opt(&mut w, r, 0.3, "name", |r| json!(*r.pick(&NAMES)));
@@ -110,6 +111,30 @@ fn workload(r: &mut R, cat: &Catalog, s: &mut Scenario) -> (Value, WorkloadInfo)
     opt(&mut c, r, 0.3, "tie_word_embeddings", |r| json!(r.chance(0.5)));
     opt(&mut c, r, 0.2, "attention_bias", |r| json!(r.chance(0.5)));
     opt(&mut c, r, 0.2, "attention_dropout", |r| json!(*r.pick(&[0.0, 0.1])));
+    if r.chance(0.15) {
+        // A mixture-of-experts config of a kind the reader knows, or not.
+        c.insert(
+            "model_type".into(),
+            json!(*r.pick(&["mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "dbrx", "olmoe"])),
+        );
+        let e = count(r, &[1, 2, 8, 64, 256], (257, 100_000), 0.1);
+        c.insert(pick_key(r, &["num_local_experts", "num_experts", "n_routed_experts"]).into(), json!(e));
+        opt(&mut c, r, 0.9, "num_experts_per_tok", |r| json!(count(r, &[0, 1, 2, 8], (9, 1000), 0.1)));
+        opt(&mut c, r, 0.5, "moe_intermediate_size", |r| json!(r.int(1, 4 * hidden)));
+        opt(&mut c, r, 0.3, "n_shared_experts", |r| json!(r.int(0, 2)));
+        opt(&mut c, r, 0.3, "shared_expert_intermediate_size", |r| json!(r.int(0, 4 * hidden)));
+        opt(&mut c, r, 0.3, "first_k_dense_replace", |r| json!(r.int(0, layers + 1)));
+        opt(&mut c, r, 0.1, "decoder_sparse_step", |r| json!(r.int(1, 3)));
+        opt(&mut c, r, 0.1, "head_dim", |r| json!(*r.pick(&[64u64, 128, 256])));
+        if r.chance(0.3) {
+            c.insert("kv_lora_rank".into(), json!(r.int(1, 1024)));
+            c.insert("qk_nope_head_dim".into(), json!(r.int(1, 192)));
+            c.insert("qk_rope_head_dim".into(), json!(r.int(0, 128)));
+            c.insert("v_head_dim".into(), json!(r.int(1, 192)));
+            opt(&mut c, r, 0.5, "q_lora_rank", |r| json!(r.int(0, 2048)));
+        }
+        s.tags.push("moe".into());
+    }
     s.files.push(("config.json".into(), serde_json::to_vec_pretty(&Value::Object(c)).unwrap_or_default()));
     s.tags.push("hf_config".into());
     let mut w = json!({"hf_config": "config.json"});
@@ -117,6 +142,30 @@ fn workload(r: &mut R, cat: &Catalog, s: &mut Scenario) -> (Value, WorkloadInfo)
         w["name"] = json!(*r.pick(&NAMES));
     }
     (w, info)
+}
+
+/// Sometimes: routed experts, a head width of its own, or latent attention (valid shapes
+/// mostly, extremes now and then).
+fn experts(r: &mut R, t: &mut Map<String, Value>, layers: u64, hidden: u64) {
+    if r.chance(0.12) {
+        let mut m = Map::new();
+        let e = count(r, &[2, 2, 4, 8, 16, 64, 256], (257, 1_000_000), 0.05);
+        m.insert("experts".into(), json!(e));
+        m.insert("top_k".into(), json!(r.int(1, e.min(9))));
+        opt(&mut m, r, 0.6, "expert_ffn", |r| json!(r.int(1, 4 * hidden.max(1))));
+        opt(&mut m, r, 0.3, "shared_ffn", |r| json!(r.int(0, 4 * hidden.max(1))));
+        opt(&mut m, r, 0.3, "dense_layers", |r| json!(r.int(0, layers.saturating_sub(1))));
+        opt(&mut m, r, 0.3, "capacity_factor", |r| json!(*r.pick(&[0.0, 1.0, 1.25, 2.0])));
+        t.insert("moe".into(), Value::Object(m));
+    }
+    opt(t, r, 0.05, "head_dim", |r| json!(*r.pick(&[1u64, 64, 128, 256])));
+    if r.chance(0.04) {
+        t.insert(
+            "mla".into(),
+            json!({"q_lora_rank": r.int(0, 2048), "kv_lora_rank": r.int(1, 1024), "qk_nope_head_dim": r.int(1, 192),
+                   "qk_rope_head_dim": r.int(0, 128), "v_head_dim": r.int(1, 192)}),
+        );
+    }
 }
 
 /// Peak FLOP/s object or number for a custom device, covering `precision` most of the time.

@@ -257,7 +257,9 @@ fn _presets_json() -> PyResult<String> {
         .map(|p| {
             serde_json::json!({
                 "name": p.name, "parameters": p.config.parameters(),
-                "published_parameters": p.published_parameters, "config": p.config,
+                "published_parameters": p.published_parameters,
+                "active_parameters": p.config.moe.is_some().then(|| p.config.active_parameters()),
+                "published_active_parameters": p.published_active_parameters, "config": p.config,
             })
         })
         .chain(sim::workload::catalog::nets().into_iter().map(|(name, published, net)| {

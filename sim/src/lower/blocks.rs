@@ -108,7 +108,17 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
     };
     let boundary_bytes = e * u.batch as f64 * u.tokens as f64 * w.hidden as f64
         / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
-    let layer = b.block(w.layer_ops(shape), plan.recompute, boundary_bytes);
+    // A mixture-of-experts model's dense layers come first (DeepSeek-V3's three): two kinds.
+    let mut layers = vec![b.block(w.layer_ops(shape), plan.recompute, boundary_bytes)];
+    let mut kind_of = vec![0; w.layers as usize];
+    if w.mixed_layers() {
+        layers.push(b.block(w.layer_ops_at(0, shape), plan.recompute, boundary_bytes));
+        for (l, k) in kind_of.iter_mut().enumerate() {
+            if !w.is_moe_layer(l as u32) {
+                *k = 1;
+            }
+        }
+    }
     // Under ring sequence parallelism the embedding and head are whole on each device, on
     // its share of the tokens.
     let edge_shape = if plan.ring() {
@@ -119,14 +129,7 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
     // Embedding and head are not recomputed.
     let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, 0.0);
     let head = b.block(w.head_ops(edge_shape), Recompute::None, 0.0);
-    UnitBlocks {
-        layers: vec![layer],
-        kind_of: vec![0; w.layers as usize],
-        embed,
-        head,
-        edges: true,
-        boundary: vec![boundary_bytes; w.layers as usize],
-    }
+    UnitBlocks { layers, kind_of, embed, head, edges: true, boundary: vec![boundary_bytes; w.layers as usize] }
 }
 
 impl Builder {

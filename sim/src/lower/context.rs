@@ -94,7 +94,7 @@ impl<'s> Lowering<'s> {
         let tf = if plan.ring() { 1.0 } else { t as f64 };
         let lp: Vec<f64> = match &s.workload.net {
             Some(net) => net.layers.iter().map(|l| l.parameters()).collect(),
-            None => vec![w.layer_parameters() / plan.tp_mode.weight_shards(t) as f64; w.layers as usize],
+            None => (0..w.layers).map(|l| w.layer_parameters_at(l) / plan.tp_mode.weight_shards(t) as f64).collect(),
         };
         let edges = s.workload.net.is_none();
         let vocab_params = w.head_classes() * w.hidden as f64 / tf;

@@ -85,6 +85,9 @@ pub struct Report {
     pub name: String,
     pub workload: String,
     pub parameters: f64,
+    /// A mixture-of-experts model's parameters one token uses (absent for dense models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_parameters: Option<f64>,
     pub cluster: String,
     pub device: String,
     pub iteration_s: f64,
@@ -272,6 +275,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         name: s.name.clone(),
         workload: s.workload.name.clone(),
         parameters: s.workload.parameters(),
+        active_parameters: s.workload.transformer.moe.is_some().then(|| s.workload.transformer.active_parameters()),
         cluster: format!("{} x {}", s.cluster.nodes, s.cluster.node.name),
         device: s.cluster.node.device.name.clone(),
         iteration_s,

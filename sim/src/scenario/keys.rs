@@ -53,7 +53,16 @@ pub const TRANSFORMER: &[&str] = &[
     "bias",
     "dropout",
     "tied_embeddings",
+    "head_dim",
+    "moe",
+    "mla",
 ];
+
+/// `workload.transformer.moe`: routed experts in place of the MLP.
+pub const MOE: &[&str] = &["experts", "top_k", "expert_ffn", "shared_ffn", "dense_layers", "capacity_factor"];
+
+/// `workload.transformer.mla`: multi-head latent attention (DeepSeek-V2/V3).
+pub const MLA: &[&str] = &["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"];
 
 /// A link given as an object (`intra_node`, `nic`, `pcie`, `cluster.inter_node`).
 pub const LINK: &[&str] = &["name", "preset", "bandwidth_bytes_per_s", "latency_s", "efficiency"];
@@ -141,6 +150,8 @@ pub const SECTIONS: &[(&str, &[&str])] = &[
     ("(top level)", ROOT),
     ("workload", WORKLOAD),
     ("workload.transformer", TRANSFORMER),
+    ("workload.transformer.moe", MOE),
+    ("workload.transformer.mla", MLA),
     ("cluster", CLUSTER),
     ("node", NODE),
     ("device", DEVICE),

@@ -3,7 +3,7 @@
 //! gradient buckets. Checked against the workload, cluster and training sections.
 
 use super::keys;
-use super::reader::{Obj, Result, invalid, show};
+use super::reader::{self, Obj, Result, invalid, show};
 use super::suggest::did_you_mean;
 use super::training::Training;
 use crate::hardware::ClusterSpec;
@@ -68,6 +68,20 @@ pub(super) fn parse_plan(
             &o.key("tp"),
             format!(
                 "{tp}: tensor and sequence parallelism are modelled for transformers; \"{}\" is a network of distinct layers (use dp and pp)",
+                w.name
+            ),
+        ));
+    }
+    let departures = [
+        (tf.moe.is_some(), "experts"),
+        (tf.mla.is_some(), "latent attention"),
+        (tf.explicit_head_dim.is_some(), "a head width apart from hidden / heads"),
+    ];
+    if let Some((_, what)) = departures.iter().find(|(on, _)| *on).filter(|_| tp > 1 && tp_mode != TpMode::OneD) {
+        return Err(reader::unsupported(
+            &o.key("tp_mode"),
+            format!(
+                "\"{}\" has {what}, modelled with Megatron's 1D tensor parallelism only; use \"tp_mode\": \"1d\"",
                 w.name
             ),
         ));

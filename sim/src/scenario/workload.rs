@@ -43,7 +43,7 @@ pub(super) fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result
     let hidden = t.req("hidden", Obj::uint)?;
     let heads = t.req("heads", Obj::uint)?;
     let vocab = t.req("vocab", Obj::uint)?;
-    if hidden % heads != 0 {
+    if hidden % heads != 0 && !t.has("head_dim") && !t.has("mla") {
         return Err(invalid(
             &t.key("heads"),
             format!("{heads} does not divide hidden {hidden}; allowed: a divisor of hidden"),
@@ -82,6 +82,54 @@ pub(super) fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result
     cfg.bias = t.boolean("bias")?.unwrap_or(cfg.bias);
     cfg.dropout = t.boolean("dropout")?.unwrap_or(cfg.dropout);
     cfg.tied_embeddings = t.boolean("tied_embeddings")?.unwrap_or(cfg.tied_embeddings);
+    if let Some(d) = t.uint("head_dim")? {
+        cfg.explicit_head_dim = Some(d);
+    }
+    if let Some(m) = t.obj("moe")? {
+        m.only(keys::MOE)?;
+        let experts = m.req("experts", Obj::uint)?;
+        if experts < 2 {
+            return Err(invalid(&m.key("experts"), format!("{experts}; allowed: 2 or more")));
+        }
+        let top_k = m.req("top_k", Obj::uint)?;
+        if top_k > experts {
+            return Err(invalid(&m.key("top_k"), format!("{top_k}; allowed: 1 to the {experts} experts")));
+        }
+        let dense_layers = m.count("dense_layers")?.unwrap_or(0);
+        if dense_layers >= layers {
+            return Err(invalid(
+                &m.key("dense_layers"),
+                format!("{dense_layers}; allowed: fewer than the {layers} layers (at least one MoE layer)"),
+            ));
+        }
+        let capacity_factor = m.non_negative("capacity_factor")?.unwrap_or(0.0);
+        if capacity_factor > 0.0 && capacity_factor * top_k as f64 > experts as f64 {
+            return Err(invalid(
+                &m.key("capacity_factor"),
+                format!(
+                    "{capacity_factor}: more rows per expert than tokens; allowed: 0 (dropless) or up to experts / top_k"
+                ),
+            ));
+        }
+        cfg.moe = Some(workload::moe::Moe {
+            experts,
+            top_k,
+            expert_ffn: m.uint("expert_ffn")?.unwrap_or(cfg.ffn_hidden),
+            shared_ffn: m.count("shared_ffn")?.unwrap_or(0),
+            dense_layers,
+            capacity_factor,
+        });
+    }
+    if let Some(m) = t.obj("mla")? {
+        m.only(keys::MLA)?;
+        cfg.mla = Some(workload::moe::Mla {
+            q_lora_rank: m.count("q_lora_rank")?.unwrap_or(0),
+            kv_lora_rank: m.req("kv_lora_rank", Obj::uint)?,
+            qk_nope_head_dim: m.req("qk_nope_head_dim", Obj::uint)?,
+            qk_rope_head_dim: m.count("qk_rope_head_dim")?.unwrap_or(0),
+            v_head_dim: m.req("v_head_dim", Obj::uint)?,
+        });
+    }
     let name = o.string("name")?.unwrap_or("custom transformer");
     Ok(Workload::transformer(&format!("{name} ({layers} layers, h={hidden})"), cfg))
 }

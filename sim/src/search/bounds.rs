@@ -166,6 +166,8 @@ pub fn bounds(s: &Scenario) -> Bounds {
         shape
     };
     let layer_ops = w.layer_ops(shape);
+    // A mixture-of-experts model's dense first layers.
+    let dense_ops = w.mixed_layers().then(|| w.layer_ops_at(0, shape));
     let (embed_ops, head_ops) = (w.embedding_ops(edge_shape), w.head_ops(edge_shape));
     // A device sends at most over its port to the node's switch and all of the node's NICs.
     let node = &s.cluster.node;
@@ -196,7 +198,15 @@ pub fn bounds(s: &Scenario) -> Bounds {
             .with_weights_on_chip(dev.fpga.is_some());
         let straggle = 1.0 + s.options.device_variability(dev) * slowest;
         let overlap = plan.tp_overlap().then(|| tp_sm_share(dev.compute_units));
-        let layer = block_s(&model, &layer_ops, plan.recompute, &dims, egress, overlap);
+        let mut layer = block_s(&model, &layer_ops, plan.recompute, &dims, egress, overlap);
+        if let Some(dense) = &dense_ops {
+            // Layers of two kinds: every layer at least as fast as the faster kind.
+            let other = block_s(&model, dense, plan.recompute, &dims, egress, overlap);
+            let (a, b) = (layer.times(straggle), other.times(straggle));
+            if b.0 + b.1 < a.0 + a.1 {
+                layer = other;
+            }
+        }
         let embed = block_s(&model, &embed_ops, Recompute::None, &edge_dims, egress, overlap);
         let head = block_s(&model, &head_ops, Recompute::None, &edge_dims, egress, overlap);
         let ((lf, lb), (ef, eb), (hf, hb)) = (layer.times(straggle), embed.times(straggle), head.times(straggle));
@@ -231,7 +241,9 @@ pub fn bounds(s: &Scenario) -> Bounds {
     // Memory, per stage.
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
     let tf = if plan.ring() { 1.0 } else { plan.tp as f64 };
-    let lp = w.layer_parameters() / plan.tp_mode.weight_shards(plan.tp) as f64;
+    // (The smaller kind's, when layers differ: a lower bound for every layer.)
+    let fewest = (0..w.layers).map(|l| w.layer_parameters_at(l)).fold(f64::INFINITY, f64::min);
+    let lp = if w.mixed_layers() { fewest } else { w.layer_parameters() } / plan.tp_mode.weight_shards(plan.tp) as f64;
     let first_params =
         (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
     let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { w.head_classes() * w.hidden as f64 / tf };
@@ -249,7 +261,10 @@ pub fn bounds(s: &Scenario) -> Bounds {
         e * plan.micro_batch as f64 * plan.seq_len as f64 * w.hidden as f64
             / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 }
     } else {
-        layer_ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(plan.recompute)).sum()
+        let saved = |ops: &[LayerOp]| -> f64 {
+            ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(plan.recompute)).sum()
+        };
+        dense_ops.as_deref().map_or(saved(&layer_ops), |d| saved(&layer_ops).min(saved(d)))
     };
     let sched = ScheduleShape { stages: p, micro_batches: m, virtual_stages: v };
     let chunk_params = |c: u32| {

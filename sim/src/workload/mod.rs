@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod grid;
 pub mod hf;
+pub mod moe;
 pub mod net;
 pub mod ring;
 pub mod transformer;
@@ -79,7 +80,7 @@ impl Workload {
         }
         let t = &self.transformer;
         let s = seq_len as f64;
-        let per_layer = 6.0 * t.layer_parameters() * s + 12.0 * t.hidden as f64 * s * s;
+        let per_layer = 6.0 * t.active_layer_parameters() * s + 6.0 * (t.q_width() + t.v_width()) * s * s;
         let cached = frozen.cached_layers.min(frozen.layers) as f64;
         let forward_only = frozen.layers as f64 - cached;
         all - per_layer * (forward_only * 2.0 / 3.0 + cached)

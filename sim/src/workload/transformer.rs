@@ -56,6 +56,15 @@ pub struct TransformerConfig {
     pub input: Input,
     /// BERT's pooler (h x h dense) on the class token.
     pub pooler: bool,
+    /// Head width when it is not `hidden / heads` (Qwen3's 128 at any width).
+    #[serde(rename = "head_dim", skip_serializing_if = "Option::is_none")]
+    pub explicit_head_dim: Option<u32>,
+    /// Routed experts in place of the MLP (see [`super::moe`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe: Option<super::moe::Moe>,
+    /// Multi-head latent attention in place of the Q, K and V projections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mla: Option<super::moe::Mla>,
 }
 
 impl TransformerConfig {
@@ -76,6 +85,9 @@ impl TransformerConfig {
             tied_embeddings: true,
             input: Input::Tokens { positions, token_types: 0 },
             pooler: false,
+            explicit_head_dim: None,
+            moe: None,
+            mla: None,
         }
     }
 
@@ -96,11 +108,47 @@ impl TransformerConfig {
             tied_embeddings: false,
             input: Input::Tokens { positions: 0, token_types: 0 },
             pooler: false,
+            explicit_head_dim: None,
+            moe: None,
+            mla: None,
         }
     }
 
+    /// Width of one attention head: the query/key head under multi-head latent attention.
     pub fn head_dim(&self) -> f64 {
-        self.hidden as f64 / self.heads as f64
+        if let Some(m) = &self.mla {
+            return m.qk_head_dim();
+        }
+        match self.explicit_head_dim {
+            Some(d) => d as f64,
+            None => self.hidden as f64 / self.heads as f64,
+        }
+    }
+
+    /// Width of the queries of all heads (`hidden` unless the head width is set apart).
+    pub fn q_width(&self) -> f64 {
+        if self.mla.is_none() && self.explicit_head_dim.is_none() {
+            return self.hidden as f64;
+        }
+        self.heads as f64 * self.head_dim()
+    }
+
+    /// Width of the attention output of all heads, the output projection's input.
+    pub fn v_width(&self) -> f64 {
+        match &self.mla {
+            Some(m) => self.heads as f64 * m.v_head_dim as f64,
+            None => self.q_width(),
+        }
+    }
+
+    /// Whether layer `l` (from 0) routes its tokens to experts.
+    pub fn is_moe_layer(&self, l: u32) -> bool {
+        self.moe.is_some_and(|m| l >= m.dense_layers)
+    }
+
+    /// Whether the layers are not all alike (a mixture-of-experts model with dense layers first).
+    pub fn mixed_layers(&self) -> bool {
+        self.moe.is_some_and(|m| m.dense_layers > 0 && m.dense_layers < self.layers)
     }
 
     /// Width of the K and V projections (smaller than h under grouped-query attention).
@@ -122,19 +170,59 @@ impl TransformerConfig {
         }
     }
 
-    /// Parameters of one layer.
+    /// Parameters of one layer, the mean over the layers (they differ only in a
+    /// mixture-of-experts model with dense layers first).
     pub fn layer_parameters(&self) -> f64 {
+        if !self.mixed_layers() {
+            return self.layer_parameters_at(self.layers.saturating_sub(1));
+        }
+        (0..self.layers).map(|l| self.layer_parameters_at(l)).sum::<f64>() / self.layers as f64
+    }
+
+    /// [`TransformerConfig::active_layer_parameters_at`], the mean over the layers.
+    pub fn active_layer_parameters(&self) -> f64 {
+        if !self.mixed_layers() {
+            return self.active_layer_parameters_at(self.layers.saturating_sub(1));
+        }
+        (0..self.layers).map(|l| self.active_layer_parameters_at(l)).sum::<f64>() / self.layers as f64
+    }
+
+    /// Parameters of layer `l`.
+    pub fn layer_parameters_at(&self, l: u32) -> f64 {
+        self.layer_parameters_with(l, false)
+    }
+
+    /// Parameters of layer `l` one token's computation uses (all but the experts it is not
+    /// routed to).
+    pub fn active_layer_parameters_at(&self, l: u32) -> f64 {
+        self.layer_parameters_with(l, true)
+    }
+
+    fn layer_parameters_with(&self, l: u32, active: bool) -> f64 {
         let h = self.hidden as f64;
         let f = self.ffn_hidden as f64;
         let kv = self.kv_width();
-        let attn = h * (h + 2.0 * kv) + h * h;
-        let mlp = self.mlp_matrices() * h * f;
+        let q = self.q_width();
+        let attn = match &self.mla {
+            Some(m) => m.parameters(h, self.heads as f64),
+            None => h * (q + 2.0 * kv) + q * h,
+        };
+        let mlp = match self.moe {
+            Some(m) if self.is_moe_layer(l) => {
+                if active {
+                    m.active_mlp_parameters(h, self.mlp_matrices())
+                } else {
+                    m.mlp_parameters(h, self.mlp_matrices())
+                }
+            }
+            _ => self.mlp_matrices() * h * f,
+        };
         let norms = match self.norm {
             Norm::LayerNorm => 4.0 * h,
             Norm::RmsNorm => 2.0 * h,
         };
         let biases = if self.bias {
-            (h + 2.0 * kv)
+            (q + 2.0 * kv)
                 + h
                 + match self.mlp {
                     Mlp::Gelu => f + h,
@@ -172,6 +260,15 @@ impl TransformerConfig {
         self.layers as f64 * self.layer_parameters() + self.embedding_parameters()
     }
 
+    /// Parameters one token's computation uses: [`TransformerConfig::parameters`] less the
+    /// experts it is not routed to (all of them in a dense model).
+    pub fn active_parameters(&self) -> f64 {
+        if self.moe.is_none() {
+            return self.parameters();
+        }
+        self.layers as f64 * self.active_layer_parameters() + self.embedding_parameters()
+    }
+
     /// Output classes of the head: the vocabulary for language models.
     pub fn head_classes(&self) -> f64 {
         match self.input {
@@ -194,7 +291,7 @@ impl TransformerConfig {
             }
             Input::Patches { image, patch, .. } => ((image / patch) * (image / patch) + 1) as f64 * h + h,
         };
-        self.parameters() - lookups
+        self.active_parameters() - lookups
     }
 
     /// Model FLOPs of one sample of `s` tokens, forward + backward, no recomputation:
@@ -203,11 +300,20 @@ impl TransformerConfig {
     /// products ([`TransformerConfig::flop_parameters`]).
     pub fn model_flops_per_sample(&self, s: u32) -> f64 {
         let s = s as f64;
-        6.0 * self.flop_parameters() * s + 12.0 * self.layers as f64 * self.hidden as f64 * s * s
+        // Scores and their product with V: 2 x 3 FLOPs per query, key and width, 12 x h
+        // when both widths are h.
+        let widths = self.q_width() + self.v_width();
+        6.0 * self.flop_parameters() * s + 6.0 * self.layers as f64 * widths * s * s
     }
 
-    /// The ops of one layer at `shape`.
+    /// The ops of one layer at `shape`: of the last layer (a mixture-of-experts layer in an
+    /// MoE model; see [`TransformerConfig::layer_ops_at`] for the dense layers before).
     pub fn layer_ops(&self, shape: LayerShape) -> Vec<LayerOp> {
+        self.layer_ops_at(self.layers.saturating_sub(1), shape)
+    }
+
+    /// The ops of layer `l` (from 0) at `shape`.
+    pub fn layer_ops_at(&self, l: u32, shape: LayerShape) -> Vec<LayerOp> {
         if shape.tp > 1 && shape.tp_mode == super::TpMode::Ring {
             return super::ring::layer_ops(self, shape);
         }
@@ -222,7 +328,9 @@ impl TransformerConfig {
         let e = shape.activation_bytes;
         let f = self.ffn_hidden as f64;
         let kv = self.kv_width();
-        let d = self.head_dim();
+        // Under MLA a head's query/key and value widths differ; attention's FLOPs and kernel
+        // follow their mean.
+        let d = if self.mla.is_some() { (self.q_width() + self.v_width()) / (2.0 * a) } else { self.head_dim() };
         let sbh = s * b * h;
         // Replicated activations are split over t only under sequence parallelism.
         let rep = if shape.sequence_parallel { 1.0 / t } else { 1.0 };
@@ -259,13 +367,14 @@ impl TransformerConfig {
         if tp {
             ops.push(f_op("attn_in"));
         }
-        ops.push(gemm(
-            "qkv",
-            tokens,
-            (h + 2.0 * kv) / t,
-            h,
-            Saved { replicated_bytes: e * sbh * rep, ..Saved::default() },
-        ));
+        let qw = self.q_width();
+        let vw = self.v_width();
+        let ln_out = Saved { replicated_bytes: e * sbh * rep, ..Saved::default() };
+        match &self.mla {
+            Some(m) => ops.extend(m.projections(tokens, h, a, t, e, ln_out)),
+            None => ops.push(gemm("qkv", tokens, (qw + 2.0 * kv) / t, h, ln_out)),
+        }
+        let sbq = s * b * qw;
         // Scores keep Q and K (2 x 2sbh/t in Korthikanti's count, with full-width K).
         let heads = b * a / t;
         // Under token slicing the slice's queries also attend to `context` earlier tokens,
@@ -291,10 +400,10 @@ impl TransformerConfig {
                     kernel,
                 },
                 forward_flops: flops,
-                forward_bytes: e * (2.0 * sbh + 2.0 * s * b * kv) / t,
+                forward_bytes: e * (2.0 * sbq + 2.0 * s * b * kv) / t,
                 backward_flops: 2.5 * flops,
-                backward_bytes: 2.0 * e * (2.0 * sbh + 2.0 * s * b * kv) / t,
-                saved: Saved { sharded_bytes: e * (sbh + 2.0 * s * b * kv) / t, ..Saved::default() },
+                backward_bytes: 2.0 * e * (2.0 * sbq + 2.0 * s * b * kv) / t,
+                saved: Saved { sharded_bytes: e * (sbq + 2.0 * s * b * kv) / t, ..Saved::default() },
             }));
         } else {
             ops.push(LayerOp::Compute(gemm_op(
@@ -304,7 +413,7 @@ impl TransformerConfig {
                 keys,
                 d,
                 e,
-                Saved { sharded_bytes: e * (sbh + s * b * kv) / t, ..Saved::default() },
+                Saved { sharded_bytes: e * (sbq + s * b * kv) / t, ..Saved::default() },
             )));
             let scores_bytes = b * a * s * keys / t;
             if !shape.fusion.scale_mask_softmax {
@@ -338,7 +447,7 @@ impl TransformerConfig {
                 Saved { sharded_bytes: e * s * b * kv / t, selective_bytes: e * scores_bytes, ..Saved::default() },
             )));
         }
-        ops.push(gemm("out_proj", tokens, h, h / t, Saved { sharded_bytes: e * sbh / t, ..Saved::default() }));
+        ops.push(gemm("out_proj", tokens, h, vw / t, Saved { sharded_bytes: e * s * b * vw / t, ..Saved::default() }));
         if tp {
             ops.push(g_op("attn_out"));
         }
@@ -348,14 +457,28 @@ impl TransformerConfig {
             ops.push(f_op("mlp_in"));
         }
         let up = self.mlp_matrices() - 1.0;
-        ops.push(gemm("fc1", tokens, up * f / t, h, Saved { replicated_bytes: e * sbh * rep, ..Saved::default() }));
-        // GeLU keeps its input (4h wide in GPT: 8sbh at 2 bytes); SwiGLU keeps gate and up.
-        ops.push(LayerOp::Compute(mem_op(
-            "act",
-            (up + 1.0) * e * tokens * f / t,
-            Saved { sharded_bytes: up * e * tokens * f / t, ..Saved::default() },
-        )));
-        ops.push(gemm("fc2", tokens, h, f / t, Saved { sharded_bytes: e * tokens * f / t, ..Saved::default() }));
+        match self.moe {
+            Some(moe) if self.is_moe_layer(l) => {
+                ops.extend(super::moe::mlp_ops(&moe, tokens, h, self.mlp_matrices(), t, e, rep));
+            }
+            _ => {
+                let ln_out = Saved { replicated_bytes: e * sbh * rep, ..Saved::default() };
+                ops.push(gemm("fc1", tokens, up * f / t, h, ln_out));
+                // GeLU keeps its input (4h wide in GPT: 8sbh at 2 bytes); SwiGLU keeps gate and up.
+                ops.push(LayerOp::Compute(mem_op(
+                    "act",
+                    (up + 1.0) * e * tokens * f / t,
+                    Saved { sharded_bytes: up * e * tokens * f / t, ..Saved::default() },
+                )));
+                ops.push(gemm(
+                    "fc2",
+                    tokens,
+                    h,
+                    f / t,
+                    Saved { sharded_bytes: e * tokens * f / t, ..Saved::default() },
+                ));
+            }
+        }
         if tp {
             ops.push(g_op("mlp_out"));
         }
@@ -480,7 +603,7 @@ impl TransformerConfig {
     }
 }
 
-fn gemm_op(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e: f64, saved: Saved) -> OpSpec {
+pub(super) fn gemm_op(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e: f64, saved: Saved) -> OpSpec {
     let flops = 2.0 * batch * m * n * k;
     let bytes = batch * e * (m * k + k * n + m * n);
     OpSpec {
@@ -495,7 +618,7 @@ fn gemm_op(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e: f64, saved
     }
 }
 
-fn mem_op(name: &'static str, bytes: f64, saved: Saved) -> OpSpec {
+pub(super) fn mem_op(name: &'static str, bytes: f64, saved: Saved) -> OpSpec {
     OpSpec {
         name,
         class: OpClass::Memory,

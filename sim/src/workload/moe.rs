@@ -1,0 +1,209 @@
+//! Mixture-of-experts layers and multi-head latent attention (MLA), the two departures of
+//! today's frontier models from the dense decoder of [`super::transformer`].
+//!
+//! A mixture-of-experts layer replaces the MLP: a router (an `h x E` matrix) scores each token
+//! against `E` routed experts and sends it to its `k` best; every expert is a gated MLP of its
+//! own (`expert_ffn` wide); shared experts, if any, see every token. Forward, one layer runs:
+//!
+//! ```text
+//! x ─ ln2 ─ router ─ top-k ─ permute ─ expert fc1 ─ act ─ expert fc2 ─ unpermute+combine ─ + ─> y
+//!                 └──────────── shared fc1 ─ act ─ shared fc2 (when shared experts exist) ─┘
+//! ```
+//!
+//! All experts live on every device of a tensor-parallel group, split like the dense MLP
+//! (Megatron-Core's layout with expert tensor parallelism equal to tensor parallelism and
+//! expert parallelism 1; `moe_token_dispatcher_type` "allgather": the sequence-parallel
+//! all-gather and reduce-scatter around the MLP are the dense layer's). Every expert's rows
+//! run as one grouped GEMM (`batch` = experts): dropless routing computes `tokens x k` rows,
+//! a capacity factor `c` pads every expert to `c x tokens x k / E` rows (GShard, Switch).
+//!
+//! Sources: Mixtral (Jiang et al. 2024, arXiv 2401.04088, Table 1), DeepSeek-V3 (DeepSeek-AI
+//! 2024, arXiv 2412.19437, sections 2.1 and 4.2), Qwen3 (Qwen team 2025, arXiv 2505.09388,
+//! Table 2) and their Hugging Face `config.json` files; Megatron-Core `core_r0.9.0`
+//! `megatron/core/transformer/moe/` (router, token dispatchers, grouped GEMM experts).
+
+use super::{LayerOp, Saved};
+use serde::Serialize;
+
+/// Routed and shared experts of a mixture-of-experts model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Moe {
+    /// Routed experts per MoE layer (E).
+    pub experts: u32,
+    /// Experts each token is sent to (k).
+    pub top_k: u32,
+    /// Hidden width of one routed expert's MLP.
+    pub expert_ffn: u32,
+    /// Hidden width of the shared experts together (0: none). DeepSeek-V3's one shared
+    /// expert is `expert_ffn` wide; Qwen1.5/2-MoE's is `shared_expert_intermediate_size`.
+    pub shared_ffn: u32,
+    /// The first layers keep a dense MLP of the model's `ffn_hidden` (DeepSeek-V3's
+    /// `first_k_dense_replace` = 3); the rest are MoE layers.
+    pub dense_layers: u32,
+    /// Rows an expert computes, as a multiple of the mean `tokens x k / E`, padded to it when
+    /// positive (GShard/Switch capacity); 0: dropless (every routed token computed once).
+    pub capacity_factor: f64,
+}
+
+impl Moe {
+    /// Parameters of one MoE layer's MLP part: routed and shared experts (gated MLPs of
+    /// `matrices` matrices) and the router.
+    pub fn mlp_parameters(&self, h: f64, matrices: f64) -> f64 {
+        let routed = self.experts as f64 * matrices * h * self.expert_ffn as f64;
+        let shared = matrices * h * self.shared_ffn as f64;
+        routed + shared + self.router_parameters(h)
+    }
+
+    /// The part one token uses: its `k` routed experts, the shared ones and the router.
+    pub fn active_mlp_parameters(&self, h: f64, matrices: f64) -> f64 {
+        let routed = self.top_k as f64 * matrices * h * self.expert_ffn as f64;
+        routed + matrices * h * self.shared_ffn as f64 + self.router_parameters(h)
+    }
+
+    fn router_parameters(&self, h: f64) -> f64 {
+        h * self.experts as f64
+    }
+
+    /// Rows the experts compute for `tokens` routed tokens, all experts together.
+    pub fn expert_rows(&self, tokens: f64) -> f64 {
+        let routed = tokens * self.top_k as f64;
+        if self.capacity_factor > 0.0 { routed * self.capacity_factor } else { routed }
+    }
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values pass through
+/// low-rank latents; each head's query and key have a position-free part and a rotary part.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Mla {
+    /// Rank of the query latent (0: queries are projected directly).
+    pub q_lora_rank: u32,
+    pub kv_lora_rank: u32,
+    pub qk_nope_head_dim: u32,
+    pub qk_rope_head_dim: u32,
+    pub v_head_dim: u32,
+}
+
+impl Mla {
+    pub fn qk_head_dim(&self) -> f64 {
+        (self.qk_nope_head_dim + self.qk_rope_head_dim) as f64
+    }
+
+    /// Parameters of the attention part (projections and the latents' RMSNorms) for `heads`
+    /// heads at model width `h`.
+    pub fn parameters(&self, h: f64, heads: f64) -> f64 {
+        let qk = self.qk_head_dim();
+        let q = if self.q_lora_rank > 0 {
+            let r = self.q_lora_rank as f64;
+            h * r + r + r * heads * qk
+        } else {
+            h * heads * qk
+        };
+        let c = self.kv_lora_rank as f64;
+        let kv =
+            h * (c + self.qk_rope_head_dim as f64) + c + c * heads * (self.qk_nope_head_dim + self.v_head_dim) as f64;
+        let out = heads * self.v_head_dim as f64 * h;
+        q + kv + out
+    }
+
+    /// The projections before attention, on `tokens` tokens, split over `t` ranks: the
+    /// down-projections (into the latents) are small and kept whole on every rank (Megatron-
+    /// Core's MLA duplicates them), the up-projections are column-parallel. `input_saved`
+    /// is what the first projection keeps (the layer-norm output).
+    pub fn projections(&self, tokens: f64, h: f64, heads: f64, t: f64, e: f64, input_saved: Saved) -> Vec<LayerOp> {
+        let qk = self.qk_head_dim();
+        let c = self.kv_lora_rank as f64;
+        let rope = self.qk_rope_head_dim as f64;
+        let mut ops = Vec::with_capacity(6);
+        let whole = |elems: f64| Saved { replicated_bytes: e * elems, ..Saved::default() };
+        if self.q_lora_rank > 0 {
+            let r = self.q_lora_rank as f64;
+            ops.push(gemm("q_down", tokens, r, h, e, input_saved));
+            ops.push(norm("q_norm", tokens * r, e));
+            ops.push(gemm("q_up", tokens, heads * qk / t, r, e, whole(tokens * r)));
+        } else {
+            ops.push(gemm("q_proj", tokens, heads * qk / t, h, e, input_saved));
+        }
+        ops.push(gemm("kv_down", tokens, c + rope, h, e, Saved::default()));
+        ops.push(norm("kv_norm", tokens * c, e));
+        let up = (self.qk_nope_head_dim + self.v_head_dim) as f64;
+        ops.push(gemm("kv_up", tokens, heads * up / t, c, e, whole(tokens * c)));
+        ops
+    }
+}
+
+fn gemm(name: &'static str, m: f64, n: f64, k: f64, e: f64, saved: Saved) -> LayerOp {
+    LayerOp::Compute(super::transformer::gemm_op(name, 1.0, m, n, k, e, saved))
+}
+
+fn norm(name: &'static str, elems: f64, e: f64) -> LayerOp {
+    LayerOp::Compute(super::transformer::mem_op(
+        name,
+        2.0 * elems * e,
+        Saved { replicated_bytes: e * elems, ..Saved::default() },
+    ))
+}
+
+/// The MLP part of one MoE layer on `tokens` tokens (after the layer norm and, under tensor
+/// parallelism, the all-gather that feeds the MLP), split over `t` ranks; `rep` is the share
+/// of a replicated activation each rank keeps (1/t under sequence parallelism).
+pub fn mlp_ops(moe: &Moe, tokens: f64, h: f64, matrices: f64, t: f64, e: f64, rep: f64) -> Vec<LayerOp> {
+    let experts = moe.experts as f64;
+    let k = moe.top_k as f64;
+    let f = moe.expert_ffn as f64;
+    let up = matrices - 1.0;
+    let rows = moe.expert_rows(tokens);
+    let mut ops = Vec::with_capacity(10);
+    // Router: logits for every expert, then softmax and top-k in fp32 (it keeps the scores
+    // for the gate's backward).
+    ops.push(gemm(
+        "router",
+        tokens,
+        experts,
+        h,
+        e,
+        Saved { replicated_bytes: e * tokens * h * rep, ..Saved::default() },
+    ));
+    ops.push(LayerOp::Compute(super::transformer::mem_op(
+        "route",
+        3.0 * 4.0 * tokens * experts,
+        Saved { replicated_bytes: 4.0 * tokens * (experts + k), ..Saved::default() },
+    )));
+    // Permute: each token's copy for each of its experts, grouped by expert.
+    ops.push(LayerOp::Compute(super::transformer::mem_op("permute", e * (tokens * h + rows * h), Saved::default())));
+    // One grouped GEMM over the experts: `rows / E` rows each on average.
+    let grouped = |name, n: f64, kk: f64, saved| {
+        LayerOp::Compute(super::transformer::gemm_op(name, experts, rows / experts, n, kk, e, saved))
+    };
+    ops.push(grouped("expert_fc1", up * f / t, h, Saved { replicated_bytes: e * rows * h, ..Saved::default() }));
+    ops.push(LayerOp::Compute(super::transformer::mem_op(
+        "expert_act",
+        (up + 1.0) * e * rows * f / t,
+        Saved { sharded_bytes: up * e * rows * f / t, ..Saved::default() },
+    )));
+    ops.push(grouped("expert_fc2", h, f / t, Saved { sharded_bytes: e * rows * f / t, ..Saved::default() }));
+    // Unpermute and the gate-weighted sum of each token's k expert outputs.
+    ops.push(LayerOp::Compute(super::transformer::mem_op(
+        "unpermute",
+        e * (rows * h + tokens * h),
+        Saved { replicated_bytes: e * rows * h / t, ..Saved::default() },
+    )));
+    if moe.shared_ffn > 0 {
+        let s = moe.shared_ffn as f64;
+        ops.push(gemm("shared_fc1", tokens, up * s / t, h, e, Saved::default()));
+        ops.push(LayerOp::Compute(super::transformer::mem_op(
+            "shared_act",
+            (up + 1.0) * e * tokens * s / t,
+            Saved { sharded_bytes: up * e * tokens * s / t, ..Saved::default() },
+        )));
+        ops.push(gemm(
+            "shared_fc2",
+            tokens,
+            h,
+            s / t,
+            e,
+            Saved { sharded_bytes: e * tokens * s / t, ..Saved::default() },
+        ));
+        ops.push(LayerOp::Compute(super::transformer::mem_op("shared_add", 3.0 * e * tokens * h, Saved::default())));
+    }
+    ops
+}
