@@ -66,6 +66,16 @@ pub struct Fused {
     /// Adam over all parameters in a few multi-tensor kernels rather than a kernel per tensor
     /// and per elementwise step.
     pub adam: bool,
+    /// RMSNorm as one kernel; eager PyTorch runs it as an fp32 cast, square, mean, rsqrt
+    /// multiply, cast back and weight multiply (torchtitan's `RMSNorm`), each a pass.
+    pub rms_norm: bool,
+    /// SiLU and the gate-times-up product as one kernel (Megatron-Core's `bias_swiglu`);
+    /// eager: two (`F.silu(w1(x)) * w3(x)`).
+    pub swiglu: bool,
+    /// Rotary embeddings of queries and keys as one kernel (Megatron-Core's
+    /// `apply_rope_fusion`); eager: fp32 casts around a complex multiply (torchtitan's
+    /// `apply_rotary_emb`).
+    pub rope: bool,
 }
 
 /// A framework's behaviour, as data.
@@ -103,8 +113,24 @@ const DDP_BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
 
 /// The profile named `name` (one of [`NAMES`]).
 pub fn profile(name: &str) -> Option<Framework> {
-    let all_fused = Fused { softmax: true, bias_gelu: true, bias_dropout_add: true, adam: true };
-    let eager = Fused { softmax: false, bias_gelu: false, bias_dropout_add: false, adam: false };
+    let all_fused = Fused {
+        softmax: true,
+        bias_gelu: true,
+        bias_dropout_add: true,
+        adam: true,
+        rms_norm: true,
+        swiglu: true,
+        rope: true,
+    };
+    let eager = Fused {
+        softmax: false,
+        bias_gelu: false,
+        bias_dropout_add: false,
+        adam: false,
+        rms_norm: false,
+        swiglu: false,
+        rope: false,
+    };
     let one_layer = Gather::PerLayer { prefetch: 1 };
     let f = match name {
         "megatron-lm-2021" => Framework {
@@ -175,7 +201,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "fused",
-                    "Transformer Engine fused LayerNorm-Linear, bias-GeLU and bias-dropout-add (megatron/core/fusions), apex/TE FusedAdam",
+                    "Transformer Engine fused LayerNorm-Linear / RMSNorm (TENorm), bias-GeLU, bias-SwiGLU (bias_swiglu_fusion) and bias-dropout-add (megatron/core/fusions), fused rotary embeddings (apply_rope_fusion), apex/TE FusedAdam",
                 ),
             ],
         },
@@ -239,7 +265,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "fused",
-                    "eager PyTorch: one kernel per elementwise op; torch.optim.AdamW foreach (not fused) by default",
+                    "eager PyTorch: one kernel per elementwise op; torch.optim.AdamW foreach (not fused) by default. As torchtitan (commit 04133643, torchtitan/models/llama/model.py) writes a Llama: RMSNorm as x.float(), pow(2).mean(-1), rsqrt, multiply, type_as, weight multiply; FeedForward as F.silu(w1(x)) * w3(x); apply_rotary_emb as float casts around a complex multiply",
                 ),
             ],
         },
@@ -383,11 +409,14 @@ pub fn reference_markdown() -> String {
         s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
         s += &format!("| attention | {} |\n", if f.flash_attention { "fused (flash)" } else { "materialised scores" });
         s += &format!(
-            "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {} |\n\nSources:\n\n",
+            "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {}, RMSNorm {}, SwiGLU {}, rotary {} |\n\nSources:\n\n",
             yes(f.fused.softmax),
             yes(f.fused.bias_gelu),
             yes(f.fused.bias_dropout_add),
-            yes(f.fused.adam)
+            yes(f.fused.adam),
+            yes(f.fused.rms_norm),
+            yes(f.fused.swiglu),
+            yes(f.fused.rope)
         );
         for (what, src) in &f.sources {
             s += &format!("- {what}: {src}\n");

@@ -116,6 +116,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
             "bias_gelu" => f.fused.bias_gelu = *b,
             "bias_dropout_add" => f.fused.bias_dropout_add = *b,
             "adam" => f.fused.adam = *b,
+            "rms_norm" => f.fused.rms_norm = *b,
+            "swiglu" => f.fused.swiglu = *b,
+            "rope" => f.fused.rope = *b,
             _ => unreachable!("keys checked when read"),
         }
     }

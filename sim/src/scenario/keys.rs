@@ -53,6 +53,7 @@ pub const TRANSFORMER: &[&str] = &[
     "bias",
     "dropout",
     "tied_embeddings",
+    "rotary",
     "head_dim",
     "moe",
     "mla",
@@ -115,7 +116,7 @@ pub const FRAMEWORK: &[&str] = &[
 ];
 
 /// `training.framework.fused`: kernels fused or not.
-pub const FUSED: &[&str] = &["softmax", "bias_gelu", "bias_dropout_add", "adam"];
+pub const FUSED: &[&str] = &["softmax", "bias_gelu", "bias_dropout_add", "adam", "rms_norm", "swiglu", "rope"];
 
 /// `plan`.
 pub const PLAN: &[&str] = &[

@@ -219,6 +219,9 @@ pub(super) fn parse_plan(
         fusion: crate::workload::Fusion {
             scale_mask_softmax: framework.fused.softmax,
             bias_dropout_add: framework.fused.bias_dropout_add,
+            rms_norm: framework.fused.rms_norm,
+            swiglu: framework.fused.swiglu,
+            rope: framework.fused.rope,
         },
         partition,
         micro_batches,

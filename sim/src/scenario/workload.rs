@@ -82,6 +82,7 @@ pub(super) fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result
     cfg.bias = t.boolean("bias")?.unwrap_or(cfg.bias);
     cfg.dropout = t.boolean("dropout")?.unwrap_or(cfg.dropout);
     cfg.tied_embeddings = t.boolean("tied_embeddings")?.unwrap_or(cfg.tied_embeddings);
+    cfg.rotary = t.boolean("rotary")?.unwrap_or(false);
     if let Some(d) = t.uint("head_dim")? {
         cfg.explicit_head_dim = Some(d);
     }

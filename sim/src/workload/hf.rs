@@ -146,6 +146,7 @@ pub fn parse(name: &str, text: &str) -> Result<Workload, String> {
             tied_embeddings: tied,
             input: Input::Tokens { positions, token_types: 0 },
             pooler: false,
+            rotary: positions == 0 && (v.get("rope_theta").is_some() || v.get("rotary_pct").is_some() || rms),
             explicit_head_dim,
             moe,
             mla,

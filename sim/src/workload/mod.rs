@@ -146,15 +146,34 @@ impl OpClass {
 /// `masked_fill`, `softmax`; Hugging Face GPT-2's `_attn`), and dropout then the residual add
 /// as two (`nn.Dropout`, `x + y`), where Megatron-LM fuses each into one
 /// (`FusedScaleMaskSoftmax`, `bias_dropout_add_fused_train`).
+///
+/// The Llama family's pieces likewise: eager PyTorch runs RMSNorm as six passes (fp32 cast,
+/// square, mean, rsqrt multiply, cast back, weight multiply), SwiGLU's SiLU and product as
+/// two, and rotary embeddings as fp32 casts around a complex multiply, where Megatron-Core's
+/// fused kernels read and write each tensor once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Fusion {
     pub scale_mask_softmax: bool,
     pub bias_dropout_add: bool,
+    pub rms_norm: bool,
+    pub swiglu: bool,
+    pub rope: bool,
 }
 
 impl Default for Fusion {
     fn default() -> Fusion {
-        Fusion { scale_mask_softmax: true, bias_dropout_add: true }
+        Fusion { scale_mask_softmax: true, bias_dropout_add: true, rms_norm: true, swiglu: true, rope: true }
+    }
+}
+
+impl Fusion {
+    /// Bytes a normalisation moves per element (forward) and keeps per element for backward,
+    /// at `e` bytes per activation element. Fused (or a LayerNorm, one native kernel in
+    /// PyTorch too): read and write once, keep the output. Eager RMSNorm: `x.float()` (e + 4),
+    /// `pow(2)` (4 + 4), `mean` (4), `x * rsqrt` (4 + 4), `type_as` (4 + e), `* weight`
+    /// (e + e): 4e + 28 bytes; autograd keeps the fp32 input and the normalised output.
+    pub fn norm_bytes(&self, rms: bool, e: f64) -> (f64, f64) {
+        if rms && !self.rms_norm { (4.0 * e + 28.0, 4.0 + e) } else { (2.0 * e, e) }
     }
 }
 

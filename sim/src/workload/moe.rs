@@ -144,9 +144,11 @@ fn norm(name: &'static str, elems: f64, e: f64) -> LayerOp {
 }
 
 /// The MLP part of one MoE layer on `tokens` tokens (after the layer norm and, under tensor
-/// parallelism, the all-gather that feeds the MLP), split over `t` ranks; `rep` is the share
+/// parallelism, the all-gather that feeds the MLP), split over `t` ranks; `act` is what the
+/// activation moves and keeps per element (see `transformer::act_bytes`); `rep` is the share
 /// of a replicated activation each rank keeps (1/t under sequence parallelism).
-pub fn mlp_ops(moe: &Moe, tokens: f64, h: f64, matrices: f64, t: f64, e: f64, rep: f64) -> Vec<LayerOp> {
+pub fn mlp_ops(moe: &Moe, tokens: f64, h: f64, act: (f64, f64), t: f64, e: f64, rep: f64) -> Vec<LayerOp> {
+    let matrices = act.0 - act.1 + 1.0;
     let experts = moe.experts as f64;
     let k = moe.top_k as f64;
     let f = moe.expert_ffn as f64;
@@ -177,8 +179,8 @@ pub fn mlp_ops(moe: &Moe, tokens: f64, h: f64, matrices: f64, t: f64, e: f64, re
     ops.push(grouped("expert_fc1", up * f / t, h, Saved { replicated_bytes: e * rows * h, ..Saved::default() }));
     ops.push(LayerOp::Compute(super::transformer::mem_op(
         "expert_act",
-        (up + 1.0) * e * rows * f / t,
-        Saved { sharded_bytes: up * e * rows * f / t, ..Saved::default() },
+        act.0 * e * rows * f / t,
+        Saved { sharded_bytes: act.1 * e * rows * f / t, ..Saved::default() },
     )));
     ops.push(grouped("expert_fc2", h, f / t, Saved { sharded_bytes: e * rows * f / t, ..Saved::default() }));
     // Unpermute and the gate-weighted sum of each token's k expert outputs.
@@ -192,8 +194,8 @@ pub fn mlp_ops(moe: &Moe, tokens: f64, h: f64, matrices: f64, t: f64, e: f64, re
         ops.push(gemm("shared_fc1", tokens, up * s / t, h, e, Saved::default()));
         ops.push(LayerOp::Compute(super::transformer::mem_op(
             "shared_act",
-            (up + 1.0) * e * tokens * s / t,
-            Saved { sharded_bytes: up * e * tokens * s / t, ..Saved::default() },
+            act.0 * e * tokens * s / t,
+            Saved { sharded_bytes: act.1 * e * tokens * s / t, ..Saved::default() },
         )));
         ops.push(gemm(
             "shared_fc2",

@@ -56,6 +56,8 @@ pub struct TransformerConfig {
     pub input: Input,
     /// BERT's pooler (h x h dense) on the class token.
     pub pooler: bool,
+    /// Rotary position embeddings applied to queries and keys in every layer (Llama's kin).
+    pub rotary: bool,
     /// Head width when it is not `hidden / heads` (Qwen3's 128 at any width).
     #[serde(rename = "head_dim", skip_serializing_if = "Option::is_none")]
     pub explicit_head_dim: Option<u32>,
@@ -85,6 +87,7 @@ impl TransformerConfig {
             tied_embeddings: true,
             input: Input::Tokens { positions, token_types: 0 },
             pooler: false,
+            rotary: false,
             explicit_head_dim: None,
             moe: None,
             mla: None,
@@ -108,6 +111,7 @@ impl TransformerConfig {
             tied_embeddings: false,
             input: Input::Tokens { positions: 0, token_types: 0 },
             pooler: false,
+            rotary: true,
             explicit_head_dim: None,
             moe: None,
             mla: None,
@@ -336,7 +340,16 @@ impl TransformerConfig {
         let rep = if shape.sequence_parallel { 1.0 / t } else { 1.0 };
         let tokens = b * s;
         let mut ops = Vec::with_capacity(16);
+        let eager_rms = self.norm == Norm::RmsNorm && !shape.fusion.rms_norm;
         let norm = |name| {
+            if eager_rms {
+                let (moved, kept) = shape.fusion.norm_bytes(true, e);
+                return LayerOp::Compute(mem_op(
+                    name,
+                    moved * sbh * rep + 2.0 * h * 4.0,
+                    Saved { replicated_bytes: kept * sbh * rep, ..Saved::default() },
+                ));
+            }
             LayerOp::Compute(mem_op(
                 name,
                 2.0 * sbh * e * rep + 2.0 * h * 4.0,
@@ -375,6 +388,18 @@ impl TransformerConfig {
             None => ops.push(gemm("qkv", tokens, (qw + 2.0 * kv) / t, h, ln_out)),
         }
         let sbq = s * b * qw;
+        if self.rotary {
+            // Rotary embeddings on this rank's queries and keys (under MLA, their rotary parts).
+            let width = match &self.mla {
+                Some(m) => (a / t + 1.0) * m.qk_rope_head_dim as f64,
+                None => (qw + kv) / t,
+            };
+            let elems = tokens * width;
+            // Fused: read and write once. Eager (torchtitan's apply_rotary_emb): `float()`
+            // (e + 4), the complex multiply (4 + 4), `type_as` (4 + e).
+            let per = if shape.fusion.rope { 2.0 * e } else { 2.0 * e + 16.0 };
+            ops.push(LayerOp::Compute(mem_op("rope", per * elems, Saved::default())));
+        }
         // Scores keep Q and K (2 x 2sbh/t in Korthikanti's count, with full-width K).
         let heads = b * a / t;
         // Under token slicing the slice's queries also attend to `context` earlier tokens,
@@ -459,16 +484,18 @@ impl TransformerConfig {
         let up = self.mlp_matrices() - 1.0;
         match self.moe {
             Some(moe) if self.is_moe_layer(l) => {
-                ops.extend(super::moe::mlp_ops(&moe, tokens, h, self.mlp_matrices(), t, e, rep));
+                let act = act_bytes(self.mlp, shape.fusion.swiglu);
+                ops.extend(super::moe::mlp_ops(&moe, tokens, h, act, t, e, rep));
             }
             _ => {
                 let ln_out = Saved { replicated_bytes: e * sbh * rep, ..Saved::default() };
                 ops.push(gemm("fc1", tokens, up * f / t, h, ln_out));
                 // GeLU keeps its input (4h wide in GPT: 8sbh at 2 bytes); SwiGLU keeps gate and up.
+                let (moved, kept) = act_bytes(self.mlp, shape.fusion.swiglu);
                 ops.push(LayerOp::Compute(mem_op(
                     "act",
-                    (up + 1.0) * e * tokens * f / t,
-                    Saved { sharded_bytes: up * e * tokens * f / t, ..Saved::default() },
+                    moved * e * tokens * f / t,
+                    Saved { sharded_bytes: kept * e * tokens * f / t, ..Saved::default() },
                 )));
                 ops.push(gemm(
                     "fc2",
@@ -549,11 +576,13 @@ impl TransformerConfig {
             Input::Tokens { .. } => b * s,
             Input::Patches { .. } => b,
         };
-        let mut ops = vec![LayerOp::Compute(mem_op(
-            "final_norm",
-            2.0 * b * s * h * e,
-            Saved { replicated_bytes: e * b * s * h, ..Saved::default() },
-        ))];
+        let final_norm = if self.norm == Norm::RmsNorm && !shape.fusion.rms_norm {
+            let (moved, kept) = shape.fusion.norm_bytes(true, e);
+            mem_op("final_norm", moved * b * s * h, Saved { replicated_bytes: kept * b * s * h, ..Saved::default() })
+        } else {
+            mem_op("final_norm", 2.0 * b * s * h * e, Saved { replicated_bytes: e * b * s * h, ..Saved::default() })
+        };
+        let mut ops = vec![LayerOp::Compute(final_norm)];
         if shape.tp > 1 {
             // Megatron's f before the column-parallel output layer.
             let sp = shape.sequence_parallel;
@@ -615,6 +644,18 @@ pub(super) fn gemm_op(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e:
         backward_flops: 2.0 * flops,
         backward_bytes: 2.0 * bytes,
         saved,
+    }
+}
+
+/// Bytes the MLP's activation moves and keeps, per element of its output (`f` wide): GeLU
+/// reads and writes once and keeps its input (2, 1); fused SwiGLU reads gate and up, writes
+/// the product and keeps both (3, 2); eager SwiGLU runs SiLU (read, write) and then the
+/// product (two reads, a write), and autograd keeps the gate, its SiLU and up (5, 3).
+pub(super) fn act_bytes(mlp: Mlp, fused: bool) -> (f64, f64) {
+    match (mlp, fused) {
+        (Mlp::Gelu, _) => (2.0, 1.0),
+        (Mlp::SwiGlu, true) => (3.0, 2.0),
+        (Mlp::SwiGlu, false) => (5.0, 3.0),
     }
 }
 
