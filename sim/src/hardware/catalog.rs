@@ -168,7 +168,10 @@ pub fn devices() -> Vec<DeviceSpec> {
         ),
         // AMD Instinct MI300X (750 W): AMD's datasheet, dense rates: fp16/bf16 1,307.4 TFLOP/s,
         // fp8 2,614.9, fp32 (vector and matrix) 163.4; 192 GB HBM3 (192 GiB in ROCm's GPU
-        // table) at 5.3 TB/s; 304 compute units.
+        // table) at 5.3 TB/s; 304 compute units. Its kernels: no CDNA 3 measurement is in the
+        // kernel catalog, so fused attention takes A100's FlashAttention-2 fractions of peak
+        // (an assumption, likely optimistic beside its 51% GEMM ceiling) and GEMMs the generic
+        // 128x128 tiling (`kernels::arch_of` is None for AMD).
         DeviceSpec {
             vendor: Vendor::Amd,
             ..gpu(
