@@ -158,6 +158,12 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     println!("# trainsim nccl-test: {} over {ranks} ranks ({} x {gpus} GPUs of {})", a.op, a.nodes, a.node);
     println!("# busbw as nccl-tests defines it (doc/PERFORMANCE.md); algorithm and protocol as NCCL 2.30 would pick");
+    if sim::hardware::nccl::NcclSystem::new(&cluster).is_none() {
+        println!(
+            "# {} is not an NVIDIA GPU: generic ring and hierarchical collectives, no NCCL plan",
+            cluster.node.device.name
+        );
+    }
     println!(
         "#{:>14} {:>12} {:>9} {:>9}  {:<5} {:<6} {:>8}",
         "size(B)", "time(us)", "algbw", "busbw", "algo", "proto", "channels"

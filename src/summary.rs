@@ -228,8 +228,9 @@ pub fn presets(json: bool) {
     }
     println!("nodes:");
     for n in &nodes {
+        let mesh = if n.intra_topology == sim::hardware::IntraTopology::Mesh { " (mesh)" } else { "" };
         println!(
-            "  {:<18} {} x {} on {}, {} x {} to the fabric",
+            "  {:<18} {} x {} on {}{mesh}, {} x {} to the fabric",
             n.name,
             n.devices,
             n.device.name,

@@ -96,6 +96,8 @@ fn value_sets() -> Vec<(&'static str, &'static str, Vec<String>)> {
         ("workload.transformer", "mlp", v(keys::MLP)),
         ("workload.transformer", "norm", v(keys::NORM)),
         ("device", "kind", v(keys::DEVICE_KINDS)),
+        ("device", "vendor", v(&sim::hardware::Vendor::NAMES)),
+        ("node", "intra_topology", v(&sim::hardware::IntraTopology::NAMES)),
         ("workload", "preset", sim::workload::catalog::names().iter().map(|s| s.to_string()).collect()),
         ("cluster", "node", sim::hardware::catalog::nodes().into_iter().map(|n| n.name).collect()),
     ]

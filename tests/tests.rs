@@ -34,6 +34,8 @@ mod honest;
 mod outputs;
 // Collectives as NCCL runs them (trainsim nccl-test) against published nccl-tests curves.
 mod nccl;
+// Today's hardware presets (B200, GB200 NVL72, MI300X, H200 NVL) end to end.
+mod hardware;
 // Plan search (trainsim search): the written best plan, thread-count independence, constraints.
 mod search;
 // Workload models: preset sizes, layer FLOPs, Korthikanti activation memory, the HF reader.

@@ -130,8 +130,10 @@ pub fn stage_devices(s: &Scenario) -> Vec<StageDevice> {
             let speed = dev.peak_flops.at(plan.precision) * dev.gemm_efficiency / reference;
             let memory = s.options.usable_bytes(dev) - s.options.framework_bytes(dev);
             let (bw, lat) = if k + 1 < plan.pp {
-                let r = topo.route(plan.device(0, k, 0), plan.device(0, k + 1, 0));
-                let bw = r.links().iter().map(|&l| topo.capacities()[l as usize]).fold(f64::INFINITY, f64::min);
+                let (a, b) = (plan.device(0, k, 0), plan.device(0, k + 1, 0));
+                let r = topo.route(a, b);
+                // The route's slowest link, and in a mesh node the pair's one link.
+                let bw = r.links().iter().map(|&l| topo.capacities()[l as usize]).fold(topo.pair_cap(a, b), f64::min);
                 (bw, r.latency_s)
             } else {
                 (f64::INFINITY, 0.0)

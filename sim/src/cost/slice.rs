@@ -82,7 +82,9 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
                 }
                 LayerOp::Comm { bytes, forward, backward, .. } => {
                     if let Some(link) = intra {
-                        let bw = link.effective_bytes_per_s();
+                        // The port, or in a mesh the links to the other t - 1 ranks.
+                        let bw =
+                            s.cluster.node.intra_group_bytes_per_s(plan.tp).unwrap_or(link.effective_bytes_per_s());
                         let one = 2.0 * (t - 1.0) / t * bytes / bw + 2.0 * (t - 1.0) * link.latency_s;
                         if forward.is_some() {
                             p.gpu_f += one;

@@ -16,6 +16,10 @@
 //! algorithm and protocol for the message size ([`crate::hardware::nccl`]), its latency, and
 //! flat rings that cross nodes through every NIC (one ring per NIC, NCCL's channels), with a
 //! ceiling on each flow for the protocol's and the channels' bandwidth.
+//!
+//! Other GPUs (AMD's: RCCL, whose algorithms and tuning differ from NCCL's), CPUs and FPGAs
+//! take the rings above. In a node whose devices form a mesh (AMD Infinity Fabric) a flow
+//! between two of the node's devices is capped by the links it can use ([`cap_mesh_flows`]).
 
 use crate::hardware::Topology;
 use crate::hardware::nccl::{self, Algo, Coll, Plan, Shape};
@@ -63,6 +67,39 @@ fn ring_steps(out: &mut Steps, rings: &[Vec<u32>], steps: u32, chunk_bytes: f64)
 
 /// Expand a collective into its steps.
 pub fn expand(c: &Collective, topo: &Topology) -> Steps {
+    let mut out = expand_steps(c, topo);
+    cap_mesh_flows(&mut out, &c.members, topo);
+    out
+}
+
+/// In a mesh node ([`Topology::is_mesh`]) a flow between two of the node's devices runs no
+/// faster than the direct links it can use: a chain's hop (broadcast, reduce) one link; a
+/// ring step among k of the node's members k - 1 links, each member spreading its share over
+/// its links to the others at once (RCCL runs channels over all the mesh's links; AMD
+/// measures 310-330 GB/s of all-reduce bus bandwidth on 8 x MI300X, 7 links' worth, and
+/// notes that 2 or 4 GPUs reach only a fraction of it).
+fn cap_mesh_flows(steps: &mut Steps, members: &[u32], topo: &Topology) {
+    if !topo.is_mesh() {
+        return;
+    }
+    let nodes = by_node(members, topo);
+    for step in steps.iter_mut() {
+        for f in &mut step.flows {
+            if !topo.same_switch(f.source, f.target) {
+                continue;
+            }
+            let k = if step.chain {
+                2
+            } else {
+                let node = topo.node_of(f.source);
+                nodes.iter().find(|(n, _)| *n == node).map_or(2, |(_, v)| v.len())
+            };
+            f.cap_bytes_per_s = f.cap_bytes_per_s.min(topo.group_cap(k));
+        }
+    }
+}
+
+fn expand_steps(c: &Collective, topo: &Topology) -> Steps {
     let p = c.members.len() as u32;
     let mut out = Vec::new();
     if p <= 1 || c.bytes <= 0.0 {

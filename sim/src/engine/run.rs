@@ -634,7 +634,9 @@ impl<'a> Engine<'a> {
         let a = &self.active[slot as usize];
         if a.collective == NONE {
             let (r, source, target, bytes) = self.single_route(a.task);
-            self.add_flow(slot, r.links, r.len, bytes, f64::INFINITY, source, target, now);
+            // Between two devices of a mesh node only their own link carries the transfer.
+            let cap = self.topo.pair_cap(source, target);
+            self.add_flow(slot, r.links, r.len, bytes, cap, source, target, now);
         } else {
             let (c, step) = (a.collective as usize, a.step as usize);
             let n = self.expanded[c].as_ref().expect("expanded").steps[step].flows.len();

@@ -428,3 +428,34 @@ fn idle_time_is_charged_to_what_ended_it() {
     stage0[Part::Offload as usize] = end - 100 * us;
     assert_eq!(r.time_parts_ns[0], stage0);
 }
+
+/// On MI300X's Infinity Fabric mesh a transfer between two GPUs runs at one link's rate (not
+/// its port's seven links), and an all-reduce over all eight reaches seven links' worth of bus
+/// bandwidth, over two GPUs one link's: AMD measures 45-48 GB/s per link and 310-330 GB/s of
+/// RCCL all-reduce bus bandwidth on 8 GPUs (the link preset's efficiency is read off that same
+/// measurement, so this checks the mesh model's arithmetic, not a prediction).
+#[test]
+fn mi300x_mesh_transfers_take_one_link_and_collectives_all_of_them() {
+    let c = ClusterSpec::new(catalog::node_preset("mi300x-8").expect("preset"), 1);
+    let topo = Topology::new(&c);
+    let xgmi = c.node.intra_node.clone().expect("xgmi");
+    let link = xgmi.effective_bytes_per_s();
+    let mut p = empty_program(8);
+    p.transfers.push(Transfer { source: 0, target: 1, bytes: 1e9 });
+    push(&mut p, TaskKind::Transfer, 0, &[Program::stream_index(0, StreamKind::PipelineSend)], 0);
+    let r = run(&p, &topo, &[], &HostCosts::default(), opts()).expect("runs");
+    let want = 1e9 / link + xgmi.latency_s;
+    assert!((r.iteration_ns as f64 * 1e-9 / want - 1.0).abs() < 1e-6, "{} ns vs {want} s", r.iteration_ns);
+
+    let busbw = |gpus: u32| {
+        let one =
+            lone::lone_collective(&c, CollectiveKind::AllReduce, gpus, (1u64 << 30) as f64, NetworkKind::MaxMinFair)
+                .expect("runs");
+        assert!(one.plan.is_none(), "no NCCL plan on an AMD GPU");
+        one.busbw_bytes_per_s
+    };
+    let (eight, two) = (busbw(8), busbw(2));
+    assert!((eight / (7.0 * link) - 1.0).abs() < 0.02, "{eight} vs 7 x {link}");
+    assert!((300e9..340e9).contains(&eight), "{eight}");
+    assert!((two / link - 1.0).abs() < 0.02, "{two} vs {link}");
+}

@@ -1,7 +1,10 @@
 //! Built-in devices, links and nodes, with the sources of their numbers.
 //!
-//! Rates are per direction and dense (no 2:4 sparsity). Memory sizes that NVIDIA sells as
-//! "16/32/40/80 GB" of HBM are binary gibibytes on the card; H200's 141 GB is decimal.
+//! Rates are per direction and dense (no 2:4 sparsity): where a datasheet gives tensor rates
+//! "with sparsity" (H100, H200, Blackwell), the catalog stores half. Memory sizes that NVIDIA
+//! sells as "16/32/40/80 GB" of HBM are binary gibibytes on the card, as are B200's 180 GB and
+//! GB200's 186 GB (nvidia-smi shows 179.1 and 185.0 GiB) and MI300X's 192 GB (ROCm lists 192
+//! GiB); H200's 141 GB is decimal.
 //! Numbers marked "default" are starting points that a calibration profile replaces; they
 //! come from common knowledge of the device class, never from a scenario's result.
 
@@ -28,6 +31,7 @@ fn gpu(
     DeviceSpec {
         name: name.into(),
         kind: DeviceKind::Gpu,
+        vendor: Vendor::Nvidia,
         peak_flops: PeakFlops {
             fp32: Some(fp32 * T),
             fp16: Some(fp16 * T),
@@ -56,6 +60,8 @@ fn fpga(name: &str, dsp: f64, sram_bytes: f64, mem_bytes: f64, mem_bw: f64, sour
     DeviceSpec {
         name: name.into(),
         kind: DeviceKind::Fpga,
+        // Alveo and Virtex are AMD (Xilinx) parts.
+        vendor: Vendor::Amd,
         peak_flops: PeakFlops { fp32: Some(fp16 * 0.4), fp16: Some(fp16), bf16: Some(fp16), fp8: Some(fp16 * 2.0) },
         hbm_bytes: mem_bytes,
         mem_bandwidth_bytes_per_s: mem_bw,
@@ -82,7 +88,14 @@ pub fn devices() -> Vec<DeviceSpec> {
     // H100/H200 use 0.75, 7% under it: an assumption, not a measurement, for clocks under
     // sustained power in training (a 100-matmul burst holds boost clocks longer). Shapes
     // then lose more to tile and wave quantisation (`kernels::gemm_tiling`). Calibration
-    // (`trainsim calibrate`) replaces them.
+    // (`trainsim calibrate`) replaces them. The newer parts, from the same table's later
+    // revision: B200 SXM 1745.0 of 2250 (77.6%, torch 2.7.1+cu128), GB200 1822.0 of 2500
+    // (72.9%, torch 2.10 nightly), MI300X 668.4 of 1300 (51.4%, ROCm 6.3, TunableOp); B200 and
+    // GB200 take H100's 7% allowance below the burst ceiling (0.72, 0.68; an assumption, as
+    // for H100); MI300X takes its ceiling as measured (0.51): AMD's own Max-Achievable FLOPS,
+    // measured at a thermally settled clock, is higher still (708 of 1307.4 bf16 TFLOP/s,
+    // 54%; ROCm blog "Measuring Max-Achievable FLOPs - Part 2", 2025), so no boost-clock
+    // allowance applies. H200 NVL takes H100's 0.75 (assumed: no measurement of the NVL card).
     let v100 = "NVIDIA V100 datasheet via ".to_string() + SPECS;
     let a100 = "NVIDIA A100 datasheet via ".to_string() + SPECS;
     let h100 = "NVIDIA H100 datasheet via ".to_string() + SPECS;
@@ -104,6 +117,76 @@ pub fn devices() -> Vec<DeviceSpec> {
             0.75,
             &("NVIDIA H200 product page via ".to_string() + SPECS),
         ),
+        // H200 NVL, the PCIe card (600 W): NVIDIA's H200 product page, NVL column, tensor rates
+        // "with sparsity" halved: bf16/fp16 1,671 -> 835.5, fp8 3,341 -> 1,670.5; fp32 60;
+        // 141 GB at 4.8 TB/s as the SXM part. 15% below the SXM part's peak at the lower power.
+        gpu(
+            "h200-nvl",
+            60.0,
+            835.5,
+            Some(835.5),
+            Some(1670.5),
+            141.0 * GB,
+            4800.0,
+            132,
+            0.75,
+            &("NVIDIA H200 product page (NVL column; sparse rates halved) via ".to_string() + SPECS),
+        ),
+        // B200 as on HGX B200 (1,000 W): NVIDIA Blackwell datasheet, "Individual Blackwell GPU
+        // Specifications", HGX B200 column, tensor rates with sparsity halved: fp16/bf16 4.5 ->
+        // 2.25 PFLOP/s dense, fp8 9 -> 4.5; fp32 75 TFLOP/s; 180 GB at 7.7 TB/s (the DGX B200
+        // page's 64 TB/s for eight would be 8). 180 GB is what a GPU shows (nvidia-smi: 183,359
+        // MiB = 179.1 GiB) of its 192 GB of HBM3e; binary, as the H100's 80 GB. 148 SMs (CUDA
+        // device query on HGX B200).
+        gpu(
+            "b200",
+            75.0,
+            2250.0,
+            Some(2250.0),
+            Some(4500.0),
+            180.0 * GIB,
+            7700.0,
+            148,
+            0.72,
+            &("NVIDIA Blackwell datasheet (HGX B200 column; sparse rates halved) via ".to_string() + SPECS),
+        ),
+        // The Blackwell GPU of GB200 NVL72 (up to 1,200 W): the same table's GB200 NVL72
+        // column: fp16/bf16 5 -> 2.5 PFLOP/s dense, fp8 10 -> 5; fp32 80; 186 GB at 8 TB/s
+        // (nvidia-smi: 189,471 MiB = 185.0 GiB). SMs as B200's (148; assumed, the die is the
+        // same).
+        gpu(
+            "gb200",
+            80.0,
+            2500.0,
+            Some(2500.0),
+            Some(5000.0),
+            186.0 * GIB,
+            8000.0,
+            148,
+            0.68,
+            &("NVIDIA Blackwell datasheet (GB200 NVL72 column; sparse rates halved) via ".to_string() + SPECS),
+        ),
+        // AMD Instinct MI300X (750 W): AMD's datasheet, dense rates: fp16/bf16 1,307.4 TFLOP/s,
+        // fp8 2,614.9, fp32 (vector and matrix) 163.4; 192 GB HBM3 (192 GiB in ROCm's GPU
+        // table) at 5.3 TB/s; 304 compute units. Its kernels: no CDNA 3 measurement is in the
+        // kernel catalog, so fused attention takes A100's FlashAttention-2 fractions of peak
+        // (an assumption, likely optimistic beside its 51% GEMM ceiling) and GEMMs the generic
+        // 128x128 tiling (`kernels::arch_of` is None for AMD).
+        DeviceSpec {
+            vendor: Vendor::Amd,
+            ..gpu(
+                "mi300x",
+                163.4,
+                1307.4,
+                Some(1307.4),
+                Some(2614.9),
+                192.0 * GIB,
+                5300.0,
+                304,
+                0.51,
+                &("AMD Instinct MI300X datasheet and ROCm GPU specifications via ".to_string() + SPECS),
+            )
+        },
         // Turing TU104: 11.2 TFLOP/s fp32, 89.2 fp16 tensor, 448 GB/s GDDR6 (NVIDIA Quadro
         // RTX 5000 datasheet; not in the reference file).
         gpu("quadro-rtx5000", 11.2, 89.2, None, None, 16.0 * GIB, 448.0, 48, 0.8, "NVIDIA Quadro RTX 5000 datasheet"),
@@ -143,6 +226,7 @@ pub fn cpu_core() -> DeviceSpec {
     DeviceSpec {
         name: "cpu-core".into(),
         kind: DeviceKind::Cpu,
+        vendor: Vendor::Other,
         peak_flops: PeakFlops { fp32: Some(80e9), fp16: None, bf16: None, fp8: None },
         hbm_bytes: 8.0 * GIB,
         mem_bandwidth_bytes_per_s: 10.0 * GB,
@@ -161,6 +245,7 @@ pub fn host_cpu() -> DeviceSpec {
     DeviceSpec {
         name: "host-cpu".into(),
         kind: DeviceKind::Cpu,
+        vendor: Vendor::Other,
         // 64 cores x 2.5 GHz x 32 fp32 FLOP/cycle (AVX-512 FMA x2), default.
         peak_flops: PeakFlops { fp32: Some(5.1e12), fp16: None, bf16: None, fp8: None },
         hbm_bytes: 1024.0 * GIB,
@@ -190,6 +275,33 @@ pub fn links() -> Vec<LinkSpec> {
         link("nvlink3", 300.0 * GB, 2e-6, 0.8, nccl),
         // 450 GB/s line; ~370 effective (nccl-tests #212).
         link("nvlink4", 450.0 * GB, 2e-6, 0.82, nccl),
+        // 18 links x 50 GB/s = 900 GB/s per direction ("1.8 TB/s" both ways, NVIDIA Blackwell
+        // datasheet); ~770 GB/s GPU to GPU measured by nvbandwidth on GB200 (Azure/AI-
+        // benchmarking-guide #7): 0.85. Latency as NVLink 4's.
+        link(
+            "nvlink5",
+            900.0 * GB,
+            2e-6,
+            0.85,
+            "NVIDIA Blackwell datasheet (1.8 TB/s bidirectional per GPU); nvbandwidth p2p ~770 GB/s on GB200 (Azure/AI-benchmarking-guide #7)",
+        ),
+        // One MI300X Infinity Fabric (xGMI) link between a pair of GPUs: 64 GB/s per direction;
+        // 45-48 GB/s reached per link with all seven busy (TransferBench), and RCCL all-reduce
+        // over 8 GPUs at 319 GB/s bus bandwidth = 7 x 45.6 (ROCm blog "Understanding RCCL
+        // Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025): 0.71. RCCL all-reduce
+        // of 1 KiB over 8 GPUs takes 13 us, 14 ring steps: ~1 us each. A mesh node's link
+        // (`IntraTopology::Mesh`), not a switch port.
+        link(
+            "xgmi-mi300x",
+            64.0 * GB,
+            1e-6,
+            0.71,
+            "ROCm blog: Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X (2025)",
+        ),
+        // GB200's NVLink-C2C joins a Grace CPU to its two GPUs at 900 GB/s both ways (NVIDIA
+        // GB200 NVL72 page): 225 GB/s per direction for each GPU, assuming an even split.
+        // Efficiency as PCIe's (default).
+        link("nvlink-c2c-gb200", 225.0 * GB, 1e-6, 0.8, "NVIDIA GB200 NVL72 page (900 GB/s per superchip, split)"),
         // PCIe x16: 8/16/32 GT/s with 128b/130b encoding; ~80% achievable for DMA (default).
         link("pcie3", 15.754 * GB, 3e-6, 0.8, "PCIe 3.0 x16 signalling rate; NCCL hwLat PCI"),
         link("pcie4", 31.5 * GB, 3e-6, 0.8, "PCIe 4.0 x16 signalling rate"),
@@ -233,9 +345,35 @@ fn node(name: &str, dev: &str, intra: Option<&str>, nics: u32, nic: &str, host: 
         device: device(dev).expect("device preset"),
         devices: 8,
         intra_node: intra.map(|l| link_preset(l).expect("link preset")),
+        intra_topology: IntraTopology::Switch,
         nics,
         nic: link_preset(nic).expect("link preset"),
         host,
+    }
+}
+
+/// GB200 NVL72's host side: 36 Grace CPUs, one per two GPUs, each up to 480 GB of LPDDR5X at
+/// up to 512 GB/s and 72 Arm Neoverse V2 cores (NVIDIA GB200 NVL72 page: 2,592 cores, 17 TB,
+/// 18.4 TB/s), reached over NVLink-C2C. The cores' rate takes `host_cpu`'s default of 32 fp32
+/// FLOP/cycle (four 128-bit FMA pipes) at 3 GHz; the NVMe drives the 8-GPU default per 8 GPUs.
+fn grace_host(superchips: u32) -> HostSpec {
+    let n = superchips as f64;
+    let cpu = DeviceSpec {
+        name: "grace".into(),
+        peak_flops: PeakFlops { fp32: Some(n * 72.0 * 3.0e9 * 32.0), fp16: None, bf16: None, fp8: None },
+        hbm_bytes: n * 480.0 * GB,
+        mem_bandwidth_bytes_per_s: n * 512.0 * GB,
+        compute_units: 72 * superchips,
+        source: "NVIDIA GB200 NVL72 page (cores, LPDDR5X, bandwidth); FLOP/cycle default".into(),
+        ..host_cpu()
+    };
+    let gpus = 2.0 * n;
+    HostSpec {
+        dram_bytes: n * 480.0 * GB,
+        pcie: link_preset("nvlink-c2c-gb200").expect("link preset"),
+        cpu: Some(cpu),
+        nvme_bytes: 15e12 * gpus / 8.0,
+        nvme_bandwidth_bytes_per_s: 25.0 * GB * gpus / 8.0,
     }
 }
 
@@ -251,6 +389,27 @@ pub fn nodes() -> Vec<NodeSpec> {
         node("p4d.24xlarge", "a100-sxm-40gb", Some("nvlink3"), 4, "eth-100g", host(1152.0, "pcie4")),
         node("dgx-h100", "h100-sxm", Some("nvlink4"), 8, "ib-ndr", host(2048.0, "pcie5")),
         node("hgx-h200", "h200", Some("nvlink4"), 8, "ib-ndr", host(2048.0, "pcie5")),
+        // HGX B200 as NVIDIA's DGX B200 builds it (DGX B200 user guide): eight B200 on two
+        // NVLink 5 switches, 8 x ConnectX-7 at 400 Gb/s for the compute fabric (the HGX B200
+        // spec's "0.8 TB/s" networking = 8 x 400 Gb/s both ways; B300 boards moved to 8 x
+        // ConnectX-8 at 800 Gb/s), 2 TB of DDR5, PCIe Gen5 to the host.
+        node("hgx-b200", "b200", Some("nvlink5"), 8, "ib-ndr", host(2048.0, "pcie5")),
+        // GB200 NVL72 (DGX GB200 user guide): one NVLink domain of 72 GPUs (18 compute trays of
+        // 2 Grace + 4 GPUs, 9 NVLink switch trays), each GPU's 900 GB/s NVLink 5 port into the
+        // switches; 4 x ConnectX-7 400 Gb/s per tray, one per GPU.
+        NodeSpec {
+            devices: 72,
+            nics: 72,
+            host: grace_host(36),
+            ..node("gb200-nvl72", "gb200", Some("nvlink5"), 72, "ib-ndr", host(2048.0, "pcie5"))
+        },
+        // 8 x MI300X on AMD's platform board: each GPU has one xGMI link to each of its seven
+        // peers, a full mesh (448 GB/s per GPU); 8 x 400 Gb/s NDR InfiniBand and 1850 GiB of
+        // host memory as Azure's ND MI300X v5 (Microsoft Learn, ND MI300X v5-series).
+        NodeSpec {
+            intra_topology: IntraTopology::Mesh,
+            ..node("mi300x-8", "mi300x", Some("xgmi-mi300x"), 8, "ib-ndr", host(1850.0, "pcie5"))
+        },
         // This host for the executor's CPU backend: each worker thread is a device, and
         // threads exchange data through shared memory (a memcpy-rate "link"). Two threads by
         // default, as the development machines have two cores.
@@ -259,6 +418,7 @@ pub fn nodes() -> Vec<NodeSpec> {
             device: cpu_core(),
             devices: 2,
             intra_node: Some(link("shared-memory", 10.0 * GB, 1e-6, 1.0, "default; replaced by calibration")),
+            intra_topology: IntraTopology::Switch,
             nics: 1,
             nic: link_preset("eth-25g").expect("link preset"),
             host: host(64.0, "pcie3"),

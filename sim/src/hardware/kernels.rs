@@ -7,7 +7,7 @@
 //! sequence measured, plus a per-query-block overhead read off the shortest one); the
 //! model in `cost::attention` derives every other shape from them.
 
-use super::{DeviceKind, DeviceSpec};
+use super::{DeviceKind, DeviceSpec, Vendor};
 
 /// GPU architecture, which sets the kernels available and their shapes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -21,17 +21,24 @@ pub enum GpuArch {
     Ampere,
     /// sm90 (H100, H200).
     Hopper,
+    /// sm100 (B200, GB200). No fused-attention or GEMM-tiling measurement of its own is in
+    /// the catalog: it borrows Hopper's, as fractions of peak ([`attention_rates`],
+    /// [`gemm_tiling`]).
+    Blackwell,
 }
 
-/// The architecture of a device, from its preset family name; `None` for CPUs, FPGAs and
-/// GPUs the catalog does not know (they keep the generic model).
+/// The architecture of an NVIDIA device, from its preset family name; `None` for CPUs, FPGAs,
+/// other vendors' GPUs (an AMD MI300X keeps the generic model: no CDNA kernel measurement is
+/// in the catalog) and GPUs the catalog does not know.
 pub fn arch_of(device: &DeviceSpec) -> Option<GpuArch> {
-    if device.kind != DeviceKind::Gpu {
+    if device.kind != DeviceKind::Gpu || device.vendor != Vendor::Nvidia {
         return None;
     }
     let n = device.name.to_ascii_lowercase();
     if n.starts_with("h100") || n.starts_with("h200") || n.starts_with("gh200") {
         Some(GpuArch::Hopper)
+    } else if ["b100", "b200", "b300", "gb200", "gb300"].iter().any(|p| n.starts_with(p)) {
+        Some(GpuArch::Blackwell)
     } else if n.starts_with("a100") || n.starts_with("a800") {
         Some(GpuArch::Ampere)
     } else if n.starts_with("v100") {
@@ -130,10 +137,13 @@ impl Attention {
 }
 
 impl FlashKernel {
-    /// The generation `Auto` stands for on `arch`.
+    /// The generation `Auto` stands for on `arch`. On Blackwell FlashAttention-3 does not run
+    /// (it is written for Hopper's TMA and WGMMA); the fused kernel that frameworks run there
+    /// is cuDNN's (Transformer Engine's default backend), so `"flash"` means cuDNN.
     pub fn resolve(self, arch: Option<GpuArch>) -> FlashKernel {
         match (self, arch) {
             (FlashKernel::Auto, Some(GpuArch::Hopper)) => FlashKernel::V3,
+            (FlashKernel::Auto, Some(GpuArch::Blackwell)) => FlashKernel::Cudnn,
             (FlashKernel::Auto, Some(GpuArch::Ampere) | None) => FlashKernel::V2,
             (FlashKernel::Auto, _) => FlashKernel::V1,
             (k, _) => k,
@@ -297,13 +307,18 @@ pub const ATTENTION_RATES: &[AttentionRates] = &[
 /// the nearest one, named in `cost::attention`'s notes: cuDNN on Ampere takes
 /// FlashAttention-2's rates, FlashAttention-3 off Hopper (it does not run there) takes
 /// FlashAttention-2's, and Volta/Turing (no FlashAttention-2 there) take the Ampere
-/// FlashAttention (v1) fractions of peak.
+/// FlashAttention (v1) fractions of peak. Blackwell has no published number in the catalog:
+/// it takes Hopper's rates for the same kernel as fractions of Hopper's peak
+/// ([`BLACKWELL_ATTENTION_SOURCE`]), which the cost model applies to the Blackwell device's own
+/// peak. Unknown GPUs (and AMD's, which have no CDNA measurement here) take A100's.
 pub fn attention_rates(arch: Option<GpuArch>, kernel: FlashKernel) -> (&'static AttentionRates, GpuArch) {
     let arch = arch.unwrap_or(GpuArch::Ampere);
     let find = |a: GpuArch, k: FlashKernel| ATTENTION_RATES.iter().find(|r| r.arch == a && r.kernel == k);
     let k = kernel.resolve(Some(arch));
     let r = match arch {
         GpuArch::Hopper => find(arch, k),
+        // Assumed: Hopper's fractions of peak (see BLACKWELL_ATTENTION_SOURCE).
+        GpuArch::Blackwell => find(GpuArch::Hopper, k),
         GpuArch::Ampere => find(arch, k).or_else(|| find(arch, FlashKernel::V2)),
         GpuArch::Volta | GpuArch::Turing => find(GpuArch::Ampere, k).or_else(|| find(GpuArch::Ampere, FlashKernel::V1)),
     };
@@ -311,12 +326,20 @@ pub fn attention_rates(arch: Option<GpuArch>, kernel: FlashKernel) -> (&'static 
     (r, r.arch)
 }
 
+/// Where Blackwell's fused-attention rates come from: no published B200/GB200 microbenchmark
+/// is in the catalog, so they are an assumption.
+pub const BLACKWELL_ATTENTION_SOURCE: &str = "assumed: Hopper's fractions of peak (cuDNN, and FlashAttention-2 / Triton \
+     when named; Shah et al. 2024 Figures 5-6 on H100) applied to the Blackwell device's peak; no published B200 \
+     number used";
+
 /// Peak dense 16-bit tensor rate (TFLOP/s) of the devices the attention rates were measured
 /// on: A100 SXM 312, H100 SXM 989 (datasheets). A rate becomes a fraction of this peak and
-/// is applied to the simulated device's own peak.
+/// is applied to the simulated device's own peak. Blackwell's rates are Hopper's
+/// ([`attention_rates`] reports Hopper as the measured architecture), so its entry is
+/// Hopper's peak too.
 pub fn measured_peak_tflops(arch: GpuArch) -> f64 {
     match arch {
-        GpuArch::Hopper => 989.4,
+        GpuArch::Hopper | GpuArch::Blackwell => 989.4,
         _ => 312.0,
     }
 }
@@ -338,9 +361,15 @@ pub struct GemmTiling {
 /// tilesize128x256x64_warpgroupsize2x1x1_..._stage4` and `tilesize128x128x64` (K step 64, four
 /// stages of TMA loads, three ahead of the first WGMMA) — as Nsight Systems traces of PyTorch
 /// training show them. Volta/Turing and unknown GPUs keep the generic 128x128, K 32, two-step
-/// prologue.
+/// prologue. Blackwell (sm100) borrows Hopper's tiling: an assumption, no traced sm100 kernel
+/// name is in the catalog (its 2-SM tcgen05 kernels use larger tiles, which would only make
+/// tile quantisation coarser than modelled).
 pub fn gemm_tiling(arch: Option<GpuArch>) -> GemmTiling {
     match arch {
+        Some(GpuArch::Blackwell) => GemmTiling {
+            source: "assumed: cuBLAS sm90 tiling (128x256x64 / 128x128x64, stage4); no sm100 kernel names used",
+            ..gemm_tiling(Some(GpuArch::Hopper))
+        },
         Some(GpuArch::Ampere) => GemmTiling {
             tiles: &[(256.0, 128.0), (128.0, 256.0), (128.0, 128.0)],
             k_step: 32.0,

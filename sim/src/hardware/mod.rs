@@ -13,11 +13,20 @@
 //!   ...        ┘   nic0 ════════════ nic0  └ ...
 //! ```
 //!
+//! A node whose devices are wired point to point instead ([`IntraTopology::Mesh`]: AMD Infinity
+//! Fabric, every pair of GPUs joined by its own link) keeps that picture with each port the sum
+//! of the device's links to its n - 1 peers, and each flow between two devices of the node no
+//! faster than the links it can really use: one link for a transfer between a pair, k - 1 links
+//! for a collective step among k of the node's devices (each sends to all its peers at once, as
+//! RCCL's channels spread over the mesh) ([`Topology::pair_cap`], [`Topology::group_cap`]).
+//!
 //! Presets live in [`catalog`]; a scenario may also describe its own devices, nodes and links.
 
 pub mod catalog;
 pub mod kernels;
 pub mod nccl;
+#[cfg(test)]
+mod tests;
 
 use serde::Serialize;
 
@@ -70,6 +79,63 @@ pub enum DeviceKind {
     Gpu,
     Fpga,
     Cpu,
+}
+
+/// Who makes a device, which decides its software stack: collectives run as NCCL runs them on
+/// NVIDIA GPUs only ([`nccl::Arch::of`]); an AMD GPU (RCCL, whose tuning differs from NCCL's)
+/// and any other device use the generic ring and hierarchical collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+    Other,
+}
+
+impl Vendor {
+    /// Values of a device's `vendor`.
+    pub const NAMES: [&'static str; 3] = ["nvidia", "amd", "other"];
+
+    pub fn parse(name: &str) -> Option<Vendor> {
+        Some(match name {
+            "nvidia" => Vendor::Nvidia,
+            "amd" => Vendor::Amd,
+            "other" => Vendor::Other,
+            _ => return None,
+        })
+    }
+}
+
+/// How a node's devices are wired to each other over `NodeSpec::intra_node`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IntraTopology {
+    /// `intra_node` is each device's port into a non-blocking switch (NVSwitch, a PCIe switch).
+    #[default]
+    Switch,
+    /// `intra_node` is one direct link between each pair of devices (a full mesh: AMD
+    /// Infinity Fabric on an 8 x MI300X platform); each device has n - 1 of them.
+    Mesh,
+}
+
+impl IntraTopology {
+    /// Values of a node's `intra_topology`.
+    pub const NAMES: [&'static str; 2] = ["switch", "mesh"];
+
+    pub fn parse(name: &str) -> Option<IntraTopology> {
+        Some(match name {
+            "switch" => IntraTopology::Switch,
+            "mesh" => IntraTopology::Mesh,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            IntraTopology::Switch => "switch",
+            IntraTopology::Mesh => "mesh",
+        }
+    }
 }
 
 /// Dense peak rates per precision, in FLOP/s. `None` where the device has no such unit.
@@ -128,6 +194,7 @@ impl FpgaFabric {
 pub struct DeviceSpec {
     pub name: String,
     pub kind: DeviceKind,
+    pub vendor: Vendor,
     pub peak_flops: PeakFlops,
     /// Capacity of the device's own (first-tier) memory.
     pub hbm_bytes: f64,
@@ -183,12 +250,41 @@ pub struct NodeSpec {
     pub name: String,
     pub device: DeviceSpec,
     pub devices: u32,
-    /// Each device's port to the node's switch; `None` when devices cannot talk inside
-    /// the node except through the NIC (one device per node).
+    /// Each device's port to the node's switch, or with [`IntraTopology::Mesh`] the link
+    /// between each pair of devices; `None` when devices cannot talk inside the node except
+    /// through the NIC (one device per node).
     pub intra_node: Option<LinkSpec>,
+    pub intra_topology: IntraTopology,
     pub nics: u32,
     pub nic: LinkSpec,
     pub host: HostSpec,
+}
+
+impl NodeSpec {
+    /// Links behind each device's port: its n - 1 links to its peers in a mesh, one port to
+    /// the switch otherwise.
+    pub fn links_per_port(&self) -> f64 {
+        match self.intra_topology {
+            IntraTopology::Switch => 1.0,
+            IntraTopology::Mesh => self.devices.saturating_sub(1).max(1) as f64,
+        }
+    }
+
+    /// Line rate of a device's whole port inside the node, per direction (all its mesh links).
+    pub fn intra_port_bytes_per_s(&self) -> Option<f64> {
+        self.intra_node.as_ref().map(|l| l.bandwidth_bytes_per_s * self.links_per_port())
+    }
+
+    /// The effective rate (per direction) each of `members` devices of this node reaches in a
+    /// collective among them: the port, or in a mesh the members - 1 links to the others.
+    pub fn intra_group_bytes_per_s(&self, members: u32) -> Option<f64> {
+        let l = self.intra_node.as_ref()?;
+        let links = match self.intra_topology {
+            IntraTopology::Switch => 1.0,
+            IntraTopology::Mesh => members.clamp(2, self.devices.max(2)).saturating_sub(1) as f64,
+        };
+        Some(l.effective_bytes_per_s() * links)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -261,6 +357,8 @@ pub struct Topology {
     capacity_bytes_per_s: Vec<f64>,
     latency_s: Vec<f64>,
     has_intra: bool,
+    /// Effective rate of one mesh link between two devices of a node (a mesh node only).
+    mesh_link_bytes_per_s: Option<f64>,
     /// SMs of each GPU (0 for other devices): what communication kernels take from compute.
     sms: Vec<u32>,
     /// How NCCL sees the cluster (GPU clusters only): collectives run as NCCL runs them.
@@ -293,12 +391,15 @@ impl Topology {
         let mut capacity = vec![0.0; total as usize];
         let mut latency = vec![0.0; total as usize];
         let intra = cluster.node.intra_node.as_ref();
+        // A mesh device's port carries all its links to its peers.
+        let port_links = cluster.node.links_per_port();
         for d in 0..2 * devices {
             if let Some(l) = intra {
-                capacity[d as usize] = l.effective_bytes_per_s();
+                capacity[d as usize] = l.effective_bytes_per_s() * port_links;
                 latency[d as usize] = l.latency_s;
             }
         }
+        let mesh = cluster.node.intra_topology == IntraTopology::Mesh;
         for i in nic_base..pcie_base {
             capacity[i as usize] = cluster.node.nic.effective_bytes_per_s();
             latency[i as usize] = cluster.node.nic.latency_s;
@@ -321,6 +422,7 @@ impl Topology {
             capacity_bytes_per_s: capacity,
             latency_s: latency,
             has_intra: intra.is_some(),
+            mesh_link_bytes_per_s: intra.filter(|_| mesh).map(LinkSpec::effective_bytes_per_s),
             sms: (0..devices)
                 .map(|d| {
                     let dev = cluster.device_of(d);
@@ -442,8 +544,32 @@ impl Topology {
         }
     }
 
-    /// Whether two devices share a node-internal switch.
+    /// Whether two devices share a node-internal switch (or mesh).
     pub fn same_switch(&self, a: u32, b: u32) -> bool {
         self.has_intra && self.node_of(a) == self.node_of(b)
+    }
+
+    /// Whether the node's devices are wired as a mesh ([`IntraTopology::Mesh`]).
+    pub fn is_mesh(&self) -> bool {
+        self.mesh_link_bytes_per_s.is_some()
+    }
+
+    /// The fastest a transfer between two distinct devices can run on its own: in a mesh, one
+    /// link when they share a node; unbounded otherwise (the route's links decide).
+    pub fn pair_cap(&self, a: u32, b: u32) -> f64 {
+        match self.mesh_link_bytes_per_s {
+            Some(link) if a != b && self.same_switch(a, b) => link,
+            _ => f64::INFINITY,
+        }
+    }
+
+    /// The fastest one device's flow in a collective step among `members` devices of one
+    /// mesh node can run: each member spreads its data over its links to the other
+    /// members - 1 (RCCL runs a channel per link); unbounded off a mesh.
+    pub fn group_cap(&self, members: usize) -> f64 {
+        match self.mesh_link_bytes_per_s {
+            Some(link) => link * members.clamp(2, self.devices_per_node.max(2) as usize).saturating_sub(1) as f64,
+            None => f64::INFINITY,
+        }
     }
 }

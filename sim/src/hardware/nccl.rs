@@ -15,7 +15,7 @@
 //! GPU's busiest link. The engine moves the bytes over the links (so concurrent collectives
 //! share them) with a ceiling per flow taken from the chosen algorithm, protocol and channels.
 
-use super::{ClusterSpec, DeviceKind, DeviceSpec};
+use super::{ClusterSpec, DeviceKind, DeviceSpec, Vendor};
 use serde::Serialize;
 
 pub const SOURCE: &str = "NVIDIA/nccl v2.30.7 (commit 5067397c2676d5aed50042fc39e5c8ee96eb0027)";
@@ -31,10 +31,12 @@ pub enum Arch {
 }
 
 impl Arch {
-    /// The generation of a GPU preset, from its name; an unknown GPU is taken as Ampere.
-    /// `None` for CPUs and FPGAs (NCCL does not run there).
+    /// The generation of an NVIDIA GPU, from its name; an unknown NVIDIA GPU is taken as
+    /// Ampere. `None` for CPUs, FPGAs and GPUs of other vendors: NCCL does not run there (an
+    /// AMD GPU runs RCCL, whose algorithms and tuning differ; it takes the generic
+    /// collectives, `engine::collective`).
     pub fn of(device: &DeviceSpec) -> Option<Arch> {
-        if device.kind != DeviceKind::Gpu {
+        if device.kind != DeviceKind::Gpu || device.vendor != Vendor::Nvidia {
             return None;
         }
         let n = device.name.to_ascii_lowercase();
@@ -205,13 +207,14 @@ pub struct NcclSystem {
 }
 
 impl NcclSystem {
-    /// NCCL's view of a cluster of NVIDIA GPUs; `None` for CPUs and FPGAs.
+    /// NCCL's view of a cluster of NVIDIA GPUs; `None` for CPUs, FPGAs and other vendors' GPUs.
     pub fn new(cluster: &ClusterSpec) -> Option<NcclSystem> {
         let node = &cluster.node;
         let arch = Arch::of(&node.device)?;
         let intra = node.intra_node.as_ref();
         let nvlink = intra.is_some_and(|l| l.name.to_ascii_lowercase().starts_with("nvlink"));
-        let intra_bytes_per_s = intra.map_or(node.nic.effective_bytes_per_s(), |l| l.effective_bytes_per_s());
+        let intra_bytes_per_s =
+            node.intra_group_bytes_per_s(node.devices).unwrap_or_else(|| node.nic.effective_bytes_per_s());
         let graph_channels = ring_graph_channels(arch, intra_bytes_per_s / GB);
         Some(NcclSystem {
             arch,

@@ -6,7 +6,8 @@ use super::limits;
 use super::reader::{Obj, Result, invalid, show};
 use super::suggest::did_you_mean;
 use crate::hardware::{
-    ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, LinkSpec, NodeSpec, PeakFlops, Precision, catalog,
+    ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, IntraTopology, LinkSpec, NodeSpec, PeakFlops, Precision, Vendor,
+    catalog,
 };
 use serde_json::Value;
 
@@ -60,6 +61,7 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
         None => DeviceSpec {
             name: "custom device".into(),
             kind: DeviceKind::Gpu,
+            vendor: Vendor::Nvidia,
             peak_flops: PeakFlops::default(),
             hbm_bytes: o.req("hbm_bytes", Obj::positive)?,
             mem_bandwidth_bytes_per_s: o.req("mem_bandwidth_bytes_per_s", Obj::positive)?,
@@ -79,6 +81,9 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
         _ => None,
     })? {
         d.kind = k;
+    }
+    if let Some(v) = o.choice("vendor", &Vendor::NAMES, Vendor::parse)? {
+        d.vendor = v;
     }
     if o.has("dsp_count") || o.has("clock_hz") {
         let fabric = FpgaFabric {
@@ -166,6 +171,7 @@ fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
             )?,
             devices: o.req("devices", Obj::uint)?,
             intra_node: None,
+            intra_topology: IntraTopology::Switch,
             nics: 1,
             nic: catalog::link_preset("ib-hdr").expect("preset"),
             host: crate::hardware::HostSpec {
@@ -185,6 +191,9 @@ fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
     }
     if o.has("intra_node") {
         n.intra_node = o.get("intra_node").map(|l| parse_link(l, &o.key("intra_node"))).transpose()?;
+    }
+    if let Some(t) = o.choice("intra_topology", &IntraTopology::NAMES, IntraTopology::parse)? {
+        n.intra_topology = t;
     }
     if n.devices > 1 && n.intra_node.is_none() {
         return Err(invalid(

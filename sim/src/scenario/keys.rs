@@ -73,6 +73,7 @@ pub const DEVICE: &[&str] = &[
     "name",
     "preset",
     "kind",
+    "vendor",
     "peak_flops",
     "hbm_bytes",
     "mem_bandwidth_bytes_per_s",
@@ -92,7 +93,7 @@ pub const PEAK_FLOPS: &[&str] = &["fp32", "fp16", "bf16", "fp8"];
 
 /// A node given as an object (`cluster.node`).
 pub const NODE: &[&str] =
-    &["name", "preset", "devices", "device", "intra_node", "nics", "nic", "host_dram_bytes", "pcie"];
+    &["name", "preset", "devices", "device", "intra_node", "intra_topology", "nics", "nic", "host_dram_bytes", "pcie"];
 
 /// `cluster`.
 pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "device_overrides"];

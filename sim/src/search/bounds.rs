@@ -175,8 +175,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let egress = if plan.ring() {
         0.0
     } else {
-        node.intra_node.as_ref().map_or(0.0, |l| l.bandwidth_bytes_per_s)
-            + node.nics as f64 * node.nic.bandwidth_bytes_per_s
+        node.intra_port_bytes_per_s().unwrap_or(0.0) + node.nics as f64 * node.nic.bandwidth_bytes_per_s
     };
     let dims = plan.tp_mode.dims(plan.tp);
     let edge_dims = if plan.ring() { vec![1] } else { dims.clone() };
