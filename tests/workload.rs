@@ -69,6 +69,29 @@ fn moe_presets_match_published_total_and_active_parameters() {
     }
 }
 
+/// A mixture-of-experts layer's expert GEMMs do `top_k` dense MLPs' worth of work per token
+/// (Mixtral: two SwiGLU experts of three matrices), split over tensor parallelism; a capacity
+/// factor pads every expert to its share of it.
+#[test]
+fn expert_gemms_do_top_k_mlps_of_work_per_token() {
+    let cfg = sim::workload::catalog::workload("mixtral-8x7b").unwrap().transformer;
+    let (h, f) = (cfg.hidden as f64, 14336.0);
+    for (t, cf) in [(1, 0.0), (4, 0.0), (2, 1.25)] {
+        let mut c = cfg.clone();
+        c.moe.as_mut().unwrap().capacity_factor = cf;
+        let sh = shape(2, 1024, t, t > 1);
+        let flops: f64 = c
+            .layer_ops(sh)
+            .iter()
+            .filter_map(LayerOp::compute)
+            .filter(|op| op.name.starts_with("expert_") && matches!(op.class, OpClass::Gemm { .. }))
+            .map(|op| op.forward_flops)
+            .sum();
+        let want = 2.0 * 2048.0 * 2.0 * 3.0 * h * f / t as f64 * if cf > 0.0 { cf } else { 1.0 };
+        assert!((flops - want).abs() <= 1e-9 * want, "tp {t} cf {cf}: {flops:e} vs {want:e}");
+    }
+}
+
 #[test]
 fn rounded_label_presets_are_within_the_stated_precision() {
     for p in sim::workload::catalog::presets().iter().filter(|p| ROUNDED_LABELS.contains(&p.name)) {

@@ -147,8 +147,17 @@ fn norm(name: &'static str, elems: f64, e: f64) -> LayerOp {
 /// parallelism, the all-gather that feeds the MLP), split over `t` ranks; `act` is what the
 /// activation moves and keeps per element (see `transformer::act_bytes`); `rep` is the share
 /// of a replicated activation each rank keeps (1/t under sequence parallelism).
-pub fn mlp_ops(moe: &Moe, tokens: f64, h: f64, act: (f64, f64), t: f64, e: f64, rep: f64) -> Vec<LayerOp> {
-    let matrices = act.0 - act.1 + 1.0;
+#[allow(clippy::too_many_arguments)]
+pub fn mlp_ops(
+    moe: &Moe,
+    tokens: f64,
+    h: f64,
+    matrices: f64,
+    act: (f64, f64),
+    t: f64,
+    e: f64,
+    rep: f64,
+) -> Vec<LayerOp> {
     let experts = moe.experts as f64;
     let k = moe.top_k as f64;
     let f = moe.expert_ffn as f64;

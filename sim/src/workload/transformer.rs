@@ -485,7 +485,7 @@ impl TransformerConfig {
         match self.moe {
             Some(moe) if self.is_moe_layer(l) => {
                 let act = act_bytes(self.mlp, shape.fusion.swiglu);
-                ops.extend(super::moe::mlp_ops(&moe, tokens, h, act, t, e, rep));
+                ops.extend(super::moe::mlp_ops(&moe, tokens, h, self.mlp_matrices(), act, t, e, rep));
             }
             _ => {
                 let ln_out = Saved { replicated_bytes: e * sbh * rep, ..Saved::default() };
