@@ -18,6 +18,7 @@
 pub mod catalog;
 pub mod kernels;
 pub mod nccl;
+pub mod nccl_p2p;
 
 use serde::Serialize;
 
