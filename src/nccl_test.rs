@@ -10,10 +10,15 @@ use sim::network::NetworkKind;
 /// Most nodes a run may span, and the largest size (1 TiB).
 const MAX_NODES: u32 = 4096;
 const MAX_BYTES: u64 = 1 << 40;
+/// Most ranks of an all-to-all: it simulates a flow per pair of GPUs that exchange data
+/// (p(k-1) over NVLink and p(N-1) over the network with PXN), and max-min fair sharing of that
+/// many flows costs about their square: 256 ranks take seconds, 512 a minute.
+const MAX_ALL_TO_ALL_RANKS: u32 = 256;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The collective: all_reduce, all_gather, reduce_scatter, broadcast or reduce.
+    /// The collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce or all_to_all
+    /// (alltoall; its size is each rank's whole send buffer, as nccl-tests' alltoall_perf).
     #[arg(long, default_value = "all_reduce")]
     op: String,
     /// Node preset (trainsim presets lists them).
@@ -55,9 +60,11 @@ fn parse_op(s: &str) -> Result<CollectiveKind, String> {
         "reduce_scatter" | "reducescatter" => CollectiveKind::ReduceScatter,
         "broadcast" => CollectiveKind::Broadcast,
         "reduce" => CollectiveKind::Reduce,
+        "all_to_all" | "alltoall" => CollectiveKind::AllToAll,
         _ => {
             return Err(format!(
-                "--op: unknown collective {s:?}; expected all_reduce, all_gather, reduce_scatter, broadcast or reduce"
+                "--op: unknown collective {s:?}; expected all_reduce, all_gather, reduce_scatter, broadcast, reduce or \
+                 all_to_all"
             ));
         }
     })
@@ -107,6 +114,13 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     if a.nodes * gpus < 2 {
         return Err("--nodes x --gpus: a collective needs at least 2 ranks".into());
+    }
+    if kind == CollectiveKind::AllToAll && a.nodes * gpus > MAX_ALL_TO_ALL_RANKS {
+        return Err(format!(
+            "--nodes x --gpus: {} ranks; all_to_all simulates a flow per pair of GPUs, so its cost grows with the \
+             square of the ranks: at most {MAX_ALL_TO_ALL_RANKS}",
+            a.nodes * gpus
+        ));
     }
     let network = NetworkKind::parse(&a.network)
         .ok_or_else(|| format!("--network: {:?} is not one of {}", a.network, NetworkKind::NAMES.join(", ")))?;

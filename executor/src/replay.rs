@@ -136,12 +136,17 @@ impl Shared {
     }
 }
 
-/// Bytes one member of a ring collective sends (and so copies) for a buffer of `bytes`.
+/// Bytes one member of a collective sends (and so copies) for a buffer of `bytes`.
 fn ring_bytes(kind: CollectiveKind, bytes: f64, members: usize) -> f64 {
     let p = members as f64;
     match kind {
         CollectiveKind::AllReduce => 2.0 * (p - 1.0) / p * bytes,
-        _ => (p - 1.0) / p * bytes,
+        // All-to-all: the blocks for the p - 1 others; the rest: a ring's p - 1 steps of n/p.
+        CollectiveKind::AllToAll
+        | CollectiveKind::AllGather
+        | CollectiveKind::ReduceScatter
+        | CollectiveKind::Broadcast
+        | CollectiveKind::Reduce => (p - 1.0) / p * bytes,
     }
 }
 

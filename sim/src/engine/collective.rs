@@ -20,9 +20,15 @@
 //! Other GPUs (AMD's: RCCL, whose algorithms and tuning differ from NCCL's), CPUs and FPGAs
 //! take the rings above. In a node whose devices form a mesh (AMD Infinity Fabric) a flow
 //! between two of the node's devices is capped by the links it can use ([`cap_mesh_flows`]).
+//!
+//! An all-to-all sends a distinct `n/p` block to every other member, all at once: one step of
+//! direct flows off NVIDIA GPUs, NCCL's grouped send/recv on them ([`nccl_all_to_all`]).
 
-use crate::hardware::Topology;
+use std::collections::{BTreeMap, HashMap};
+
 use crate::hardware::nccl::{self, Algo, Coll, Plan, Shape};
+use crate::hardware::nccl_p2p::{AllToAll, PairPlan};
+use crate::hardware::{LinkId, Topology};
 use crate::lower::{Collective, CollectiveKind};
 
 /// One flow of a step, in cluster device numbering.
@@ -108,6 +114,21 @@ fn expand_steps(c: &Collective, topo: &Topology) -> Steps {
     if let Some(steps) = nccl_steps(c, topo) {
         return steps;
     }
+    // All-to-all: every member sends n/p to every other member at once, over its routes.
+    if c.kind == CollectiveKind::AllToAll {
+        let block = c.bytes / p as f64;
+        let m = &c.members;
+        let flows = m.iter().flat_map(|&a| {
+            m.iter().filter(move |&&b| b != a).map(move |&b| StepFlow {
+                source: a,
+                target: b,
+                bytes: block,
+                cap_bytes_per_s: f64::INFINITY,
+            })
+        });
+        out.push(Step { flows: flows.collect(), chain: false, latency_s: None });
+        return out;
+    }
     // Broadcast and reduce: a pipelined chain from (to) the first member; all hops move the
     // whole message at once, so the chain costs its latency plus n / bandwidth.
     if matches!(c.kind, CollectiveKind::Broadcast | CollectiveKind::Reduce) {
@@ -154,7 +175,9 @@ fn expand_steps(c: &Collective, topo: &Topology) -> Steps {
             ring_steps(&mut out, &inter, nn - 1, shard);
             ring_steps(&mut out, &intra, k32 - 1, n / kf);
         }
-        CollectiveKind::Broadcast | CollectiveKind::Reduce => unreachable!("handled above"),
+        CollectiveKind::Broadcast | CollectiveKind::Reduce | CollectiveKind::AllToAll => {
+            unreachable!("handled above")
+        }
     }
     out
 }
@@ -199,6 +222,9 @@ pub fn nccl_plan(c: &Collective, topo: &Topology) -> Option<Plan> {
     if p < 2 || c.bytes <= 0.0 {
         return None;
     }
+    if c.kind == CollectiveKind::AllToAll {
+        return nccl_all_to_all(c, topo).map(|(plan, _)| plan);
+    }
     let nodes = by_node(&c.members, topo).len() as u32;
     let rings = nccl_rings(&c.members, topo).len() as f64;
     let link = if nodes == 1 {
@@ -214,6 +240,7 @@ pub fn nccl_plan(c: &Collective, topo: &Topology) -> Option<Plan> {
         CollectiveKind::AllGather => Coll::AllGather,
         CollectiveKind::Broadcast => Coll::Broadcast,
         CollectiveKind::Reduce => Coll::Reduce,
+        CollectiveKind::AllToAll => unreachable!("handled above"),
     };
     nccl::choose(sys, &Shape { coll, ranks: p, nodes, bytes: c.bytes, link_bus_bytes_per_s: link })
 }
@@ -222,6 +249,9 @@ pub fn nccl_plan(c: &Collective, topo: &Topology) -> Option<Plan> {
 /// same bytes over the same pairs, so the engine would merge them anyway), NCCL's latency
 /// before it, and each flow no faster than the plan's bus bandwidth allows.
 pub fn nccl_steps(c: &Collective, topo: &Topology) -> Option<Steps> {
+    if c.kind == CollectiveKind::AllToAll {
+        return nccl_all_to_all(c, topo).map(|(_, steps)| steps);
+    }
     let plan = nccl_plan(c, topo)?;
     let n = c.bytes;
     let p = c.members.len();
@@ -233,6 +263,7 @@ pub fn nccl_steps(c: &Collective, topo: &Topology) -> Option<Steps> {
         cap_bytes_per_s: cap * wire,
     };
     let (flows, chain) = match (plan.algo, c.kind) {
+        (_, CollectiveKind::AllToAll) | (Algo::P2p, _) => unreachable!("all-to-all is handled above"),
         (_, CollectiveKind::Broadcast | CollectiveKind::Reduce) => {
             let m = &c.members;
             let hops = (0..p - 1).map(|i| {
@@ -261,4 +292,96 @@ pub fn nccl_steps(c: &Collective, topo: &Topology) -> Option<Steps> {
         }
     };
     Some(vec![Step { flows, chain, latency_s: Some(plan.latency_s) }])
+}
+
+/// What a flow or a link carries: data bytes, wire bytes, ceiling in wire bytes/s.
+type Load = (f64, f64, f64);
+
+/// An all-to-all as NCCL runs it: every ordered pair of members moves its `n/p` block at once
+/// (grouped send/recv), each pair no faster than its channels ([`AllToAll`]). Inside a node a
+/// block goes straight over NVLink (or PCIe). Across nodes of NVLink GPUs it goes, as PXN
+/// sends it, over NVLink to the sender's node-mate with the receiver's local index and from
+/// there out of that GPU's NIC into the receiver's, so each rail carries its own traffic;
+/// without NVLink, or when that node-mate is no member, out of the sender's own NIC. The two
+/// legs of a relayed block run together (NCCL pipelines them chunk by chunk). Blocks between
+/// the same two devices are one flow, their ceilings summed. Also returns the plan summary:
+/// NCCL's channels and latency, and the busiest link's bytes and rate.
+pub fn nccl_all_to_all(c: &Collective, topo: &Topology) -> Option<(Plan, Steps)> {
+    let sys = topo.nccl()?;
+    let p = c.members.len();
+    if p < 2 || c.bytes <= 0.0 {
+        return None;
+    }
+    let nodes = by_node(&c.members, topo);
+    let local_peers = nodes.iter().any(|(_, v)| v.len() > 1);
+    let a2a = AllToAll::new(sys, p as u32, nodes.len() as u32, c.bytes, local_peers, nodes.len() > 1);
+    let block = c.bytes / p as f64;
+    let dpn = topo.devices_per_node;
+    let mut is_member = vec![false; c.members.iter().max().map_or(0, |&d| d as usize + 1)];
+    for &d in &c.members {
+        is_member[d as usize] = true;
+    }
+    let member = |d: u32| is_member.get(d as usize).copied().unwrap_or(false);
+    let mut pairs: HashMap<(u32, u32), Load> = HashMap::new();
+    let mut add = |a: u32, b: u32, pair: &PairPlan| {
+        let e = pairs.entry((a, b)).or_insert((0.0, 0.0, 0.0));
+        e.0 += block;
+        e.1 += block * pair.wire_factor;
+        e.2 += pair.cap_bytes_per_s * pair.wire_factor;
+    };
+    let (intra, inter) = (a2a.intra, a2a.inter);
+    for &a in &c.members {
+        for &b in &c.members {
+            if a == b {
+                continue;
+            }
+            if topo.node_of(a) == topo.node_of(b) {
+                add(a, b, intra.as_ref().expect("members share a node"));
+                continue;
+            }
+            let net = inter.as_ref().expect("members on several nodes");
+            let relay = topo.node_of(a) * dpn + b % dpn;
+            if a2a.pxn && relay != a && member(relay) {
+                add(a, relay, net);
+                add(relay, b, net);
+            } else {
+                add(a, b, net);
+            }
+        }
+    }
+    // In a fixed order, so that runs are reproducible.
+    let mut pairs: Vec<((u32, u32), Load)> = pairs.into_iter().collect();
+    pairs.sort_unstable_by_key(|&(k, _)| k);
+    // The busiest link relative to its rate (and its flows' ceilings): what bounds the exchange.
+    let caps = topo.capacities();
+    let mut load: BTreeMap<LinkId, Load> = BTreeMap::new();
+    for &((a, b), (data, wire, cap)) in &pairs {
+        for &l in topo.route(a, b).links() {
+            let e = load.entry(l).or_insert((0.0, 0.0, 0.0));
+            e.0 += data;
+            e.1 += wire;
+            e.2 += cap;
+        }
+    }
+    let (data, wire, rate) = load
+        .iter()
+        .map(|(&l, &(data, wire, cap))| (data, wire, caps[l as usize].min(cap)))
+        .max_by(|x, y| (x.1 / x.2).total_cmp(&(y.1 / y.2)))
+        .unwrap_or((block, block, f64::INFINITY));
+    let plan = Plan {
+        algo: Algo::P2p,
+        proto: a2a.proto(),
+        channels: a2a.kernel_channels(p as u32),
+        max_channels: a2a.channels.total,
+        latency_s: a2a.latency_s(),
+        bus_bytes_per_s: rate * data / wire,
+        full_bus_bytes_per_s: rate * data / wire,
+        wire_factor: wire / data,
+        link_bytes_per_byte: data / c.bytes,
+    };
+    let flows = pairs
+        .into_iter()
+        .map(|((source, target), (_, wire, cap))| StepFlow { source, target, bytes: wire, cap_bytes_per_s: cap })
+        .collect();
+    Some((plan, vec![Step { flows, chain: false, latency_s: Some(plan.latency_s) }]))
 }

@@ -1,7 +1,8 @@
 //! One collective alone on a cluster, as nccl-tests runs it: the time of one call, and what
 //! NCCL would choose for it. Bus bandwidth follows nccl-tests' definitions
 //! (NVIDIA/nccl-tests doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x 2(n-1)/n for
-//! all-reduce, x (n-1)/n for all-gather and reduce-scatter, x 1 for broadcast and reduce.
+//! all-reduce, x (n-1)/n for all-gather, reduce-scatter and all-to-all, x 1 for broadcast and
+//! reduce.
 
 use super::collective::nccl_plan;
 use super::{HostCosts, RunError, RunOptions, run};
@@ -27,14 +28,16 @@ pub fn bus_factor(kind: CollectiveKind, ranks: u32) -> f64 {
     let n = ranks as f64;
     match kind {
         CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => (n - 1.0) / n,
+        // All-to-all: 1/n of each buffer stays local (nccl-tests src/alltoall.cu, AlltoAllGetBw).
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => (n - 1.0) / n,
         CollectiveKind::Broadcast | CollectiveKind::Reduce => 1.0,
     }
 }
 
 /// Run `kind` over the first `per_node` devices of each of the cluster's nodes, `bytes` on
 /// each rank (nccl-tests' size: the whole buffer of all-reduce, broadcast and reduce, the
-/// gathered buffer of all-gather, the input of reduce-scatter). The time includes the
+/// gathered buffer of all-gather, the input of reduce-scatter, each rank's whole send buffer
+/// of all-to-all, `bytes / n` of it for each rank). The time includes the
 /// device's kernel launch, as in a training step.
 pub fn lone_collective(
     cluster: &ClusterSpec,

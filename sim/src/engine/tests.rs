@@ -353,7 +353,12 @@ fn a_lone_nccl_collective_takes_its_plans_time() {
         let c = ClusterSpec::new(catalog::node_preset(node).expect("preset"), nodes);
         let topo = Topology::new(&c);
         let n = 8 * nodes;
-        for kind in [CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+        for kind in [
+            CollectiveKind::AllReduce,
+            CollectiveKind::AllGather,
+            CollectiveKind::ReduceScatter,
+            CollectiveKind::AllToAll,
+        ] {
             for bytes in [8.0, 4096.0, 1e6, 3e7, 1e9] {
                 let p = nccl_program(n, &[(kind, bytes, StreamKind::Compute)]);
                 let plan = collective::nccl_plan(&p.collectives[0], &topo).expect("GPU cluster");
@@ -458,4 +463,128 @@ fn mi300x_mesh_transfers_take_one_link_and_collectives_all_of_them() {
     assert!((eight / (7.0 * link) - 1.0).abs() < 0.02, "{eight} vs 7 x {link}");
     assert!((300e9..340e9).contains(&eight), "{eight}");
     assert!((two / link - 1.0).abs() < 0.02, "{two} vs {link}");
+}
+
+/// An all-to-all of `bytes` per member over `members` of a cluster of `nodes` presets: its
+/// expansion and, run alone on the members' compute streams, its time in seconds.
+fn lone_all_to_all(
+    node: &str,
+    nodes: u32,
+    nics: Option<u32>,
+    members: &[u32],
+    bytes: f64,
+) -> (Topology, collective::Steps, f64) {
+    let mut n = catalog::node_preset(node).expect("preset");
+    if let Some(k) = nics {
+        n.nics = k;
+    }
+    let c = ClusterSpec::new(n, nodes);
+    let topo = Topology::new(&c);
+    let mut p = empty_program(c.device_count());
+    let col = Collective { kind: CollectiveKind::AllToAll, members: members.to_vec(), bytes };
+    let steps = collective::expand(&col, &topo);
+    p.collectives.push(col);
+    let streams: Vec<u32> = members.iter().map(|&d| Program::stream_index(d, StreamKind::Compute)).collect();
+    push(&mut p, TaskKind::Collective, 0, &streams, 0);
+    let t = run(&p, &topo, &[], &HostCosts::default(), opts()).expect("runs").iteration_ns as f64 * 1e-9;
+    (topo, steps, t)
+}
+
+/// Bytes each link carries in a collective's steps.
+fn link_loads(topo: &Topology, steps: &collective::Steps) -> Vec<f64> {
+    let mut load = vec![0.0; topo.link_count()];
+    for f in steps.iter().flat_map(|s| &s.flows) {
+        for &l in topo.route(f.source, f.target).links() {
+            load[l as usize] += f.bytes;
+        }
+    }
+    load
+}
+
+/// Off NVIDIA GPUs (FPGAs: direct flows) and inside one NVSwitch node (NCCL's send/recv) each
+/// member sends a block of n/p to each of its p - 1 peers and receives one from each: (p-1)/p
+/// of its buffer leaves it and as much arrives, in one step.
+#[test]
+fn all_to_all_moves_p_minus_1_over_p_of_each_buffer_off_each_device() {
+    let fpga = cluster(8, 1, link(100e9, 1e-6), link(10e9, 1e-6));
+    let dgx = ClusterSpec::new(catalog::node_preset("dgx-a100-80gb").expect("preset"), 1);
+    let bytes = 1e9;
+    for (c, p) in [(&fpga, 8u32), (&fpga, 5), (&dgx, 8), (&dgx, 3)] {
+        let topo = Topology::new(c);
+        let col = Collective { kind: CollectiveKind::AllToAll, members: (0..p).collect(), bytes };
+        let steps = collective::expand(&col, &topo);
+        assert_eq!(steps.len(), 1);
+        let want = (p - 1) as f64 / p as f64 * bytes;
+        for d in 0..p {
+            let out: Vec<f64> = steps[0].flows.iter().filter(|f| f.source == d).map(|f| f.bytes).collect();
+            let sent: f64 = out.iter().sum();
+            let got: f64 = steps[0].flows.iter().filter(|f| f.target == d).map(|f| f.bytes).sum();
+            assert_eq!(out.len(), p as usize - 1, "one flow per peer");
+            assert!(
+                (sent - want).abs() < 1e-9 * want && (got - want).abs() < 1e-9 * want,
+                "p={p} dev {d}: {sent} {got}"
+            );
+        }
+    }
+}
+
+/// Across nodes NCCL relays each block to its rail (PXN): with one NIC per GPU every NIC
+/// carries (N-1)/N of a buffer each way, the GPUs' own blocks for other nodes' GPUs of its
+/// index; every NVLink port (k-1)/k: a block for each node-mate, and one for each node-mate's
+/// rail per other node. Inter-node flows only join GPUs of the same local index.
+#[test]
+fn all_to_all_across_nodes_keeps_each_rail_on_its_nic() {
+    let (k, n, bytes) = (8u32, 4u32, 1e9);
+    let members: Vec<u32> = (0..k * n).collect();
+    let (topo, steps, _) = lone_all_to_all("dgx-h100", n, None, &members, bytes);
+    let load = link_loads(&topo, &steps);
+    let nic = (n - 1) as f64 / n as f64 * bytes;
+    let port = (k - 1) as f64 / k as f64 * bytes;
+    for node in 0..n {
+        for i in 0..k {
+            let out = topo.nic_out(node, i) as usize;
+            assert!((load[out] - nic).abs() < 1e-6 * nic && (load[out + 1] - nic).abs() < 1e-6 * nic, "{node}/{i}");
+            let d = (node * k + i) as usize;
+            assert!((load[2 * d] - port).abs() < 1e-6 * port && (load[2 * d + 1] - port).abs() < 1e-6 * port);
+        }
+    }
+    for f in &steps[0].flows {
+        if topo.node_of(f.source) != topo.node_of(f.target) {
+            assert_eq!(f.source % k, f.target % k, "{f:?} leaves its rail");
+        }
+    }
+}
+
+/// Inside one NVSwitch node the exchange is bound by each GPU's port: (p-1)/p of the buffer
+/// at the port's effective rate, within NCCL's latency, for large buffers; small ones pay the
+/// latency and few channels.
+#[test]
+fn all_to_all_inside_an_nvswitch_node_approaches_the_port_bandwidth() {
+    for (node, p) in [("dgx-a100-80gb", 8u32), ("dgx-h100", 8), ("dgx-h100", 4), ("dgx-a100-80gb", 2)] {
+        let port = catalog::node_preset(node).expect("preset").intra_node.expect("nvlink").effective_bytes_per_s();
+        let members: Vec<u32> = (0..p).collect();
+        let pf = p as f64;
+        let bytes = 8e9;
+        let (_, _, t) = lone_all_to_all(node, 1, None, &members, bytes);
+        let floor = bytes * (pf - 1.0) / pf / port;
+        assert!(t >= floor && t <= floor * 1.001 + 20e-6, "{node} p={p}: {t} s vs {floor} s");
+        let (_, _, small) = lone_all_to_all(node, 1, None, &members, 1e6);
+        assert!(small > 2.0 * 1e6 * (pf - 1.0) / pf / port, "{node} p={p}: {small} s");
+    }
+}
+
+/// Across nodes the NICs bound it: (N-1)/N of each GPU's buffer crosses its rail's NIC (sjeaugey,
+/// NVIDIA/nccl-tests #130: bus bandwidth N/(N-1) x the network bandwidth per GPU), twice as
+/// long when two GPUs share a NIC; NVLink, 10x faster, is not what limits.
+#[test]
+fn all_to_all_across_nodes_is_limited_by_the_nics() {
+    let nic = catalog::node_preset("dgx-a100-80gb").expect("preset").nic.effective_bytes_per_s();
+    let bytes = 4e9;
+    for (nodes, nics, per_gpu) in [(2u32, 8u32, 1.0), (4, 8, 1.0), (2, 4, 2.0)] {
+        let members: Vec<u32> = (0..8 * nodes).collect();
+        let (_, _, t) = lone_all_to_all("dgx-a100-80gb", nodes, Some(nics), &members, bytes);
+        let nf = nodes as f64;
+        let floor = per_gpu * bytes * (nf - 1.0) / nf / nic;
+        assert!(t >= floor && t <= floor * 1.001 + 50e-6, "{nodes} nodes, {nics} NICs: {t} s vs {floor} s");
+    }
 }

@@ -25,6 +25,7 @@
 pub mod catalog;
 pub mod kernels;
 pub mod nccl;
+pub mod nccl_p2p;
 #[cfg(test)]
 mod tests;
 

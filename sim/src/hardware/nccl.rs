@@ -63,6 +63,9 @@ pub enum Algo {
     Ring,
     Tree,
     Nvls,
+    /// Grouped send/recv (all-to-all), scheduled as NCCL schedules point-to-point work
+    /// (`nccl_p2p`).
+    P2p,
 }
 
 impl Algo {
@@ -71,6 +74,7 @@ impl Algo {
             Algo::Ring => "ring",
             Algo::Tree => "tree",
             Algo::Nvls => "nvls",
+            Algo::P2p => "p2p",
         }
     }
 }
@@ -95,7 +99,7 @@ impl Proto {
         }
     }
 
-    fn index(self) -> usize {
+    pub(super) fn index(self) -> usize {
         self as usize
     }
 }
@@ -114,19 +118,19 @@ pub enum Coll {
 
 /// `baseLatencies` of Tree and Ring.
 const BASE_LAT_TREE_US: [f64; 3] = [6.8, 14.0, 8.4];
-const BASE_LAT_RING_US: [f64; 3] = [6.6, 14.0, 8.4];
+pub(super) const BASE_LAT_RING_US: [f64; 3] = [6.6, 14.0, 8.4];
 /// `hwLatencies[NVLINK]` for Tree, Ring and NVLS.
 const NVLINK_TREE_US: [f64; 3] = [0.6, 1.25, 4.0];
-const NVLINK_RING_US: [f64; 3] = [0.6, 1.9, 3.4];
+pub(super) const NVLINK_RING_US: [f64; 3] = [0.6, 1.9, 3.4];
 const NVLINK_NVLS_US: [f64; 3] = [0.0, 0.0, 25.0];
 /// `hwLatencies[PCI]` for Tree and Ring.
 const PCI_TREE_US: [f64; 3] = [1.0, 1.9, 4.0];
-const PCI_RING_US: [f64; 3] = [1.0, 2.5, 5.7];
+pub(super) const PCI_RING_US: [f64; 3] = [1.0, 2.5, 5.7];
 /// `hwLatencies[NET]` for Tree and Ring.
 const NET_TREE_US: [f64; 3] = [5.0, 8.5, 14.0];
-const NET_RING_US: [f64; 3] = [2.7, 4.0, 14.0];
+pub(super) const NET_RING_US: [f64; 3] = [2.7, 4.0, 14.0];
 /// `getNetOverhead` on x86 Intel hosts (AMD: 2.0), tripled for Simple.
-const NET_OVERHEAD_US: f64 = 1.0;
+pub(super) const NET_OVERHEAD_US: f64 = 1.0;
 
 // ---- tuning.cc: bandwidth ceilings in GB/s, [arch][1 node, 2 nodes, more] ----
 
@@ -142,7 +146,7 @@ const PER_CH_MAX_TREE_BWS: [[f64; 3]; 4] =
 const NVLS_EFFICIENCY: [f64; 4] = [0.0, 0.0, 0.85, 0.74];
 /// LL carries 4 bytes of data and 4 of flag per 8-byte store (tuning.cc halves its bandwidth;
 /// sjeaugey, NVIDIA/nccl #281).
-const LL_DATA_FRACTION: f64 = 0.5;
+pub(super) const LL_DATA_FRACTION: f64 = 0.5;
 /// LL128 carries 120 data bytes per 128-byte line; tuning.cc rounds the ring's to 0.92.
 const LL128_RING_FRACTION: f64 = 0.92;
 const LL128_DATA_FRACTION: f64 = 120.0 / 128.0;
@@ -179,7 +183,7 @@ const MAX_THREADS: [f64; 3] = [512.0, 640.0, 512.0];
 /// ranks for a ring), `NCCL_LL128_THREAD_THRESHOLD`, `NCCL_SIMPLE_THREAD_THRESHOLD`.
 const THREAD_THRESHOLD: [f64; 3] = [8.0, 8.0, 64.0];
 /// `MAXCHANNELS`.
-const MAX_CHANNELS: u32 = 64;
+pub(super) const MAX_CHANNELS: u32 = 64;
 /// Ring search speeds per channel (GB/s), `speedArrayIntra`, `sm90SpeedArrayIntra`,
 /// `sm100SpeedArrayIntra`.
 const SPEEDS: [f64; 13] = [40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0];
@@ -188,8 +192,15 @@ const SPEEDS_SM100: [f64; 12] = [90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0,
 /// `NVLS_NCHANNELS_SM90`, `NVLS_NCHANNELS_SM100`.
 const NVLS_CHANNELS: [u32; 4] = [0, 0, 16, 32];
 
-const GB: f64 = 1e9;
-const US: f64 = 1e-6;
+pub(super) const GB: f64 = 1e9;
+pub(super) const US: f64 = 1e-6;
+/// Line rate of one NVLink per direction: 25 GB/s for NVLink 2 to 4 (V100 6 links, A100 12,
+/// H100 18), 50 GB/s for NVLink 5 (B200 18 links). NCCL counts a GPU's links as its NVLink
+/// path bandwidth over `ncclTopoNVLinkBw` (`src/graph/paths.cc`, `ncclTopoGetNchannels`).
+const NVLINK_LINE_GBPS: [f64; 4] = [25.0, 25.0, 25.0, 50.0];
+/// `NCCL_P2P_PER_CHANNEL_NET_BW` (GB/s, `src/graph/paths.cc`): the network bandwidth NCCL
+/// expects one point-to-point channel to carry when it sizes the channels per network peer.
+pub(super) const P2P_PER_CHANNEL_NET_GBPS: f64 = 14.0;
 
 /// What NCCL knows of a cluster's hardware.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -204,6 +215,11 @@ pub struct NcclSystem {
     /// Channels of NCCL's ring graph inside a node and of a communicator (twice the graph's).
     pub graph_channels: u32,
     pub channels: u32,
+    /// NVLinks of each GPU (0 without NVLink): its port's line rate over one link's.
+    pub nvlinks: u32,
+    /// Point-to-point channels NCCL gives a network peer (`ncclTopoGetNchannels`): at least
+    /// one per NIC local to the GPU, more to reach the NICs' bandwidth at 14 GB/s each.
+    pub net_channels: u32,
 }
 
 impl NcclSystem {
@@ -216,6 +232,16 @@ impl NcclSystem {
         let intra_bytes_per_s =
             node.intra_group_bytes_per_s(node.devices).unwrap_or_else(|| node.nic.effective_bytes_per_s());
         let graph_channels = ring_graph_channels(arch, intra_bytes_per_s / GB);
+        let nvlinks = match intra {
+            Some(l) if nvlink => {
+                ((l.bandwidth_bytes_per_s / GB / NVLINK_LINE_GBPS[arch.index()]).round() as u32).max(1)
+            }
+            _ => 0,
+        };
+        // The NICs local to a GPU (one when GPUs share NICs) and their line rate in whole GB/s.
+        let nets = (node.nics / node.devices.max(1)).max(1);
+        let net_gbps = (nets as f64 * node.nic.bandwidth_bytes_per_s / GB).floor();
+        let net_channels = nets.max((net_gbps / P2P_PER_CHANNEL_NET_GBPS).ceil() as u32);
         Some(NcclSystem {
             arch,
             nvlink,
@@ -223,6 +249,8 @@ impl NcclSystem {
             intra_bytes_per_s,
             graph_channels,
             channels: (2 * graph_channels).min(MAX_CHANNELS),
+            nvlinks,
+            net_channels,
         })
     }
 }
@@ -261,7 +289,8 @@ pub struct Plan {
     /// Bytes on the wire per byte of data (protocol flags).
     pub wire_factor: f64,
     /// Bytes each GPU's busiest link carries per byte of the message (ring all-reduce
-    /// 2(p-1)/p, tree 2, NVLS 1, ring all-gather and reduce-scatter (p-1)/p, chain 1).
+    /// 2(p-1)/p, tree 2, NVLS 1, ring all-gather and reduce-scatter (p-1)/p, chain 1; an
+    /// all-to-all's busiest link, (p-1)/p of a port inside a node).
     pub link_bytes_per_byte: f64,
 }
 

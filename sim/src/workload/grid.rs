@@ -175,11 +175,14 @@ pub fn layer_ops(cfg: &TransformerConfig, shape: LayerShape) -> Vec<LayerOp> {
 
 /// Bytes one device sends for a collective of `bytes` over `members` devices (ring
 /// all-reduce 2(p-1)/p n; all-gather, reduce-scatter, chained broadcast and reduce (p-1)/p n
-/// on average), for checking volumes against the published cost table.
+/// on average; all-to-all (p-1)/p n, its blocks for the others), for checking volumes against
+/// the published cost table.
 pub fn bytes_sent_per_device(kind: Comm, bytes: f64, members: u32) -> f64 {
     let p = members as f64;
     match kind {
         Comm::AllReduce => 2.0 * (p - 1.0) / p * bytes,
-        Comm::ReduceScatter | Comm::AllGather | Comm::Broadcast | Comm::Reduce => (p - 1.0) / p * bytes,
+        Comm::ReduceScatter | Comm::AllGather | Comm::Broadcast | Comm::Reduce | Comm::AllToAll => {
+            (p - 1.0) / p * bytes
+        }
     }
 }

@@ -206,6 +206,10 @@ pub enum Comm {
     Broadcast,
     /// From all to the root: a pipelined chain the other way.
     Reduce,
+    /// Every member sends a distinct `bytes / p` block of its `bytes` buffer to every other
+    /// member (expert parallelism's dispatch and combine). NCCL runs it as grouped
+    /// send/recv, all peers at once.
+    AllToAll,
 }
 
 /// Which devices of a tensor-parallel group take part in a collective.
