@@ -275,6 +275,27 @@ fn hf_llama2_7b_config() {
     assert_close(w.parameters(), preset.parameters(), 1e-9, "HF config vs preset");
 }
 
+/// Mixture-of-experts configs (the keys of DeepSeek-V3's and Qwen3-30B-A3B's `config.json`)
+/// read to the same models as the presets: experts, shared experts, dense first layers, latent
+/// attention and a head width apart from hidden / heads.
+#[test]
+fn hf_moe_configs_match_their_presets() {
+    for (file, preset) in [("deepseek-v3-config.json", "deepseek-v3"), ("qwen3-30b-a3b-config.json", "qwen3-30b-a3b")] {
+        let w = sim::workload::hf::parse(preset, &fixture(file)).expect("parses");
+        let p = sim::workload::catalog::workload(preset).expect("preset").transformer;
+        let t = &w.transformer;
+        assert_eq!(t.moe, p.moe, "{file}");
+        assert_eq!((t.mla, t.explicit_head_dim, t.rotary), (p.mla, p.explicit_head_dim, p.rotary), "{file}");
+        assert_close(t.parameters(), p.parameters(), 1e-9, file);
+        assert_close(t.active_parameters(), p.active_parameters(), 1e-9, file);
+    }
+    // Layers alternating dense and sparse are refused, not simulated as all sparse.
+    let mut v: serde_json::Value = serde_json::from_str(&fixture("qwen3-30b-a3b-config.json")).unwrap();
+    v["decoder_sparse_step"] = json!(2);
+    let err = sim::workload::hf::parse("q", &v.to_string()).expect_err("alternating layers");
+    assert!(err.contains("decoder_sparse_step"), "{err}");
+}
+
 #[test]
 fn hf_gpt2_config() {
     let w = sim::workload::hf::parse("gpt2", &fixture("gpt2-config.json")).expect("parses");
