@@ -55,6 +55,21 @@ fn bounds_are_never_above_the_simulated_values() {
     }
 }
 
+/// A mixture-of-experts model with dense first layers (two layer kinds, the bound takes the
+/// cheaper): bounds stay below simulation.
+#[test]
+fn bounds_hold_for_experts_with_dense_first_layers() {
+    let moe = input(
+        r#"{"workload": {"transformer": {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 32000, "mlp": "swiglu",
+                "norm": "rmsnorm", "rotary": true, "bias": false, "dropout": false, "ffn_hidden": 256,
+                "moe": {"experts": 8, "top_k": 2, "expert_ffn": 1024, "shared_ffn": 512, "dense_layers": 6}}},
+            "cluster": {"node": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 32, "seq_len": 2048},
+            "plan": {"rank_order": "tp-dp-pp", "offload": "none", "tp_mode": "1d", "recompute": "none"}}"#,
+    );
+    check_bounds(&moe);
+}
+
 fn check_bounds(inp: &SearchInput) {
     let all = search(inp, Options { top: 1, prune: false }, &none).unwrap();
     assert!(all.simulated.len() > 50, "{}", all.simulated.len());
