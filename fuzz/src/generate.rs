@@ -64,6 +64,7 @@ fn workload(r: &mut R, cat: &Catalog, s: &mut Scenario) -> (Value, WorkloadInfo)
         kv_heads: kv as u32,
         tokens: true,
         causal: true,
+        experts: 0,
     };
     if roll < 0.85 {
         let mut t = Map::new();
@@ -88,7 +89,7 @@ fn workload(r: &mut R, cat: &Catalog, s: &mut Scenario) -> (Value, WorkloadInfo)
         for k in ["bias", "dropout", "tied_embeddings"] {
             opt(&mut t, r, 0.25, k, |r| json!(r.chance(0.5)));
         }
-        experts(r, &mut t, layers, hidden);
+        info.experts = experts(r, &mut t, layers, hidden);
         let mut w = Map::new();
         w.insert("transformer".into(), Value::Object(t));
         opt(&mut w, r, 0.3, "name", |r| json!(*r.pick(&NAMES)));
@@ -146,11 +147,13 @@ fn workload(r: &mut R, cat: &Catalog, s: &mut Scenario) -> (Value, WorkloadInfo)
 
 /// Sometimes: routed experts, a head width of its own, or latent attention (valid shapes
 /// mostly, extremes now and then).
-fn experts(r: &mut R, t: &mut Map<String, Value>, layers: u64, hidden: u64) {
+fn experts(r: &mut R, t: &mut Map<String, Value>, layers: u64, hidden: u64) -> u32 {
+    let mut routed = 0;
     if r.chance(0.12) {
         let mut m = Map::new();
         let e = count(r, &[2, 2, 4, 8, 16, 64, 256], (257, 1_000_000), 0.05);
         m.insert("experts".into(), json!(e));
+        routed = e.min(u32::MAX as u64) as u32;
         m.insert("top_k".into(), json!(r.int(1, e.min(9))));
         opt(&mut m, r, 0.6, "expert_ffn", |r| json!(r.int(1, 4 * hidden.max(1))));
         opt(&mut m, r, 0.3, "shared_ffn", |r| json!(r.int(0, 4 * hidden.max(1))));
@@ -166,6 +169,7 @@ fn experts(r: &mut R, t: &mut Map<String, Value>, layers: u64, hidden: u64) {
                    "qk_rope_head_dim": r.int(0, 128), "v_head_dim": r.int(1, 192)}),
         );
     }
+    routed
 }
 
 /// Peak FLOP/s object or number for a custom device, covering `precision` most of the time.
@@ -419,6 +423,15 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         plan.insert("sequence_parallel".into(), sp);
     }
     opt(&mut plan, r, 0.35, "zero_stage", |r| json!(r.int(0, 3)));
+    // Expert parallelism: a divisor of dp mostly (valid only for experts), else anything.
+    let p_ep = if w.experts > 0 { 0.5 } else { 0.03 };
+    opt(
+        &mut plan,
+        r,
+        p_ep,
+        "ep",
+        |r| if r.chance(0.8) { json!(*r.pick(&divisors(dp))) } else { json!(r.int(0, 1000)) },
+    );
     opt(&mut plan, r, 0.3, "recompute", |r| json!(*r.pick(&["none", "selective", "full"])));
     let zero3 = plan.get("zero_stage") == Some(&json!(3));
     if r.chance(0.15) {

@@ -15,6 +15,8 @@ pub struct WorkloadInfo {
     /// Token input (a language model), as opposed to image patches or a CNN.
     pub tokens: bool,
     pub causal: bool,
+    /// Routed experts of a mixture-of-experts model (0: dense).
+    pub experts: u32,
 }
 
 impl WorkloadInfo {
@@ -62,6 +64,7 @@ impl Catalog {
                     kv_heads: u(c, "kv_heads") as u32,
                     tokens: c.pointer("/input/tokens").is_some(),
                     causal: c.get("causal").and_then(Value::as_bool).unwrap_or(false),
+                    experts: c.pointer("/moe/experts").and_then(Value::as_u64).unwrap_or(0) as u32,
                 }
             })
             .filter(|w| w.layers > 0)
