@@ -190,7 +190,8 @@ pub(super) fn gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, 
     if !(1..3).contains(&lw.z) {
         return;
     }
-    let total = st.params * lw.wb;
+    // Routed experts under expert parallelism (dp = ep) have no other replica to gather from.
+    let total = (st.params - st.expert_params) * lw.wb;
     let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
     for i in 0..n {
         let bytes = if i + 1 == n { total - plan.bucket_bytes * (n - 1) as f64 } else { plan.bucket_bytes };

@@ -33,6 +33,7 @@ mod builder;
 mod compute;
 mod context;
 mod data_parallel;
+mod expert_parallel;
 mod gather;
 mod gemini;
 mod memory;

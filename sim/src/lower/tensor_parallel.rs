@@ -24,6 +24,10 @@ pub(super) fn collective_on_compute(
     mb: u32,
 ) {
     let label = b.label(Label { op: name, layer, phase, chunk });
+    if axis == Axis::Expert {
+        super::expert_parallel::ep_collective(b, ctx, kind, label, bytes, mb);
+        return;
+    }
     let Some(n) = axis.dim() else {
         // The whole group: one task on all its compute streams.
         let id = b.collective_id(kind, &ctx.group, bytes);

@@ -199,7 +199,9 @@ impl<'a> Walk<'a> {
             }
             last = la;
             if at.sync_grads {
-                self.grads.add_layer(b, plan, lw.lp[l as usize] * gb, la);
+                // Routed experts under expert parallelism (dp = ep) are held once per stage and
+                // tensor rank: nothing to reduce.
+                self.grads.add_layer(b, plan, (lw.lp[l as usize] - lw.lp_expert[l as usize]) * gb, la);
             }
         }
         if c == 0 && !lw.frozen && ub.edges {
