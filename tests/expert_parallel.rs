@@ -139,18 +139,44 @@ fn all_to_all_adds_exposed_communication_across_nodes() {
 
 /// One replica stands for all under data-parallel symmetry with expert parallelism too: the
 /// all-to-all names the other replicas' devices, and full lowering (every replica joining the
-/// shared all-to-all on its own stream) agrees.
+/// shared all-to-all on its own stream) agrees; likewise with expert data parallelism (dp =
+/// 2 ep: expert gradients reduced over the replicas holding the same experts), with and
+/// without ZeRO-1.
 #[test]
 fn symmetric_and_full_simulation_agree_with_expert_parallelism() {
-    let text = moe_scenario(2, Some(2), 1.0);
-    let mut full: Value = serde_json::from_str(&text).unwrap();
-    full["simulation"] = json!({"symmetry": false});
-    let (a, b) = (simulate(&text), simulate(&full.to_string()));
-    assert!(a.symmetric && a.simulated_devices < 16);
-    assert!(!b.symmetric && b.simulated_devices == 16);
-    assert_eq!(a.iteration_s, b.iteration_s);
-    assert_eq!(a.peak_memory_bytes, b.peak_memory_bytes);
-    assert_eq!(a.mfu, b.mfu);
+    for (dp, ep, zero) in [(2, 2, 1), (4, 2, 1), (4, 2, 0)] {
+        let mut v: Value = serde_json::from_str(&moe_scenario(dp, Some(ep), 1.0)).unwrap();
+        v["plan"]["zero_stage"] = json!(zero);
+        let text = v.to_string();
+        v["simulation"] = json!({"symmetry": false});
+        let (a, b) = (simulate(&text), simulate(&v.to_string()));
+        let devices = dp * 8;
+        assert!(a.symmetric && a.simulated_devices < devices, "dp {dp} ep {ep}");
+        assert!(!b.symmetric && b.simulated_devices == devices, "dp {dp} ep {ep}");
+        assert_eq!(a.iteration_s, b.iteration_s, "dp {dp} ep {ep} zero {zero}");
+        assert_eq!(a.peak_memory_bytes, b.peak_memory_bytes, "dp {dp} ep {ep} zero {zero}");
+        assert_eq!(a.mfu, b.mfu, "dp {dp} ep {ep} zero {zero}");
+    }
+}
+
+/// Expert data parallelism under ZeRO-1: the routed experts' optimizer states are sharded
+/// over the dp / ep replicas holding the same experts, the rest over dp. (Which collectives
+/// reduce the expert gradients: `lower::tests::expert_gradients_are_reduced_over_the_expert_data_parallel_group`.)
+#[test]
+fn zero1_shards_expert_optimizer_states_over_the_expert_data_parallel_group() {
+    let (_, _, ob) = sim::cost::memory::bytes_per_parameter(sim::hardware::Precision::Bf16, sim::plan::Optimizer::Adam);
+    let routed = LAYERS as f64 * EXPERTS as f64 * 2.0 * HIDDEN * EXPERT_FFN / 8.0;
+    let zero1 = |dp: u32, ep: u32| simulate(&moe_scenario(dp, Some(ep), 1.0)).memory_breakdown.optimizer;
+    // ep 2 -> 4 at dp 4 halves the experts per device, and their shards go from 2 to 1 ways:
+    // the same optimizer bytes; dp 4 ep 2 against dp 2 ep 2 halves the expert shard.
+    let (o22, o42) = (zero1(2, 2), zero1(4, 2));
+    let expert_22 = routed / 2.0 * ob;
+    let expert_42 = routed / 2.0 / 2.0 * ob;
+    // The rest is sharded over dp: 1/2 vs 1/4.
+    let rest_22 = o22 - expert_22;
+    assert!(rest_22 > 0.0);
+    let want = rest_22 / 2.0 + expert_42;
+    assert!((o42 - want).abs() <= 1e-9 * want, "optimizer bytes dp 4 ep 2: {o42}, want {want}");
 }
 
 fn error(text: &str) -> String {
@@ -178,8 +204,6 @@ fn invalid_or_unmodelled_ep_is_refused_naming_plan_ep() {
         ),
         // Tensor parallelism without sequence parallelism.
         with(json!({"dp": 2, "tp": 8, "ep": 2}), moe.clone(), 2),
-        // Expert data parallelism (dp > ep): not modelled yet.
-        with(json!({"dp": 4, "tp": 4, "sequence_parallel": true, "ep": 2}), moe.clone(), 2),
         // ZeRO-2.
         with(json!({"dp": 2, "tp": 8, "sequence_parallel": true, "ep": 2, "zero_stage": 2}), moe.clone(), 2),
     ];

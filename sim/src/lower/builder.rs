@@ -74,6 +74,10 @@ pub(super) struct Builder {
     /// shared by the group's replicas; how many each (replica, stage, tp rank) has lowered.
     pub(super) ep_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
     pub(super) ep_seq: HashMap<(u32, u32, u32), u32>,
+    /// Expert-data-parallel collectives of each (replica modulo ep, stage, tp rank), in
+    /// order; how many each (replica, stage, tp rank) has lowered.
+    pub(super) edp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
+    pub(super) edp_seq: HashMap<(u32, u32, u32), u32>,
     /// Collectives by (kind, size's bits, hash of the members); a second collective with the
     /// same key (a hash collision) goes to `colliding_collectives`.
     collective_ids: FastMap<(u8, u64, u64), u32>,
@@ -130,6 +134,8 @@ impl Builder {
             dp_seq: HashMap::new(),
             ep_tasks: HashMap::new(),
             ep_seq: HashMap::new(),
+            edp_tasks: HashMap::new(),
+            edp_seq: HashMap::new(),
             collective_ids: FastMap::default(),
             colliding_collectives: HashMap::new(),
             unit_log: Vec::new(),

@@ -305,11 +305,6 @@ fn parse_ep(
             format!("{ep}: {why} is not modelled with expert parallelism yet; allowed: ep = 1"),
         ))
     };
-    if dp > ep {
-        return refuse(&format!(
-            "expert data parallelism (dp = {dp} > ep: expert gradients reduced over dp / ep replicas)"
-        ));
-    }
     if zero_stage >= 2 {
         return refuse(&format!("zero_stage {zero_stage}"));
     }

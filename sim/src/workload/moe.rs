@@ -10,10 +10,11 @@
 //!                 └──────────── shared fc1 ─ act ─ shared fc2 (when shared experts exist) ─┘
 //! ```
 //!
-//! All experts live on every device of a tensor-parallel group, split like the dense MLP
-//! (Megatron-Core's layout with expert tensor parallelism equal to tensor parallelism and
-//! expert parallelism 1; `moe_token_dispatcher_type` "allgather": the sequence-parallel
-//! all-gather and reduce-scatter around the MLP are the dense layer's). Every expert's rows
+//! Without expert parallelism all experts live on every device of a tensor-parallel group,
+//! split like the dense MLP (Megatron-Core's layout with expert tensor parallelism equal to
+//! tensor parallelism and expert parallelism 1; `moe_token_dispatcher_type` "allgather": the
+//! sequence-parallel all-gather and reduce-scatter around the MLP are the dense layer's; with
+//! `plan.ep` > 1 see [`ep_mlp_ops`]). Every expert's rows
 //! run as one grouped GEMM (`batch` = experts): dropless routing computes `tokens x k` rows,
 //! a capacity factor `c` pads every expert to `c x tokens x k / E` rows (GShard, Switch).
 //!
