@@ -67,6 +67,8 @@ fn block_s(
     for (i, op) in ops.iter().enumerate() {
         let spec = match op {
             LayerOp::Compute(spec) => spec,
+            // Expert-parallel all-to-alls are bounded by 0 (their members and links vary).
+            LayerOp::Comm { axis: Axis::Expert, .. } => continue,
             LayerOp::Comm { bytes, axis, forward, backward, .. } => {
                 let members = axis.dim().map_or(dims.iter().product(), |d| dims.get(d).copied().unwrap_or(1));
                 if members > 1 && egress > 0.0 {
