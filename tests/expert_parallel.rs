@@ -141,10 +141,10 @@ fn all_to_all_adds_exposed_communication_across_nodes() {
 /// all-to-all names the other replicas' devices, and full lowering (every replica joining the
 /// shared all-to-all on its own stream) agrees; likewise with expert data parallelism (dp =
 /// 2 ep: expert gradients reduced over the replicas holding the same experts), with and
-/// without ZeRO-1.
+/// without ZeRO-1 and with ZeRO-2.
 #[test]
 fn symmetric_and_full_simulation_agree_with_expert_parallelism() {
-    for (dp, ep, zero) in [(2, 2, 1), (4, 2, 1), (4, 2, 0)] {
+    for (dp, ep, zero) in [(2, 2, 1), (4, 2, 1), (4, 2, 0), (4, 2, 2)] {
         let mut v: Value = serde_json::from_str(&moe_scenario(dp, Some(ep), 1.0)).unwrap();
         v["plan"]["zero_stage"] = json!(zero);
         let text = v.to_string();
@@ -204,8 +204,8 @@ fn invalid_or_unmodelled_ep_is_refused_naming_plan_ep() {
         ),
         // Tensor parallelism without sequence parallelism.
         with(json!({"dp": 2, "tp": 8, "ep": 2}), moe.clone(), 2),
-        // ZeRO-2.
-        with(json!({"dp": 2, "tp": 8, "sequence_parallel": true, "ep": 2, "zero_stage": 2}), moe.clone(), 2),
+        // ZeRO-3.
+        with(json!({"dp": 2, "tp": 8, "sequence_parallel": true, "ep": 2, "zero_stage": 3}), moe.clone(), 2),
     ];
     for text in &cases {
         let e = error(text);
@@ -214,4 +214,23 @@ fn invalid_or_unmodelled_ep_is_refused_naming_plan_ep() {
     let imbalanced = moe_workload(0.5);
     let e = error(&with(json!({"dp": 2, "tp": 8, "sequence_parallel": true}), imbalanced, 2));
     assert!(e.contains("imbalance"), "{e}");
+}
+
+/// ZeRO-2 under expert data parallelism: gradients of the routed experts are sharded over the
+/// dp / ep replicas holding them, the rest over dp.
+#[test]
+fn zero2_shards_expert_gradients_over_the_expert_data_parallel_group() {
+    let (gb, _, _) = sim::cost::memory::bytes_per_parameter(sim::hardware::Precision::Bf16, sim::plan::Optimizer::Adam);
+    let grads = |ep: u32, zero: u32| {
+        let mut v: Value = serde_json::from_str(&moe_scenario(4, Some(ep), 1.0)).unwrap();
+        v["plan"]["zero_stage"] = json!(zero);
+        simulate(&v.to_string()).memory_breakdown.gradients
+    };
+    let routed = LAYERS as f64 * EXPERTS as f64 * 2.0 * HIDDEN * EXPERT_FFN / 8.0;
+    // ZeRO-1 keeps whole gradients: the experts' share at ep 2 is routed / 2.
+    let whole = grads(2, 1);
+    let expert = routed / 2.0 * gb;
+    let want = (whole - expert) / 4.0 + expert / 2.0;
+    let got = grads(2, 2);
+    assert!((got - want).abs() <= 1e-9 * want, "ZeRO-2 gradients {got}, want {want}");
 }

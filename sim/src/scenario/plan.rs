@@ -305,7 +305,7 @@ fn parse_ep(
             format!("{ep}: {why} is not modelled with expert parallelism yet; allowed: ep = 1"),
         ))
     };
-    if zero_stage >= 2 {
+    if zero_stage >= 3 {
         return refuse(&format!("zero_stage {zero_stage}"));
     }
     if offload.optimizer != Tier::Device || offload.params != Tier::Device || offload.dynamic.is_some() {
