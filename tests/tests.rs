@@ -11,6 +11,8 @@ mod docs;
 mod executor;
 // Training runs with freezing and elastic pipelines (PipeTransformer).
 mod freezing;
+// Expert parallelism (plan.ep): all-to-all layout, parameters, FLOPs, refusals.
+mod expert_parallel;
 // Tensor-parallel modes (1D, 2D, 2.5D, 3D): collective volumes, memory, end-to-end runs.
 mod parallelism;
 // Offload policies (Gemini, ZeRO-Offload, ZeRO-Infinity) and capacity search.

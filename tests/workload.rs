@@ -121,6 +121,7 @@ fn shape(b: u32, s: u32, t: u32, sp: bool) -> LayerShape {
         seq_len: s,
         tp: t,
         tp_mode: TpMode::OneD,
+        ep: 1,
         context: 0,
         attention: sim::hardware::kernels::Attention::Naive,
         fusion: Default::default(),

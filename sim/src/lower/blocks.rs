@@ -100,6 +100,7 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
         seq_len: u.tokens,
         tp: plan.tp,
         tp_mode: plan.tp_mode,
+        ep: plan.ep,
         context: u.context,
         sequence_parallel: plan.sequence_parallel,
         attention: plan.attention,

@@ -70,6 +70,14 @@ pub(super) struct Builder {
     pub(super) dp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
     /// How many data-parallel collectives each (replica, stage, tp rank, stream) has lowered.
     pub(super) dp_seq: HashMap<(u32, u32, u32, u32), u32>,
+    /// Expert-parallel all-to-alls of each (expert-parallel group, stage, tp rank), in order,
+    /// shared by the group's replicas; how many each (replica, stage, tp rank) has lowered.
+    pub(super) ep_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
+    pub(super) ep_seq: HashMap<(u32, u32, u32), u32>,
+    /// Expert-data-parallel collectives of each (replica modulo ep, stage, tp rank), in
+    /// order; how many each (replica, stage, tp rank) has lowered.
+    pub(super) edp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
+    pub(super) edp_seq: HashMap<(u32, u32, u32), u32>,
     /// Collectives by (kind, size's bits, hash of the members); a second collective with the
     /// same key (a hash collision) goes to `colliding_collectives`.
     collective_ids: FastMap<(u8, u64, u64), u32>,
@@ -124,6 +132,10 @@ impl Builder {
             dp_tasks: HashMap::new(),
             class: 0,
             dp_seq: HashMap::new(),
+            ep_tasks: HashMap::new(),
+            ep_seq: HashMap::new(),
+            edp_tasks: HashMap::new(),
+            edp_seq: HashMap::new(),
             collective_ids: FastMap::default(),
             colliding_collectives: HashMap::new(),
             unit_log: Vec::new(),
@@ -168,23 +180,35 @@ impl Builder {
             stream: streams[0],
         });
         for &s in streams {
-            self.p.streams[s as usize].push(id);
-            if let Some(held) = self.held_sends.as_mut()
-                && Program::stream_kind(s) == StreamKind::Compute
-            {
-                for send in held[s as usize].drain(..) {
-                    self.p.deps.push((send, id));
-                }
-            }
-            if let Some(held) = self.held_tp.get_mut(s as usize)
-                && Program::stream_kind(s) == StreamKind::Compute
-            {
-                for c in held.drain(..) {
-                    self.p.deps.push((c, id));
-                }
-            }
+            self.place(id, s);
         }
         id
+    }
+
+    /// Puts task `id` at the end of stream `s`.
+    fn place(&mut self, id: u32, s: u32) {
+        self.p.streams[s as usize].push(id);
+        if let Some(held) = self.held_sends.as_mut()
+            && Program::stream_kind(s) == StreamKind::Compute
+        {
+            for send in held[s as usize].drain(..) {
+                self.p.deps.push((send, id));
+            }
+        }
+        if let Some(held) = self.held_tp.get_mut(s as usize)
+            && Program::stream_kind(s) == StreamKind::Compute
+        {
+            for c in held.drain(..) {
+                self.p.deps.push((c, id));
+            }
+        }
+    }
+
+    /// Adds stream `s` to an existing task's streams (a collective created by another
+    /// replica's lowering joins this replica's stream where this replica reaches it).
+    pub(super) fn join(&mut self, id: u32, s: u32) {
+        self.p.tasks[id as usize].streams += 1;
+        self.place(id, s);
     }
 
     /// A copy of op `op` that runs on `share` of the device's compute units (one per op).
@@ -277,4 +301,10 @@ pub(super) struct StepCtx {
     /// Fraction of the device's compute units a GEMM keeps while a pipelined reduce-scatter
     /// overlaps it (`TpOverlap`).
     pub(super) tp_sm_share: f64,
+    /// The replica and stage being lowered, the expert-parallel group's index (replica / ep)
+    /// and, per tensor rank, its expert-parallel group's devices (empty when ep = 1).
+    pub(super) replica: u32,
+    pub(super) stage: u32,
+    pub(super) ep_group: u32,
+    pub(super) ep_members: Vec<Vec<u32>>,
 }

@@ -37,6 +37,9 @@ pub(super) struct Lowering<'s> {
     pub(super) sched_shape: ScheduleShape,
     /// Parameters of each layer on one device.
     pub(super) lp: Vec<f64>,
+    /// Of those, the routed experts' (split over `plan.ep` replicas; reduced and sharded by
+    /// ZeRO over the `dp / ep` replicas holding the same experts).
+    pub(super) lp_expert: Vec<f64>,
     /// Whether the embedding and head are units of their own (a transformer, not a net).
     pub(super) edges: bool,
     /// Parameters on one device of the embedding (without a separate head matrix) and of
@@ -92,9 +95,19 @@ impl<'s> Lowering<'s> {
         let t = plan.tp;
         let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
         let tf = if plan.ring() { 1.0 } else { t as f64 };
+        let shards = plan.tp_mode.weight_shards(t) as f64;
+        let ep = plan.ep as f64;
+        let lp_expert: Vec<f64> = match &s.workload.net {
+            Some(net) => vec![0.0; net.layers.len()],
+            None if plan.ep > 1 => (0..w.layers).map(|l| w.routed_expert_parameters_at(l) / ep / shards).collect(),
+            None => vec![0.0; w.layers as usize],
+        };
         let lp: Vec<f64> = match &s.workload.net {
             Some(net) => net.layers.iter().map(|l| l.parameters()).collect(),
-            None => (0..w.layers).map(|l| w.layer_parameters_at(l) / plan.tp_mode.weight_shards(t) as f64).collect(),
+            None if plan.ep > 1 => (0..w.layers)
+                .map(|l| (w.layer_parameters_at(l) - w.routed_expert_parameters_at(l)) / shards + lp_expert[l as usize])
+                .collect(),
+            None => (0..w.layers).map(|l| w.layer_parameters_at(l) / shards).collect(),
         };
         let edges = s.workload.net.is_none();
         let vocab_params = w.head_classes() * w.hidden as f64 / tf;
@@ -125,6 +138,7 @@ impl<'s> Lowering<'s> {
             cache_op,
             sched_shape: ScheduleShape { stages: plan.pp, micro_batches: m, virtual_stages: plan.virtual_stages },
             lp,
+            lp_expert,
             edges,
             first_params,
             last_params,
@@ -146,6 +160,32 @@ impl<'s> Lowering<'s> {
     /// (1: optimizer states, 2: gradients, 3: parameters).
     pub(super) fn shard(&self, stage_at_least: u8) -> f64 {
         if self.z >= stage_at_least { self.dp } else { 1.0 }
+    }
+
+    /// What ZeRO divides the routed experts' states by from `stage_at_least` on: the replicas
+    /// holding the same experts (`dp / ep`).
+    pub(super) fn expert_shard(&self, stage_at_least: u8) -> f64 {
+        if self.z >= stage_at_least { self.dp / self.plan.ep as f64 } else { 1.0 }
+    }
+
+    /// A stage's parameters on one device after ZeRO's sharding from `stage_at_least` on:
+    /// the routed experts over `dp / ep` replicas, the rest over `dp`.
+    pub(super) fn sharded(&self, st: &Stage, stage_at_least: u8) -> f64 {
+        (st.params - st.expert_params) / self.shard(stage_at_least)
+            + st.expert_params / self.expert_shard(stage_at_least)
+    }
+
+    /// [`Lowering::sharded`] in bytes at `per` bytes per parameter.
+    pub(super) fn sharded_bytes(&self, st: &Stage, stage_at_least: u8, per: f64) -> f64 {
+        if st.expert_params == 0.0 {
+            return st.params * per / self.shard(stage_at_least);
+        }
+        self.sharded(st, stage_at_least) * per
+    }
+
+    /// Parameters on one device of chunk `c`'s routed experts.
+    pub(super) fn chunk_expert_params(&self, c: u32) -> f64 {
+        (self.starts[c as usize]..self.starts[c as usize + 1]).map(|l| self.lp_expert[l as usize]).sum()
     }
 
     /// Parameters on one device of chunk `c`'s layers (and its embedding or head).
@@ -173,6 +213,8 @@ pub(super) struct Stage {
     /// The chunks this stage holds, and their parameters on one device.
     pub(super) my_chunks: Vec<u32>,
     pub(super) params: f64,
+    /// Of those, the routed experts' ([`Lowering::lp_expert`]).
+    pub(super) expert_params: f64,
 }
 
 /// Compute units (SMs) Transformer Engine's pipelined and bulk overlaps keep for their
@@ -207,6 +249,14 @@ impl Stage {
             dims: plan.tp_mode.dims(lw.t),
             tp_streams,
             tp_sm_share,
+            replica: r,
+            stage,
+            ep_group: r / plan.ep,
+            ep_members: if plan.ep > 1 {
+                (0..lw.t).map(|x| plan.ep_members(r, stage, x)).collect()
+            } else {
+                Vec::new()
+            },
         };
         let order = if plan.token_slices.is_some() {
             // TeraPipe: every slice forward in order, then backward in exact reverse (a
@@ -219,7 +269,8 @@ impl Stage {
         };
         let my_chunks: Vec<u32> = (0..lw.chunks).filter(|c| c % plan.pp == stage).collect();
         let params: f64 = my_chunks.iter().map(|&c| lw.chunk_params(c)).sum();
-        Stage { r, stage, class, ctx, order, my_chunks, params }
+        let expert_params: f64 = my_chunks.iter().map(|&c| lw.chunk_expert_params(c)).sum();
+        Stage { r, stage, class, ctx, order, my_chunks, params, expert_params }
     }
 
     /// The tensor-parallel group's devices.

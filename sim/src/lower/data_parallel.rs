@@ -89,6 +89,20 @@ fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after
         .collect()
 }
 
+/// Reduction of one bucket of routed-expert gradients over the expert-data-parallel group
+/// (see [`super::expert_parallel`]), each device's after its task `after + x - (t-1)`.
+fn expert_grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32) -> Vec<u32> {
+    let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
+    let t = plan.tp;
+    (0..t)
+        .map(|x| {
+            let task = super::expert_parallel::edp_collective(b, plan, r, stage, x, kind, bytes, "expert_grad_sync");
+            b.p.deps.push((after + x - (t - 1), task));
+            task
+        })
+        .collect()
+}
+
 /// Gradient reduction of one stage, bucket by bucket as backward produces the gradients.
 pub(super) struct GradSync {
     r: u32,
@@ -109,11 +123,17 @@ pub(super) struct GradSync {
     dtype_scale: f64,
     /// Gradient bytes in the open bucket.
     pending_bytes: f64,
+    /// Under expert data parallelism (`dp` > `ep` > 1), the routed experts' gradient bytes in
+    /// their own open bucket, reduced over the replicas holding the same experts; `None`
+    /// when they are not reduced (ep = 1: they are in `pending_bytes`; dp = ep: no peers).
+    pending_expert: Option<f64>,
     /// With the optimizer on the host, each reduced bucket is copied there.
     to_host: bool,
     /// Per device of the group, the last task of the latest bucket's reduction (and copy);
     /// empty before the first. The optimizer step waits for it.
     pub(super) last_sync: Vec<u32>,
+    /// Per device, the last task of the latest expert bucket's reduction.
+    pub(super) last_expert_sync: Vec<u32>,
 }
 
 impl GradSync {
@@ -127,8 +147,10 @@ impl GradSync {
             bucket_bytes: Self::bucket_bytes(lw),
             dtype_scale: lw.plan.framework.grad_reduce_bytes(lw.gb) / lw.gb.max(f64::MIN_POSITIVE),
             pending_bytes: 0.0,
+            pending_expert: (lw.plan.ep > 1 && lw.plan.dp > lw.plan.ep).then_some(0.0),
             to_host: lw.host_opt,
             last_sync: Vec::new(),
+            last_expert_sync: Vec::new(),
         }
     }
 
@@ -159,11 +181,20 @@ impl GradSync {
 
     /// Add a layer's gradients; when the bucket is full, reduce it after the layer's backward
     /// (`after`: the last task of the group's last device, see [`grad_sync`]).
-    pub(super) fn add_layer(&mut self, b: &mut Builder, plan: &Plan, bytes: f64, after: u32) {
+    /// `expert_bytes`: the layer's routed experts' gradients under expert parallelism (not in
+    /// `bytes`), reduced in their own buckets over the expert-data-parallel group.
+    pub(super) fn add_layer(&mut self, b: &mut Builder, plan: &Plan, bytes: f64, expert_bytes: f64, after: u32) {
         self.pending_bytes += bytes * self.dtype_scale;
         if self.pending_bytes >= self.bucket_bytes {
             self.last_sync = grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host);
             self.pending_bytes = 0.0;
+        }
+        if let Some(pending) = self.pending_expert.as_mut() {
+            *pending += expert_bytes * self.dtype_scale;
+            if *pending >= self.bucket_bytes {
+                let bytes = std::mem::take(pending);
+                self.last_expert_sync = expert_grad_sync(b, plan, self.r, self.stage, bytes, after);
+            }
         }
     }
 
@@ -173,6 +204,10 @@ impl GradSync {
         if self.pending_bytes > 0.0 {
             self.last_sync = grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host);
             self.pending_bytes = 0.0;
+        }
+        if let Some(pending) = self.pending_expert.as_mut().filter(|p| **p > 0.0) {
+            let bytes = std::mem::take(pending);
+            self.last_expert_sync = expert_grad_sync(b, plan, self.r, self.stage, bytes, after);
         }
     }
 }
@@ -190,7 +225,9 @@ pub(super) fn gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, 
     if !(1..3).contains(&lw.z) {
         return;
     }
-    let total = st.params * lw.wb;
+    // Routed experts under expert parallelism are gathered over their own group.
+    expert_gather_updated_params(b, lw, st, opt_tasks);
+    let total = (st.params - st.expert_params) * lw.wb;
     let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
     for i in 0..n {
         let bytes = if i + 1 == n { total - plan.bucket_bytes * (n - 1) as f64 } else { plan.bucket_bytes };
@@ -205,6 +242,36 @@ pub(super) fn gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, 
                 bytes,
                 "param_allgather",
                 GRAD_SYNC_STREAM,
+            );
+            if i == 0 {
+                b.p.deps.push((o, g));
+            }
+        }
+    }
+}
+
+/// ZeRO-1 under expert data parallelism: the all-gather of the routed experts' updated
+/// shards over the replicas holding the same experts, in buckets (nothing when dp = ep).
+fn expert_gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, opt_tasks: &[u32]) {
+    let plan = lw.plan;
+    if plan.ep <= 1 || plan.dp <= plan.ep || st.expert_params <= 0.0 {
+        return;
+    }
+    let total = st.expert_params * lw.wb;
+    let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
+    for i in 0..n {
+        let bytes = if i + 1 == n { total - plan.bucket_bytes * (n - 1) as f64 } else { plan.bucket_bytes };
+        for (x, &o) in opt_tasks.iter().enumerate() {
+            let kind = CollectiveKind::AllGather;
+            let g = super::expert_parallel::edp_collective(
+                b,
+                plan,
+                st.r,
+                st.stage,
+                x as u32,
+                kind,
+                bytes,
+                "expert_param_allgather",
             );
             if i == 0 {
                 b.p.deps.push((o, g));

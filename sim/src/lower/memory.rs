@@ -31,10 +31,10 @@ pub(super) fn stage_memory(
         0.0
     };
     let mut device = MemoryBreakdown {
-        weights: frozen_weights + if lw.host_params { 0.0 } else { params * wb / lw.shard(3) },
+        weights: frozen_weights + if lw.host_params { 0.0 } else { lw.sharded_bytes(st, 3, wb) },
         // With the optimizer on the host, gradients go there bucket by bucket.
-        gradients: if lw.host_opt && lw.z >= 2 { 0.0 } else { params * gb / lw.shard(2) },
-        optimizer: if lw.host_opt { 0.0 } else { params * ob / lw.shard(1) },
+        gradients: if lw.host_opt && lw.z >= 2 { 0.0 } else { lw.sharded_bytes(st, 2, gb) },
+        optimizer: if lw.host_opt { 0.0 } else { lw.sharded_bytes(st, 1, ob) },
         activations: 0.0,
         buffers,
     };

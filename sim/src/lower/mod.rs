@@ -33,6 +33,7 @@ mod builder;
 mod compute;
 mod context;
 mod data_parallel;
+mod expert_parallel;
 mod gather;
 mod gemini;
 mod memory;
@@ -125,8 +126,12 @@ fn lower_stage(
     let st = Stage::new(b, lw, r, stage);
     let mut placement = memory::stage_memory(b, lw, &st, stats);
     let moves = placement.as_mut().map(|p| std::mem::take(&mut p.moves));
-    let last_sync = walk::walk_stage(b, lw, &st, links, moves);
+    let (last_sync, last_expert_sync) = walk::walk_stage(b, lw, &st, links, moves);
     let opt_tasks = optimizer::step(b, lw, &st, &last_sync, placement.as_ref());
+    // The step also waits for the expert gradients (expert data parallelism).
+    for (&e, &o) in last_expert_sync.iter().zip(&opt_tasks) {
+        b.p.deps.push((e, o));
+    }
     data_parallel::gather_updated_params(b, lw, &st, &opt_tasks);
 }
 

@@ -23,7 +23,7 @@ pub(super) fn step(
 ) -> Vec<u32> {
     match placement {
         Some(pl) => optimizer_split(b, lw.plan, &st.ctx, &st.my_chunks, last_sync, st.params / lw.shard(1), pl.split),
-        None => optimizer_step(b, lw.plan, &st.ctx, &st.my_chunks, last_sync, st.params, lw.dp, lw.z),
+        None => optimizer_step(b, lw.plan, &st.ctx, &st.my_chunks, last_sync, st.params, lw.sharded(st, 1)),
     }
 }
 
@@ -122,11 +122,9 @@ fn optimizer_step(
     my_chunks: &[u32],
     last_sync: &[u32],
     params: f64,
-    dp: f64,
-    z: u8,
+    local: f64,
 ) -> Vec<u32> {
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
-    let local = params / if z >= 1 { dp } else { 1.0 };
     let off = plan.offload;
     let host = off.optimizer != Tier::Device;
     let nvme = if off.optimizer == Tier::Nvme { 2.0 * ob * local } else { 0.0 };

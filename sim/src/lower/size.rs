@@ -104,13 +104,12 @@ pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
         }
     };
     // Per layer and unit: parameter gathers (ZeRO-3, Gemini), activation copies, a gradient
-    // bucket; per stage boundary: sends and their receives.
-    let per_layer_extra: u64 =
-        1 + if plan.zero_stage >= 3 || plan.offload.dynamic.is_some() || plan.offload.params != Tier::Device {
-            3
-        } else {
-            0
-        } + if plan.offload.activations != Tier::Device { 2 } else { 0 };
+    // bucket (two under expert parallelism); per stage boundary: sends and their receives.
+    let gathers = plan.zero_stage >= 3 || plan.offload.dynamic.is_some() || plan.offload.params != Tier::Device;
+    let per_layer_extra: u64 = 1
+        + if gathers { 3 } else { 0 }
+        + if plan.offload.activations != Tier::Device { 2 } else { 0 }
+        + if plan.ep > 1 { 1 } else { 0 };
     let per_unit = ops_per_unit + (per_layer_extra * w.layers as u64 + 4 * pp * plan.virtual_stages as u64) * tp;
     let pipeline_tasks = replicas.saturating_mul(units).saturating_mul(per_unit);
     let bucket_tasks = if (1..3).contains(&plan.zero_stage) && plan.sync_degree() > 1 {

@@ -24,6 +24,10 @@ pub(super) fn collective_on_compute(
     mb: u32,
 ) {
     let label = b.label(Label { op: name, layer, phase, chunk });
+    if axis == Axis::Expert {
+        super::expert_parallel::ep_collective(b, ctx, kind, label, bytes, mb);
+        return;
+    }
     let Some(n) = axis.dim() else {
         // The whole group: one task on all its compute streams.
         let id = b.collective_id(kind, &ctx.group, bytes);
@@ -122,7 +126,10 @@ impl TpOverlap {
         (name, bytes): (&'static str, f64),
         (layer, phase, chunk, mb): (i32, Phase, u32, u32),
     ) -> bool {
-        if ctx.tp_streams.is_empty() || axis != Axis::Tensor {
+        // The expert-parallel dispatcher's all-gather and reduce-scatter of the routed rows
+        // (Megatron-Core's `gather_from_sequence_parallel_region` in the alltoall token
+        // dispatcher) are plain collectives, not Transformer Engine userbuffers.
+        if ctx.tp_streams.is_empty() || axis != Axis::Tensor || name.starts_with("ep_") {
             return false;
         }
         let label = b.label(Label { op: name, layer, phase, chunk });

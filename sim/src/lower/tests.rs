@@ -311,3 +311,61 @@ fn tensor_parallel_overlap_hides_all_gathers_and_most_reduce_scatters() {
     assert_eq!(on1.report.iteration_s, off1.report.iteration_s);
     assert_eq!(tp_streams(&on1), 0);
 }
+
+const MOE: &str = r#"{"transformer": {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
+    "moe": {"experts": 8, "top_k": 2, "expert_ffn": 2048}}}"#;
+
+/// Bytes of the collectives labelled `op` whose members include device 0, and their members.
+fn collectives_of_device_0(p: &super::Program, op: &str) -> (f64, Vec<Vec<u32>>) {
+    let mut bytes = 0.0;
+    let mut groups = Vec::new();
+    for t in p.tasks.iter().filter(|t| t.kind == super::TaskKind::Collective) {
+        let c = &p.collectives[t.payload as usize];
+        if p.labels[t.label as usize].op == op && c.members.contains(&0) {
+            bytes += c.bytes;
+            groups.push(c.members.clone());
+        }
+    }
+    (bytes, groups)
+}
+
+/// Under expert parallelism the routed experts' gradients are reduced apart from the rest,
+/// over the replicas holding the same experts (every ep-th replica), and not at all when
+/// dp = ep; the all-to-alls are one task on the compute streams of the ep replicas of a group.
+#[test]
+fn expert_gradients_are_reduced_over_the_expert_data_parallel_group() {
+    let node = r#"{"preset": "dgx-a100-80gb", "devices": 8}"#;
+    for ep in [2u32, 4] {
+        let plan = format!(r#"{{"dp": 4, "tp": 2, "ep": {ep}, "sequence_parallel": true}}"#);
+        let s = scenario(&plan, node, 1, MOE);
+        let p = super::lower(&s);
+        let w = &s.workload.transformer;
+        let routed: f64 = (0..w.layers).map(|l| w.routed_expert_parameters_at(l)).sum::<f64>() / 2.0;
+        let per_device_expert = routed / ep as f64;
+        let (dense, dense_groups) = collectives_of_device_0(&p, "grad_sync");
+        let (expert, expert_groups) = collectives_of_device_0(&p, "expert_grad_sync");
+        // tp-dp-pp numbering: replica r's tensor rank 0 is device 2r.
+        assert!(dense_groups.iter().all(|g| g == &vec![0, 2, 4, 6]), "{dense_groups:?}");
+        if ep == 4 {
+            assert!(expert_groups.is_empty(), "dp = ep: {expert_groups:?}");
+        } else {
+            assert!(expert_groups.iter().all(|g| g == &vec![0, 4]), "{expert_groups:?}");
+        }
+        // Both reductions carry their parameters' gradients at the same bytes per parameter.
+        let total = p.static_memory[0].weights / 2.0;
+        let expect = if ep == 4 { 0.0 } else { per_device_expert / total };
+        let share = expert / (expert + dense);
+        assert!((share - expect).abs() <= 1e-9, "ep {ep}: expert share {share}, want {expect}");
+        // Each all-to-all task sits on the compute streams of the ep replicas of its group.
+        let a2a: Vec<_> = p
+            .tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "ep_dispatch")
+            .collect();
+        assert!(!a2a.is_empty());
+        for t in a2a {
+            assert_eq!(t.streams, ep);
+            assert_eq!(p.collectives[t.payload as usize].members.len() as u32, ep);
+        }
+    }
+}

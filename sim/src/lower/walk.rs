@@ -20,14 +20,15 @@ use std::collections::HashMap;
 
 /// Walk the stage's schedule; `moves` are Gemini's steady-state chunk moves per access.
 /// Records where each device's pipeline compute ends (`compute_marks`) and returns, per device,
-/// the last task of its last gradient reduction (empty without any).
+/// the last task of its last gradient reduction and of its last expert gradient reduction
+/// (each empty without any).
 pub(super) fn walk_stage(
     b: &mut Builder,
     lw: &Lowering,
     st: &Stage,
     links: &mut Links,
     moves: Option<Vec<Vec<(bool, f64)>>>,
-) -> Vec<u32> {
+) -> (Vec<u32>, Vec<u32>) {
     let mut walk = Walk {
         lw,
         st,
@@ -51,7 +52,7 @@ pub(super) fn walk_stage(
         }
         b.p.compute_marks[d] = b.p.streams[sidx as usize].len() as u32;
     }
-    walk.grads.last_sync
+    (walk.grads.last_sync, walk.grads.last_expert_sync)
 }
 
 /// The first backward micro-batch of each chunk: every later backward adds its weight
@@ -199,7 +200,9 @@ impl<'a> Walk<'a> {
             }
             last = la;
             if at.sync_grads {
-                self.grads.add_layer(b, plan, lw.lp[l as usize] * gb, la);
+                // Routed experts under expert parallelism are reduced over their own group.
+                let expert = lw.lp_expert[l as usize];
+                self.grads.add_layer(b, plan, (lw.lp[l as usize] - expert) * gb, expert * gb, la);
             }
         }
         if c == 0 && !lw.frozen && ub.edges {

@@ -245,6 +245,10 @@ pub struct Plan {
     pub dp: u32,
     pub tp: u32,
     pub pp: u32,
+    /// Expert parallelism: each MoE layer's routed experts are split over `ep` consecutive
+    /// data-parallel replicas (same stage and tensor rank), tokens exchanged by all-to-all
+    /// (Megatron-Core's layout); 1 for dense workloads.
+    pub ep: u32,
     #[serde(serialize_with = "ser_schedule")]
     pub schedule: ScheduleKind,
     pub virtual_stages: u32,
@@ -298,6 +302,7 @@ impl Plan {
             seq_len: self.seq_len,
             tp: self.tp,
             tp_mode: self.tp_mode,
+            ep: self.ep,
             context: 0,
             sequence_parallel: self.sequence_parallel,
             attention: self.attention,
@@ -353,6 +358,19 @@ impl Plan {
         } else {
             (0..self.dp).map(|r| self.device(r, stage, x)).collect()
         }
+    }
+
+    /// The expert-parallel group of tensor rank `x` of `stage` in replica `r`: the `ep`
+    /// consecutive replicas of its group, in replica order.
+    pub fn ep_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
+        let g = r / self.ep * self.ep;
+        (g..g + self.ep).map(|q| self.device(q, stage, x)).collect()
+    }
+
+    /// The devices that sum expert gradients with replica `r`'s tensor rank `x` of `stage`:
+    /// the replicas that hold the same experts (`r` modulo `ep`), `dp / ep` of them.
+    pub fn expert_sync_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
+        (r % self.ep..self.dp).step_by(self.ep as usize).map(|q| self.device(q, stage, x)).collect()
     }
 
     /// The pipeline units of one replica, in order: the micro-batches, or (token slicing)

@@ -60,7 +60,8 @@ pub const TRANSFORMER: &[&str] = &[
 ];
 
 /// `workload.transformer.moe`: routed experts in place of the MLP.
-pub const MOE: &[&str] = &["experts", "top_k", "expert_ffn", "shared_ffn", "dense_layers", "capacity_factor"];
+pub const MOE: &[&str] =
+    &["experts", "top_k", "expert_ffn", "shared_ffn", "dense_layers", "capacity_factor", "imbalance"];
 
 /// `workload.transformer.mla`: multi-head latent attention (DeepSeek-V2/V3).
 pub const MLA: &[&str] = &["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"];
@@ -124,6 +125,7 @@ pub const PLAN: &[&str] = &[
     "dp",
     "tp",
     "pp",
+    "ep",
     "schedule",
     "virtual_stages",
     "tp_mode",

@@ -128,6 +128,7 @@ pub(super) fn parse_plan(
     if token_slices.is_some() {
         check_token_slicing(o)?;
     }
+    let ep = parse_ep(o, w, dp, tp, sequence_parallel, zero_stage, &offload, token_slices.is_some(), &mut dflt)?;
     let recompute = o.choice("recompute", &Recompute::NAMES, Recompute::parse)?.unwrap_or_else(|| {
         dflt("recompute", "none");
         Recompute::None
@@ -207,6 +208,7 @@ pub(super) fn parse_plan(
         dp,
         tp,
         pp,
+        ep,
         rank_order,
         p2p,
         schedule,
@@ -236,6 +238,83 @@ pub(super) fn parse_plan(
         partition_policy,
         framework,
     })
+}
+
+/// `plan.ep`: expert parallelism (Megatron-Core's layout: `ep` consecutive data-parallel
+/// replicas split each MoE layer's routed experts; expert tensor parallelism = `tp`). What is
+/// not modelled with it is refused here.
+#[allow(clippy::too_many_arguments)]
+fn parse_ep(
+    o: &Obj,
+    w: &Workload,
+    dp: u32,
+    tp: u32,
+    sequence_parallel: bool,
+    zero_stage: u8,
+    offload: &Offload,
+    token_slices: bool,
+    dflt: &mut dyn FnMut(&str, &str),
+) -> Result<u32> {
+    let Some(ep) = o.uint("ep")? else {
+        if w.transformer.moe.is_some() && w.net.is_none() {
+            dflt("ep", "1 (every device holds all experts)");
+        }
+        return Ok(1);
+    };
+    if ep == 1 {
+        return Ok(1);
+    }
+    let key = o.key("ep");
+    let Some(moe) = w.transformer.moe.filter(|_| w.net.is_none()) else {
+        return Err(invalid(
+            &key,
+            format!(
+                "{ep}: expert parallelism needs a mixture-of-experts workload; \"{}\" has no experts (allowed: 1)",
+                w.name
+            ),
+        ));
+    };
+    if ep == 0 || !dp.is_multiple_of(ep) {
+        return Err(invalid(
+            &key,
+            format!(
+                "{ep} does not divide dp = {dp}; allowed: a divisor of dp (expert-parallel groups are consecutive data-parallel replicas)"
+            ),
+        ));
+    }
+    if !moe.experts.is_multiple_of(ep) {
+        return Err(invalid(
+            &key,
+            format!(
+                "{ep} does not divide the workload's {} routed experts; allowed: a divisor of both dp = {dp} and {}",
+                moe.experts, moe.experts
+            ),
+        ));
+    }
+    if tp > 1 && !sequence_parallel {
+        return Err(invalid(
+            &key,
+            format!(
+                "{ep} with tp = {tp} needs \"sequence_parallel\": true (Megatron-Core asserts it for expert parallelism with tensor parallelism)"
+            ),
+        ));
+    }
+    let refuse = |why: &str| {
+        Err(reader::unsupported(
+            &key,
+            format!("{ep}: {why} is not modelled with expert parallelism yet; allowed: ep = 1"),
+        ))
+    };
+    if zero_stage >= 3 {
+        return refuse(&format!("zero_stage {zero_stage}"));
+    }
+    if offload.optimizer != Tier::Device || offload.params != Tier::Device || offload.dynamic.is_some() {
+        return refuse("offload");
+    }
+    if token_slices {
+        return refuse("token slicing");
+    }
+    Ok(ep)
 }
 
 /// `sequence_parallel` on top of the tensor-parallel mode: true or "megatron" (Megatron's

@@ -112,6 +112,23 @@ pub(super) fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result
                 ),
             ));
         }
+        let imbalance = m.positive("imbalance")?.unwrap_or(1.0);
+        if imbalance < 1.0 {
+            return Err(invalid(
+                &m.key("imbalance"),
+                format!(
+                    "{imbalance}; allowed: 1 (balanced routing) or more (the busiest expert-parallel rank's rows over the mean)"
+                ),
+            ));
+        }
+        if imbalance > 1.0 && capacity_factor > 0.0 {
+            return Err(invalid(
+                &m.key("imbalance"),
+                format!(
+                    "{imbalance} with a capacity factor: every expert is padded to its capacity, so ranks are not imbalanced; allowed: 1, or capacity_factor 0 (dropless)"
+                ),
+            ));
+        }
         cfg.moe = Some(workload::moe::Moe {
             experts,
             top_k,
@@ -119,6 +136,7 @@ pub(super) fn parse_workload(o: &Obj, load: &dyn Fn(&str) -> std::result::Result
             shared_ffn: m.count("shared_ffn")?.unwrap_or(0),
             dense_layers,
             capacity_factor,
+            imbalance,
         });
     }
     if let Some(m) = t.obj("mla")? {

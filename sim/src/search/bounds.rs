@@ -67,6 +67,8 @@ fn block_s(
     for (i, op) in ops.iter().enumerate() {
         let spec = match op {
             LayerOp::Compute(spec) => spec,
+            // Expert-parallel all-to-alls are bounded by 0 (their members and links vary).
+            LayerOp::Comm { axis: Axis::Expert, .. } => continue,
             LayerOp::Comm { bytes, axis, forward, backward, .. } => {
                 let members = axis.dim().map_or(dims.iter().product(), |d| dims.get(d).copied().unwrap_or(1));
                 if members > 1 && egress > 0.0 {
@@ -241,8 +243,13 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
     let tf = if plan.ring() { 1.0 } else { plan.tp as f64 };
     // (The smaller kind's, when layers differ: a lower bound for every layer.)
-    let fewest = (0..w.layers).map(|l| w.layer_parameters_at(l)).fold(f64::INFINITY, f64::min);
-    let lp = if w.mixed_layers() { fewest } else { w.layer_parameters() } / plan.tp_mode.weight_shards(plan.tp) as f64;
+    // Under expert parallelism each device holds 1/ep of the routed experts (their ZeRO
+    // shards, over dp / ep replicas, are counted over dp below: smaller, still a bound).
+    let ep_kept = 1.0 - 1.0 / plan.ep as f64;
+    let layer_params = |l: u32| w.layer_parameters_at(l) - w.routed_expert_parameters_at(l) * ep_kept;
+    let fewest = (0..w.layers).map(layer_params).fold(f64::INFINITY, f64::min);
+    let whole = if plan.ep > 1 { fewest } else { w.layer_parameters() };
+    let lp = if w.mixed_layers() { fewest } else { whole } / plan.tp_mode.weight_shards(plan.tp) as f64;
     let first_params =
         (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
     let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { w.head_classes() * w.hidden as f64 / tf };

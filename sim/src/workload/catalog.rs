@@ -28,7 +28,7 @@ fn moe(
     dense_layers: u32,
 ) -> TransformerConfig {
     TransformerConfig {
-        moe: Some(Moe { experts, top_k, expert_ffn, shared_ffn, dense_layers, capacity_factor: 0.0 }),
+        moe: Some(Moe { experts, top_k, expert_ffn, shared_ffn, dense_layers, capacity_factor: 0.0, imbalance: 1.0 }),
         ..TransformerConfig::llama(layers, hidden, heads, kv_heads, dense_ffn, vocab)
     }
 }

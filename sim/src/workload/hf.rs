@@ -78,7 +78,7 @@ fn experts(v: &Value, model_type: &str, layers: u32) -> Result<Option<Moe>, Stri
              need 2 or more experts, 1 <= top-k <= experts, a positive width and a sparse layer"
         ));
     }
-    Ok(Some(Moe { experts, top_k, expert_ffn, shared_ffn, dense_layers, capacity_factor: 0.0 }))
+    Ok(Some(Moe { experts, top_k, expert_ffn, shared_ffn, dense_layers, capacity_factor: 0.0, imbalance: 1.0 }))
 }
 
 /// Multi-head latent attention of a DeepSeek-V2/V3 config.

@@ -221,12 +221,14 @@ pub enum Axis {
     Dim0,
     Dim1,
     Dim2,
+    /// The expert-parallel group: the same tensor rank of `ep` data-parallel replicas.
+    Expert,
 }
 
 impl Axis {
     pub fn dim(self) -> Option<usize> {
         match self {
-            Axis::Tensor => None,
+            Axis::Tensor | Axis::Expert => None,
             Axis::Dim0 => Some(0),
             Axis::Dim1 => Some(1),
             Axis::Dim2 => Some(2),
@@ -341,6 +343,8 @@ pub struct LayerShape {
     pub seq_len: u32,
     pub tp: u32,
     pub tp_mode: TpMode,
+    /// Expert-parallel degree (1: every device holds all experts).
+    pub ep: u32,
     /// Earlier tokens of the same sequences this slice's attention reads (token slicing; 0
     /// otherwise).
     pub context: u32,

@@ -10,10 +10,11 @@
 //!                 └──────────── shared fc1 ─ act ─ shared fc2 (when shared experts exist) ─┘
 //! ```
 //!
-//! All experts live on every device of a tensor-parallel group, split like the dense MLP
-//! (Megatron-Core's layout with expert tensor parallelism equal to tensor parallelism and
-//! expert parallelism 1; `moe_token_dispatcher_type` "allgather": the sequence-parallel
-//! all-gather and reduce-scatter around the MLP are the dense layer's). Every expert's rows
+//! Without expert parallelism all experts live on every device of a tensor-parallel group,
+//! split like the dense MLP (Megatron-Core's layout with expert tensor parallelism equal to
+//! tensor parallelism and expert parallelism 1; `moe_token_dispatcher_type` "allgather": the
+//! sequence-parallel all-gather and reduce-scatter around the MLP are the dense layer's; with
+//! `plan.ep` > 1 see [`ep_mlp_ops`]). Every expert's rows
 //! run as one grouped GEMM (`batch` = experts): dropless routing computes `tokens x k` rows,
 //! a capacity factor `c` pads every expert to `c x tokens x k / E` rows (GShard, Switch).
 //!
@@ -43,6 +44,10 @@ pub struct Moe {
     /// Rows an expert computes, as a multiple of the mean `tokens x k / E`, padded to it when
     /// positive (GShard/Switch capacity); 0: dropless (every routed token computed once).
     pub capacity_factor: f64,
+    /// Under expert parallelism, the busiest expert-parallel rank's routed rows over the
+    /// mean (>= 1; 1: balanced routing, the auxiliary loss's goal). The simulated rank is the
+    /// busiest: the synchronising all-to-alls wait for it.
+    pub imbalance: f64,
 }
 
 impl Moe {
@@ -199,22 +204,130 @@ pub fn mlp_ops(
         Saved { replicated_bytes: e * rows * h / t, ..Saved::default() },
     )));
     if moe.shared_ffn > 0 {
-        let s = moe.shared_ffn as f64;
-        ops.push(gemm("shared_fc1", tokens, up * s / t, h, e, Saved::default()));
-        ops.push(LayerOp::Compute(super::transformer::mem_op(
+        ops.extend(shared_ops(moe, tokens, h, up, act, t, e));
+        ops.push(LayerOp::Compute(super::transformer::mem_op("shared_add", 3.0 * e * tokens * h, Saved::default())));
+    }
+    ops
+}
+
+/// The shared experts on `tokens` tokens: a dense gated MLP `shared_ffn` wide, split over `t`.
+fn shared_ops(moe: &Moe, tokens: f64, h: f64, up: f64, act: (f64, f64), t: f64, e: f64) -> Vec<LayerOp> {
+    let s = moe.shared_ffn as f64;
+    vec![
+        gemm("shared_fc1", tokens, up * s / t, h, e, Saved::default()),
+        LayerOp::Compute(super::transformer::mem_op(
             "shared_act",
             act.0 * e * tokens * s / t,
             Saved { sharded_bytes: act.1 * e * tokens * s / t, ..Saved::default() },
-        )));
-        ops.push(gemm(
-            "shared_fc2",
-            tokens,
-            h,
-            s / t,
-            e,
-            Saved { sharded_bytes: e * tokens * s / t, ..Saved::default() },
-        ));
-        ops.push(LayerOp::Compute(super::transformer::mem_op("shared_add", 3.0 * e * tokens * h, Saved::default())));
+        )),
+        gemm("shared_fc2", tokens, h, s / t, e, Saved { sharded_bytes: e * tokens * s / t, ..Saved::default() }),
+    ]
+}
+
+/// The MLP part of one MoE layer under expert parallelism (`ep` > 1), Megatron-Core's
+/// alltoall token dispatcher with expert tensor parallelism = `t` (which needs sequence
+/// parallelism when `t` > 1): on this rank's `tokens / t` tokens (its sequence-parallel
+/// share of the layer norm's output), the router, top-k and permutation; an all-to-all over
+/// the expert-parallel group sends every row to the rank holding its expert; with `t` > 1 an
+/// all-gather over the tensor group collects the group's rows; the `E / ep` local experts
+/// compute them (as many rows in all as without expert parallelism: each rank receives rows
+/// from `ep` replicas), with weights split over `t`; a reduce-scatter over the tensor group
+/// and the all-to-all back return them; the unpermutation combines each token's `k` outputs.
+/// Backward runs the mirror (the all-to-alls again, the all-gather and reduce-scatter
+/// swapped). The busiest rank computes and receives `moe.imbalance` times the mean rows.
+/// Shared experts, if any, follow on the dense path with their own sequence-parallel
+/// all-gather and reduce-scatter (`shared_in`, `shared_out`).
+#[allow(clippy::too_many_arguments)]
+pub fn ep_mlp_ops(
+    moe: &Moe,
+    tokens: f64,
+    h: f64,
+    matrices: f64,
+    act: (f64, f64),
+    t: f64,
+    e: f64,
+    ep: u32,
+) -> Vec<LayerOp> {
+    use super::{Axis, Comm};
+    let experts = moe.experts as f64;
+    let local_experts = experts / ep as f64;
+    let k = moe.top_k as f64;
+    let f = moe.expert_ffn as f64;
+    let up = matrices - 1.0;
+    let imbalance = moe.imbalance;
+    // This rank's tokens (the sequence-parallel share) and the rows it routes.
+    let local = tokens / t;
+    let local_rows = moe.expert_rows(local);
+    // Rows the experts of this (busiest) rank compute, the tensor group's together.
+    let rows = moe.expert_rows(tokens) * imbalance;
+    let mut ops = Vec::with_capacity(16);
+    ops.push(gemm("router", local, experts, h, e, Saved { replicated_bytes: e * local * h, ..Saved::default() }));
+    ops.push(LayerOp::Compute(super::transformer::mem_op(
+        "route",
+        3.0 * 4.0 * local * experts,
+        Saved { replicated_bytes: 4.0 * local * (experts + k), ..Saved::default() },
+    )));
+    ops.push(LayerOp::Compute(super::transformer::mem_op(
+        "permute",
+        e * (local * h + local_rows * h),
+        Saved::default(),
+    )));
+    let a2a = |name| LayerOp::Comm {
+        name,
+        bytes: e * local_rows * h * imbalance,
+        axis: Axis::Expert,
+        root: 0,
+        forward: Some(Comm::AllToAll),
+        backward: Some(Comm::AllToAll),
+    };
+    let tensor = |name, forward, backward| LayerOp::Comm {
+        name,
+        bytes: e * rows * h,
+        axis: Axis::Tensor,
+        root: 0,
+        forward: Some(forward),
+        backward: Some(backward),
+    };
+    ops.push(a2a("ep_dispatch"));
+    if t > 1.0 {
+        ops.push(tensor("ep_allgather", Comm::AllGather, Comm::ReduceScatter));
+    }
+    let grouped = |name, n: f64, kk: f64, saved| {
+        LayerOp::Compute(super::transformer::gemm_op(name, local_experts, rows / local_experts, n, kk, e, saved))
+    };
+    ops.push(grouped("expert_fc1", up * f / t, h, Saved { replicated_bytes: e * rows * h, ..Saved::default() }));
+    ops.push(LayerOp::Compute(super::transformer::mem_op(
+        "expert_act",
+        act.0 * e * rows * f / t,
+        Saved { sharded_bytes: act.1 * e * rows * f / t, ..Saved::default() },
+    )));
+    ops.push(grouped("expert_fc2", h, f / t, Saved { sharded_bytes: e * rows * f / t, ..Saved::default() }));
+    if t > 1.0 {
+        ops.push(tensor("ep_reducescatter", Comm::ReduceScatter, Comm::AllGather));
+    }
+    ops.push(a2a("ep_combine"));
+    ops.push(LayerOp::Compute(super::transformer::mem_op(
+        "unpermute",
+        e * (local_rows * h + local * h),
+        Saved { replicated_bytes: e * local_rows * h, ..Saved::default() },
+    )));
+    if moe.shared_ffn > 0 {
+        let sp = |name, forward, backward| LayerOp::Comm {
+            name,
+            bytes: e * tokens * h,
+            axis: Axis::Tensor,
+            root: 0,
+            forward: Some(forward),
+            backward: Some(backward),
+        };
+        if t > 1.0 {
+            ops.push(sp("shared_in", Comm::AllGather, Comm::ReduceScatter));
+        }
+        ops.extend(shared_ops(moe, tokens, h, up, act, t, e));
+        if t > 1.0 {
+            ops.push(sp("shared_out", Comm::ReduceScatter, Comm::AllGather));
+        }
+        ops.push(LayerOp::Compute(super::transformer::mem_op("shared_add", 3.0 * e * local * h, Saved::default())));
     }
     ops
 }

@@ -196,6 +196,17 @@ impl TransformerConfig {
         self.layer_parameters_with(l, false)
     }
 
+    /// Parameters of layer `l`'s routed experts (0 in a dense layer): what expert parallelism
+    /// splits.
+    pub fn routed_expert_parameters_at(&self, l: u32) -> f64 {
+        match self.moe {
+            Some(m) if self.is_moe_layer(l) => {
+                m.experts as f64 * self.mlp_matrices() * self.hidden as f64 * m.expert_ffn as f64
+            }
+            _ => 0.0,
+        }
+    }
+
     /// Parameters of layer `l` one token's computation uses (all but the experts it is not
     /// routed to).
     pub fn active_layer_parameters_at(&self, l: u32) -> f64 {
@@ -478,11 +489,18 @@ impl TransformerConfig {
         }
         ops.extend(residual(self.dropout, shape.fusion.bias_dropout_add, sbh * rep, e));
         ops.push(norm("ln2"));
-        if tp {
+        // Under expert parallelism the routed experts exchange their rows by all-to-all (and
+        // gather and scatter them over the tensor group themselves); see `moe::ep_mlp_ops`.
+        let ep_layer = shape.ep > 1 && self.is_moe_layer(l);
+        if tp && !ep_layer {
             ops.push(f_op("mlp_in"));
         }
         let up = self.mlp_matrices() - 1.0;
         match self.moe {
+            Some(moe) if ep_layer => {
+                let act = act_bytes(self.mlp, shape.fusion.swiglu);
+                ops.extend(super::moe::ep_mlp_ops(&moe, tokens, h, self.mlp_matrices(), act, t, e, shape.ep));
+            }
             Some(moe) if self.is_moe_layer(l) => {
                 let act = act_bytes(self.mlp, shape.fusion.swiglu);
                 ops.extend(super::moe::mlp_ops(&moe, tokens, h, self.mlp_matrices(), act, t, e, rep));
@@ -506,7 +524,7 @@ impl TransformerConfig {
                 ));
             }
         }
-        if tp {
+        if tp && !ep_layer {
             ops.push(g_op("mlp_out"));
         }
         ops.extend(residual(self.dropout, shape.fusion.bias_dropout_add, sbh * rep, e));

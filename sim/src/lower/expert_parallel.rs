@@ -1,0 +1,79 @@
+//! Expert parallelism (`plan.ep`, Megatron-Core's layout): the all-to-all dispatch and
+//! combine of an MoE layer's rows among the `ep` consecutive data-parallel replicas that split
+//! its routed experts (same stage and tensor rank), on the compute streams (they block the
+//! experts).
+//!
+//! One collective task serves the whole expert-parallel group: the first replica of the group
+//! that lowers it creates it on its own compute stream; the others find it by sequence number
+//! (the group's replicas run the same schedule, so their n-th all-to-alls match) and join it
+//! on their compute stream where they reach it, so full lowering orders every stream as its
+//! own replica's schedule does. Under data-parallel symmetry only replica 0 is lowered; the
+//! collective still names every member (the engine maps the others' links onto replica 0's
+//! mirror links), as data-parallel collectives do.
+//!
+//! Expert data parallelism (`dp` > `ep`): the routed experts' gradients are reduced (and
+//! under ZeRO-1 their updated shards all-gathered) over the `dp / ep` replicas that hold the
+//! same experts (replica r's peers are the replicas ≡ r modulo ep), in buckets of their own
+//! on [`EXPERT_SYNC_STREAM`], created by the first replica of each such group and found by the
+//! others by sequence number, as `data_parallel::dp_collective` does for the whole group.
+
+use super::builder::{Builder, StepCtx};
+use super::program::*;
+use crate::plan::Plan;
+use crate::report::timeline::{Label, Phase, StreamKind};
+
+/// The stream expert gradient reductions and ZeRO-1's expert parameter all-gathers run on:
+/// apart from the data-parallel stream (Megatron-Core issues them on the expert-data-parallel
+/// communicator, separately from the dense gradients' buckets), so they overlap backward.
+/// (ZeRO-3's gathers, the stream's other user, are refused with expert parallelism.)
+pub(super) const EXPERT_SYNC_STREAM: StreamKind = StreamKind::Gather;
+
+/// The expert-data-parallel collective of replica `r`'s tensor rank `x` of `stage`: created
+/// by the first of its group to lower it (on every lowered member's stream), found by the
+/// others by sequence number.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn edp_collective(
+    b: &mut Builder,
+    plan: &Plan,
+    r: u32,
+    stage: u32,
+    x: u32,
+    kind: CollectiveKind,
+    bytes: f64,
+    name: &'static str,
+) -> u32 {
+    let n = *b.edp_seq.entry((r, stage, x)).and_modify(|v| *v += 1).or_insert(0) as usize;
+    let key = (r % plan.ep, stage, x);
+    if let Some(&task) = b.edp_tasks.get(&key).and_then(|list| list.get(n)) {
+        return task;
+    }
+    let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
+    let members = plan.expert_sync_members(r, stage, x);
+    let streams: Vec<u32> = members
+        .iter()
+        .filter(|&&d| b.dev_index[d as usize] != NONE)
+        .map(|&d| Program::stream_index(b.dev_index[d as usize], EXPERT_SYNC_STREAM))
+        .collect();
+    let id = b.collective_id(kind, &members, bytes);
+    let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
+    b.edp_tasks.entry(key).or_default().push(task);
+    task
+}
+
+/// The expert-parallel collective of `bytes` (each member's send buffer) for every tensor
+/// rank of the group being lowered, labelled `label`.
+pub(super) fn ep_collective(b: &mut Builder, ctx: &StepCtx, kind: CollectiveKind, label: u32, bytes: f64, mb: u32) {
+    for (x, members) in ctx.ep_members.iter().enumerate() {
+        let x32 = x as u32;
+        let n = *b.ep_seq.entry((ctx.replica, ctx.stage, x32)).and_modify(|v| *v += 1).or_insert(0) as usize;
+        let stream = ctx.streams[x];
+        let key = (ctx.ep_group, ctx.stage, x32);
+        if let Some(&task) = b.ep_tasks.get(&key).and_then(|list| list.get(n)) {
+            b.join(task, stream);
+            continue;
+        }
+        let id = b.collective_id(kind, members, bytes);
+        let task = b.task(TaskKind::Collective, id, label, mb, &[stream]);
+        b.ep_tasks.entry(key).or_default().push(task);
+    }
+}
