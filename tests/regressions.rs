@@ -57,6 +57,9 @@ const CASES: &[(&str, &str, Expect)] = &[
     ("fuzz_override_capacity.json", "simulate", Report),
     ("fuzz_report_size.json", "simulate", Report),
     ("fuzz_capacity_past_simulator.json", "capacity", Report),
+    // Fuzz case 15818 (seed 2026): the uniform GPipe baseline the simulator refuses was printed
+    // as null; now it is absent.
+    ("fuzz_partition_baseline_refused.json", "partition", Report),
 ];
 
 /// Train-run, freezing and partition inputs fixed in another branch: skipped here until it is

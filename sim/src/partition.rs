@@ -611,12 +611,20 @@ pub fn explore_with(s: &Scenario, per_schedule: usize) -> Exploration {
             None
         }
     };
-    let uniform = (layers >= s.plan.pp).then(|| {
-        let c =
-            with(ScheduleKind::GPipe, 1, s.plan.micro_batch, crate::plan::Plan::uniform_partition(layers, s.plan.pp));
-        per_sample(&c).0
-    });
-    let speedup = |base: Option<f64>| base.zip(best.as_ref()).map(|(b, c)| b / c.time_per_sample_s);
+    // (Absent, not infinite, when the simulator refuses the baseline: too large, past the clock.)
+    let uniform = (layers >= s.plan.pp)
+        .then(|| {
+            let c = with(
+                ScheduleKind::GPipe,
+                1,
+                s.plan.micro_batch,
+                crate::plan::Plan::uniform_partition(layers, s.plan.pp),
+            );
+            per_sample(&c).0
+        })
+        .filter(|t| t.is_finite());
+    let speedup =
+        |base: Option<f64>| base.zip(best.as_ref()).map(|(b, c)| b / c.time_per_sample_s).filter(|x| x.is_finite());
     Exploration {
         explored,
         not_simulated,
