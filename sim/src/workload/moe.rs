@@ -171,32 +171,9 @@ pub fn mlp_ops(
     let mut ops = Vec::with_capacity(10);
     // Router: logits for every expert, then softmax and top-k in fp32 (it keeps the scores
     // for the gate's backward).
-    ops.push(gemm(
-        "router",
-        tokens,
-        experts,
-        h,
-        e,
-        Saved { replicated_bytes: e * tokens * h * rep, ..Saved::default() },
-    ));
-    ops.push(LayerOp::Compute(super::transformer::mem_op(
-        "route",
-        3.0 * 4.0 * tokens * experts,
-        Saved { replicated_bytes: 4.0 * tokens * (experts + k), ..Saved::default() },
-    )));
-    // Permute: each token's copy for each of its experts, grouped by expert.
-    ops.push(LayerOp::Compute(super::transformer::mem_op("permute", e * (tokens * h + rows * h), Saved::default())));
+    ops.extend(routing_ops(tokens, rows, experts, k, h, e, e * tokens * h * rep));
     // One grouped GEMM over the experts: `rows / E` rows each on average.
-    let grouped = |name, n: f64, kk: f64, saved| {
-        LayerOp::Compute(super::transformer::gemm_op(name, experts, rows / experts, n, kk, e, saved))
-    };
-    ops.push(grouped("expert_fc1", up * f / t, h, Saved { replicated_bytes: e * rows * h, ..Saved::default() }));
-    ops.push(LayerOp::Compute(super::transformer::mem_op(
-        "expert_act",
-        act.0 * e * rows * f / t,
-        Saved { sharded_bytes: act.1 * e * rows * f / t, ..Saved::default() },
-    )));
-    ops.push(grouped("expert_fc2", h, f / t, Saved { sharded_bytes: e * rows * f / t, ..Saved::default() }));
+    ops.extend(expert_ops(experts, rows, (h, f, up), act, t, e));
     // Unpermute and the gate-weighted sum of each token's k expert outputs.
     ops.push(LayerOp::Compute(super::transformer::mem_op(
         "unpermute",
@@ -208,6 +185,43 @@ pub fn mlp_ops(
         ops.push(LayerOp::Compute(super::transformer::mem_op("shared_add", 3.0 * e * tokens * h, Saved::default())));
     }
     ops
+}
+
+/// Router (logits for every expert), its fp32 softmax and top-k (keeping the scores for the
+/// gate's backward), and the permutation of each token's copies into expert order: on `tokens`
+/// tokens routing `rows` rows; the router keeps `router_saved` bytes of its input.
+fn routing_ops(tokens: f64, rows: f64, experts: f64, k: f64, h: f64, e: f64, router_saved: f64) -> [LayerOp; 3] {
+    [
+        gemm("router", tokens, experts, h, e, Saved { replicated_bytes: router_saved, ..Saved::default() }),
+        LayerOp::Compute(super::transformer::mem_op(
+            "route",
+            3.0 * 4.0 * tokens * experts,
+            Saved { replicated_bytes: 4.0 * tokens * (experts + k), ..Saved::default() },
+        )),
+        LayerOp::Compute(super::transformer::mem_op("permute", e * (tokens * h + rows * h), Saved::default())),
+    ]
+}
+
+/// The experts' MLP as grouped GEMMs over `groups` experts computing `rows` rows together,
+/// weights `(h, f)` with `up` input matrices, split over `t`.
+fn expert_ops(groups: f64, rows: f64, (h, f, up): (f64, f64, f64), act: (f64, f64), t: f64, e: f64) -> [LayerOp; 3] {
+    let grouped = |name, n: f64, kk: f64, saved| {
+        LayerOp::Compute(super::transformer::gemm_op(name, groups, rows / groups, n, kk, e, saved))
+    };
+    [
+        grouped("expert_fc1", up * f / t, h, Saved { replicated_bytes: e * rows * h, ..Saved::default() }),
+        LayerOp::Compute(super::transformer::mem_op(
+            "expert_act",
+            act.0 * e * rows * f / t,
+            Saved { sharded_bytes: act.1 * e * rows * f / t, ..Saved::default() },
+        )),
+        grouped("expert_fc2", h, f / t, Saved { sharded_bytes: e * rows * f / t, ..Saved::default() }),
+    ]
+}
+
+/// A collective over the tensor group at this point of the layer.
+fn tensor_comm(name: &'static str, bytes: f64, forward: super::Comm, backward: super::Comm) -> LayerOp {
+    LayerOp::Comm { name, bytes, axis: super::Axis::Tensor, root: 0, forward: Some(forward), backward: Some(backward) }
 }
 
 /// The shared experts on `tokens` tokens: a dense gated MLP `shared_ffn` wide, split over `t`.
@@ -261,17 +275,7 @@ pub fn ep_mlp_ops(
     // Rows the experts of this (busiest) rank compute, the tensor group's together.
     let rows = moe.expert_rows(tokens) * imbalance;
     let mut ops = Vec::with_capacity(16);
-    ops.push(gemm("router", local, experts, h, e, Saved { replicated_bytes: e * local * h, ..Saved::default() }));
-    ops.push(LayerOp::Compute(super::transformer::mem_op(
-        "route",
-        3.0 * 4.0 * local * experts,
-        Saved { replicated_bytes: 4.0 * local * (experts + k), ..Saved::default() },
-    )));
-    ops.push(LayerOp::Compute(super::transformer::mem_op(
-        "permute",
-        e * (local * h + local_rows * h),
-        Saved::default(),
-    )));
+    ops.extend(routing_ops(local, local_rows, experts, k, h, e, e * local * h));
     let a2a = |name| LayerOp::Comm {
         name,
         bytes: e * local_rows * h * imbalance,
@@ -280,28 +284,12 @@ pub fn ep_mlp_ops(
         forward: Some(Comm::AllToAll),
         backward: Some(Comm::AllToAll),
     };
-    let tensor = |name, forward, backward| LayerOp::Comm {
-        name,
-        bytes: e * rows * h,
-        axis: Axis::Tensor,
-        root: 0,
-        forward: Some(forward),
-        backward: Some(backward),
-    };
+    let tensor = |name, forward, backward| tensor_comm(name, e * rows * h, forward, backward);
     ops.push(a2a("ep_dispatch"));
     if t > 1.0 {
         ops.push(tensor("ep_allgather", Comm::AllGather, Comm::ReduceScatter));
     }
-    let grouped = |name, n: f64, kk: f64, saved| {
-        LayerOp::Compute(super::transformer::gemm_op(name, local_experts, rows / local_experts, n, kk, e, saved))
-    };
-    ops.push(grouped("expert_fc1", up * f / t, h, Saved { replicated_bytes: e * rows * h, ..Saved::default() }));
-    ops.push(LayerOp::Compute(super::transformer::mem_op(
-        "expert_act",
-        act.0 * e * rows * f / t,
-        Saved { sharded_bytes: act.1 * e * rows * f / t, ..Saved::default() },
-    )));
-    ops.push(grouped("expert_fc2", h, f / t, Saved { sharded_bytes: e * rows * f / t, ..Saved::default() }));
+    ops.extend(expert_ops(local_experts, rows, (h, f, up), act, t, e));
     if t > 1.0 {
         ops.push(tensor("ep_reducescatter", Comm::ReduceScatter, Comm::AllGather));
     }
@@ -312,14 +300,7 @@ pub fn ep_mlp_ops(
         Saved { replicated_bytes: e * local_rows * h, ..Saved::default() },
     )));
     if moe.shared_ffn > 0 {
-        let sp = |name, forward, backward| LayerOp::Comm {
-            name,
-            bytes: e * tokens * h,
-            axis: Axis::Tensor,
-            root: 0,
-            forward: Some(forward),
-            backward: Some(backward),
-        };
+        let sp = |name, forward, backward| tensor_comm(name, e * tokens * h, forward, backward);
         if t > 1.0 {
             ops.push(sp("shared_in", Comm::AllGather, Comm::ReduceScatter));
         }
