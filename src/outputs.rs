@@ -46,7 +46,7 @@ impl TraceArgs {
         f.devices = match &self.trace_devices {
             Some(spec) => trace_filter::parse_devices(spec).map_err(|e| format!("--trace-devices: {e}"))?,
             None => {
-                let simulated = if s.options.symmetry { s.plan.devices() / s.plan.dp.max(1) } else { s.plan.devices() };
+                let simulated = sim::lower::size::estimate(s, None).simulated_devices;
                 if simulated as usize > DEFAULT_TRACE_DEVICES {
                     let stages: std::collections::BTreeSet<u32> =
                         (0..s.plan.pp).map(|k| s.plan.device(0, k, 0)).collect();

@@ -6,12 +6,14 @@ use crate::util::*;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
-/// 32 simulated devices: tensor parallelism 8, four pipeline stages, one replica.
+/// 32 simulated devices: tensor parallelism 8, four pipeline stages, one replica, every
+/// device simulated (`symmetry` off; with it, one tensor rank per stage stands for the group).
 fn pipeline_32() -> String {
     json!({"name": "pp4 tp8", "workload": small_transformer(8, 1024, 16),
         "cluster": {"node": "dgx-a100-80gb", "nodes": 4},
         "training": {"global_batch": 8, "micro_batch": 1, "seq_len": 512},
-        "plan": {"dp": 1, "tp": 8, "pp": 4}})
+        "plan": {"dp": 1, "tp": 8, "pp": 4},
+        "simulation": {"symmetry": false}})
     .to_string()
 }
 
@@ -47,6 +49,13 @@ fn large_runs_are_traced_on_one_device_per_stage_unless_asked() {
     assert!(!spans.is_empty() && spans.iter().all(|e| e["name"].as_str().unwrap().contains("send")), "only sends");
     let bad = run(&[&"simulate", &s, &"--trace", &t, &"--trace-streams", &"bogus"]);
     assert!(!bad.status.success() && stderr(&bad).contains("--trace-streams") && !stderr(&bad).contains("panicked"));
+    // Under symmetry the same plan simulates tensor rank 0 of each stage: 4 devices, all traced.
+    let mut v: Value = serde_json::from_str(&pipeline_32()).unwrap();
+    v.as_object_mut().unwrap().remove("simulation");
+    let folded = dir.write("folded.json", &v.to_string());
+    let o = run(&[&"simulate", &folded, &"--trace", &t]);
+    assert!(o.status.success() && !stderr(&o).contains("--trace-devices all"), "{}", stderr(&o));
+    assert_eq!(traced_pids(&t).len(), 4);
 }
 
 #[test]

@@ -28,6 +28,8 @@ mod policy_regressions;
 mod breakdown;
 // Simulated properties of reports: bandwidth, bubble, recomputation, ZeRO, fit, symmetry.
 mod report;
+// One tensor rank per group and one replica simulated and mirrored: the full simulation's report.
+mod symmetry;
 // Compute kernels (fused attention, GEMM shapes) against published microbenchmarks.
 mod kernels;
 // Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.

@@ -194,7 +194,8 @@ fn probe(s: &Scenario) -> Option<Scenario> {
     p.options.symmetry = true;
     p.options.approximate_symmetry = true;
     let changed = p.plan.micro_batches != s.plan.micro_batches
-        || crate::lower::simulates_one_replica(&p) != crate::lower::simulates_one_replica(s);
+        || crate::lower::simulates_one_replica(&p) != crate::lower::simulates_one_replica(s)
+        || crate::lower::simulates_one_tensor_rank(&p) != crate::lower::simulates_one_tensor_rank(s);
     changed.then_some(p)
 }
 

@@ -64,6 +64,9 @@ pub(super) struct Builder {
     /// Per-layer label ids: [layer][op][phase], built on first use.
     pub(super) layer_labels: Vec<Vec<[u32; 3]>>,
     pub(super) dev_index: Vec<u32>,
+    /// Tensor ranks lowered per group: all, or rank 0 under tensor symmetry
+    /// ([`super::simulates_one_tensor_rank`]); the group's first `ranks` devices.
+    pub(super) ranks: u32,
     /// Device class of the ops being created.
     pub(super) class: u16,
     /// Data-parallel collective tasks per (stage, tp rank, stream), in creation order.
@@ -104,18 +107,19 @@ impl Builder {
     pub(super) fn new(s: &Scenario) -> Builder {
         let plan = &s.plan;
         let devices = plan.devices();
-        let symmetric = super::simulates_one_replica(s);
-        let simulated: Vec<u32> = (0..devices).filter(|&d| !symmetric || plan.coords(d).0 == 0).collect();
+        let one_replica = super::simulates_one_replica(s);
+        let one_rank = super::simulates_one_tensor_rank(s);
+        let symmetric = one_replica || one_rank;
+        let stands_for = |d: u32| {
+            let (r, st, x) = plan.coords(d);
+            plan.device(if one_replica { 0 } else { r }, st, if one_rank { 0 } else { x })
+        };
+        let simulated: Vec<u32> = (0..devices).filter(|&d| stands_for(d) == d).collect();
         let mut dev_index = vec![NONE; devices as usize];
         for (i, &d) in simulated.iter().enumerate() {
             dev_index[d as usize] = i as u32;
         }
-        let mirror: Vec<u32> = (0..devices)
-            .map(|d| {
-                let (_, st, t) = plan.coords(d);
-                if symmetric { dev_index[plan.device(0, st, t) as usize] } else { dev_index[d as usize] }
-            })
-            .collect();
+        let mirror: Vec<u32> = (0..devices).map(|d| dev_index[stands_for(d) as usize]).collect();
         Builder {
             p: Program {
                 devices: simulated.clone(),
@@ -125,6 +129,7 @@ impl Builder {
                 symmetric,
                 ..Program::default()
             },
+            ranks: if one_rank { 1 } else { plan.tp },
 
             labels: FastMap::default(),
             layer_labels: Vec::new(),
@@ -289,22 +294,30 @@ impl Builder {
 /// One tensor-parallel group (a pipeline stage of one replica): what every step's lowering
 /// on it needs.
 pub(super) struct StepCtx {
-    /// The group's devices, in tensor-parallel rank order.
+    /// The group's devices, in tensor-parallel rank order: every rank (the members of its
+    /// collectives), lowered or mirrored.
     pub(super) group: Vec<u32>,
-    /// Their compute streams.
+    /// The compute streams of the ranks lowered (`Builder::ranks`: the group's first ones).
     pub(super) streams: Vec<u32>,
     /// The tensor-parallel grid's dimensions (see `TpMode::dims`).
     pub(super) dims: Vec<u32>,
-    /// The group's tensor-parallel communication streams when its collectives overlap the
+    /// The lowered ranks' tensor-parallel communication streams when its collectives overlap the
     /// GEMMs (`Plan::tp_overlap`), else empty.
     pub(super) tp_streams: Vec<u32>,
     /// Fraction of the device's compute units a GEMM keeps while a pipelined reduce-scatter
     /// overlaps it (`TpOverlap`).
     pub(super) tp_sm_share: f64,
     /// The replica and stage being lowered, the expert-parallel group's index (replica / ep)
-    /// and, per tensor rank, its expert-parallel group's devices (empty when ep = 1).
+    /// and, per lowered tensor rank, its expert-parallel group's devices (empty when ep = 1).
     pub(super) replica: u32,
     pub(super) stage: u32,
     pub(super) ep_group: u32,
     pub(super) ep_members: Vec<Vec<u32>>,
+}
+
+impl StepCtx {
+    /// The devices of the ranks lowered (the group's first ones), in rank order.
+    pub(super) fn lowered(&self) -> &[u32] {
+        &self.group[..self.streams.len()]
+    }
 }

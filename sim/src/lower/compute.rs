@@ -9,9 +9,9 @@ use super::tensor_parallel::{TpOverlap, collective_on_compute, is_gemm};
 use crate::report::timeline::{Label, Phase};
 use crate::workload::{LayerOp, OpSpec};
 
-/// Emit one block (a layer, the embedding or the head) for a pass on every device of the
-/// group. Compute ops get consecutive ids per op (device x of the group at `id + x`), so the
-/// returned first and last ids are those of the group's device 0 and device t-1. The first
+/// Emit one block (a layer, the embedding or the head) for a pass on every lowered device of
+/// the group. Compute ops get consecutive ids per op (lowered rank x at `id + x`), so the
+/// returned first and last ids are those of the group's rank 0 and its last lowered rank. The first
 /// compute op allocates `alloc` activation bytes when it starts; the last frees `free` when
 /// it ends.
 pub(super) fn emit_block(
@@ -27,7 +27,7 @@ pub(super) fn emit_block(
 ) -> (u32, u32) {
     let backward = phase == Phase::Backward;
     let n = blk.ops.len();
-    let t = ctx.group.len() as u32;
+    let t = ctx.streams.len() as u32;
     let mut first = NONE;
     let mut last = NONE;
     let compute_ops = blk.ops.iter().filter(|o| o.compute().is_some()).count();
@@ -105,13 +105,13 @@ pub(super) fn emit_recompute(
                 if first == NONE {
                     first = f;
                     if alloc > 0.0 {
-                        for x in 0..ctx.group.len() as u32 {
+                        for x in 0..ctx.streams.len() as u32 {
                             let di = Program::stream_device(ctx.streams[x as usize]);
                             b.memory(f + x, di, false, alloc, layer);
                         }
                     }
                 }
-                last = f + ctx.group.len() as u32 - 1;
+                last = f + ctx.streams.len() as u32 - 1;
             }
             LayerOp::Comm { name, bytes, axis, forward: Some(kind), root, .. } => {
                 let near = (j > 0 && is_gemm(blk.ops.get(j - 1)), is_gemm(blk.ops.get(j + 1)));
@@ -156,7 +156,7 @@ fn layer_label(b: &mut Builder, layer: i32, j: usize, name: &'static str, phase:
     }
 }
 
-/// One compute op on every device of the group; ids are consecutive.
+/// One compute op on every lowered device of the group; ids are consecutive.
 pub(super) fn emit_group_compute(b: &mut Builder, ctx: &StepCtx, op: u32, label: u32, mb: u32) -> u32 {
     let first = b.p.tasks.len() as u32;
     for &s in &ctx.streams {

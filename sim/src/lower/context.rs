@@ -17,6 +17,8 @@ pub(super) struct Lowering<'s> {
     pub(super) plan: &'s Plan,
     /// Tensor-parallel degree.
     pub(super) t: u32,
+    /// Tensor ranks lowered per group (`Builder::ranks`): `t`, or 1 under tensor symmetry.
+    pub(super) ranks: u32,
     /// The pipeline's units: micro-batches, or token slices of sub-batches (TeraPipe).
     pub(super) m: u32,
     /// Model chunks (stages times virtual stages) and the first layer of each (and one past
@@ -127,10 +129,11 @@ impl<'s> Lowering<'s> {
             s,
             plan,
             t,
+            ranks: b.ranks,
             m,
             chunks,
             starts: plan.chunk_starts(),
-            replicas: if b.p.symmetric { vec![0] } else { (0..plan.dp).collect() },
+            replicas: if super::simulates_one_replica(s) { vec![0] } else { (0..plan.dp).collect() },
             unit_blocks,
             block_of,
             max_boundary,
@@ -235,25 +238,29 @@ impl Stage {
         let plan = lw.plan;
         let m = lw.m;
         let group: Vec<u32> = (0..lw.t).map(|x| plan.device(r, stage, x)).collect();
+        let lowered = &group[..b.ranks as usize];
         let class = lw.s.cluster.class_of(group[0]);
         b.class = class;
         let tp_streams = if plan.tp_overlap() {
-            group.iter().map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::TensorParallel)).collect()
+            lowered
+                .iter()
+                .map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::TensorParallel))
+                .collect()
         } else {
             Vec::new()
         };
         let tp_sm_share = tp_sm_share(lw.s.cluster.class(class).compute_units);
         let ctx = StepCtx {
-            streams: b.compute_streams(&group),
-            group,
+            streams: b.compute_streams(lowered),
             dims: plan.tp_mode.dims(lw.t),
+            group,
             tp_streams,
             tp_sm_share,
             replica: r,
             stage,
             ep_group: r / plan.ep,
             ep_members: if plan.ep > 1 {
-                (0..lw.t).map(|x| plan.ep_members(r, stage, x)).collect()
+                (0..b.ranks).map(|x| plan.ep_members(r, stage, x)).collect()
             } else {
                 Vec::new()
             },

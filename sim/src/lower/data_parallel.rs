@@ -64,7 +64,7 @@ pub(super) fn dp_collective(
 /// reduced shard to host memory. Returns the last task per device.
 fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32, to_host: bool) -> Vec<u32> {
     let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
-    let t = plan.tp;
+    let t = b.ranks;
     let label = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: stage });
     let alone = plan.sync_degree() == 1;
     (0..t)
@@ -93,7 +93,7 @@ fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after
 /// (see [`super::expert_parallel`]), each device's after its task `after + x - (t-1)`.
 fn expert_grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32) -> Vec<u32> {
     let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
-    let t = plan.tp;
+    let t = b.ranks;
     (0..t)
         .map(|x| {
             let task = super::expert_parallel::edp_collective(b, plan, r, stage, x, kind, bytes, "expert_grad_sync");

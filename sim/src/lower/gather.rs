@@ -87,7 +87,7 @@ impl Gathers {
     }
 
     /// Fetch (from the host tier if offloaded, or Gemini's moves) and all-gather a unit of
-    /// `params` parameters (unsharded) for every device of the group; returns the task each
+    /// `params` parameters (unsharded) for every lowered device of the group; returns the task each
     /// device's compute waits for ([`NONE`] if nothing).
     pub(super) fn before(
         &mut self,
@@ -105,7 +105,7 @@ impl Gathers {
         if self.unit_label == NONE {
             self.unit_label = b.label(Label { op: "param_fetch", layer: -1, phase: Phase::Sync, chunk: stage });
         }
-        (0..plan.tp)
+        (0..b.ranks)
             .map(|x| {
                 let mut copy = NONE;
                 if self.host != Tier::Device {
@@ -135,7 +135,7 @@ impl Gathers {
         self.pending = (unit, params);
         // Each access's moves are emitted once.
         let moves = self.moves.as_mut().map(|m| std::mem::take(&mut m[k])).unwrap_or_default();
-        (0..plan.tp)
+        (0..b.ranks)
             .map(|x| {
                 let d = plan.device(r, stage, x);
                 let di = b.dev_index[d as usize];
@@ -174,7 +174,7 @@ impl Gathers {
                 b.p.deps.push((g, first + x as u32));
             }
         }
-        let t = ctx.group.len() as u32;
+        let t = ctx.streams.len() as u32;
         self.prev_last = last + 1 - t;
         if self.dynamic {
             b.unit_log.push(gemini::UnitAccess {

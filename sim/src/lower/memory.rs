@@ -60,7 +60,7 @@ pub(super) fn stage_memory(
     };
     let nvme = if off.optimizer == Tier::Nvme { params * ob / lw.shard(1) } else { 0.0 }
         + if off.params == Tier::Nvme { params * wb / lw.shard(3) } else { 0.0 };
-    for &d in st.group() {
+    for &d in st.ctx.lowered() {
         let di = b.dev_index[d as usize] as usize;
         let n = b.p.devices.len();
         for v in [&mut b.p.static_memory, &mut b.p.host_memory] {

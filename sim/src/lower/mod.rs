@@ -23,7 +23,10 @@
 //!
 //! Under symmetry (every node holds devices of one data-parallel replica only) only replica
 //! 0 is lowered; its data-parallel collectives name the other replicas as members, and the
-//! engine maps their links onto replica 0's mirror links.
+//! engine maps their links onto replica 0's mirror links. Likewise, where the tensor ranks of
+//! a group are interchangeable ([`simulates_one_tensor_rank`]), only rank 0 of each group is
+//! lowered: its tensor-parallel collectives still name every rank, and each peer's traffic
+//! into it stands for its own traffic into the peer.
 
 pub mod program;
 pub mod size;
@@ -46,8 +49,9 @@ pub(crate) use context::tp_sm_share;
 pub use program::*;
 pub(crate) use tensor_parallel::PIPELINE_SPLITS;
 
-use crate::plan::Plan;
+use crate::plan::{Plan, Tier};
 use crate::scenario::Scenario;
+use crate::workload::TpMode;
 use builder::Builder;
 use context::{Lowering, Stage};
 use p2p::Links;
@@ -72,6 +76,33 @@ pub fn simulates_one_replica(s: &Scenario) -> bool {
     s.plan.dp > 1
         && s.options.symmetry
         && (s.options.approximate_symmetry || symmetry_is_exact(&s.plan, s.cluster.node.devices))
+}
+
+/// Whether the lowering simulates tensor rank 0 of each group only, its peers mirroring it
+/// (`simulation.symmetry`, where that is exact). The ranks of a 1D tensor-parallel group run
+/// the same kernels on the same shapes and meet at every collective; folding them is exact
+/// when no resource that a rank shares with a peer carries traffic the peer's mirror would
+/// not: each device has its own NIC (or the cluster is one node with a switch or mesh), no
+/// NVMe tier is used (a node's drives are shared), Gemini's placement is not used, and the
+/// ranks of every group are devices of one class.
+pub fn simulates_one_tensor_rank(s: &Scenario) -> bool {
+    let plan = &s.plan;
+    if plan.tp <= 1
+        || !s.options.symmetry
+        || !s.options.tensor_symmetry
+        || plan.tp_mode != TpMode::OneD
+        || plan.offload.dynamic.is_some()
+    {
+        return false;
+    }
+    let node = &s.cluster.node;
+    let own_nic = node.nics >= node.devices || (s.cluster.nodes == 1 && node.intra_node.is_some());
+    let off = &plan.offload;
+    let nvme = [off.params, off.optimizer, off.activations].contains(&Tier::Nvme)
+        || (plan.frozen.layers > 0 && plan.frozen.cached_layers > 0 && plan.frozen.cache_on_disk > 0.0);
+    let one_class = s.cluster.overrides.is_empty()
+        || (0..plan.devices()).all(|d| s.cluster.class_of(d) == s.cluster.class_of(d - d % plan.tp));
+    own_nic && !nvme && one_class
 }
 
 /// Lower a validated scenario.

@@ -44,7 +44,7 @@ impl ActOffload {
         if !self.enabled {
             return;
         }
-        let t = ctx.group.len() as u32;
+        let t = ctx.streams.len() as u32;
         let outs = act_copies(b, ctx, false, saved, l as i32, c, mb);
         for (x, &o) in outs.iter().enumerate() {
             b.p.deps.push((last - (t - 1) + x as u32, o));
@@ -64,7 +64,7 @@ impl ActOffload {
         if !self.enabled {
             return Vec::new();
         }
-        let t = ctx.group.len() as u32;
+        let t = ctx.streams.len() as u32;
         let fetched = act_copies(b, ctx, true, saved, l as i32, c, mb);
         let outs = self.stashed.remove(&(c, mb, l)).expect("forward stashed this layer");
         for x in 0..t as usize {
@@ -87,7 +87,7 @@ impl ActOffload {
 }
 
 /// Copy a layer's kept activations out to host memory (freed on the device when the copy
-/// ends) or back (allocated when the copy starts), for every device of the group.
+/// ends) or back (allocated when the copy starts), for every lowered device of the group.
 fn act_copies(
     b: &mut Builder,
     ctx: &StepCtx,
@@ -100,7 +100,7 @@ fn act_copies(
     let name = if to_device { "act_fetch" } else { "act_offload" };
     let phase = if to_device { Phase::Backward } else { Phase::Forward };
     let label = b.label(Label { op: name, layer, phase, chunk });
-    ctx.group
+    ctx.lowered()
         .iter()
         .map(|&d| {
             let task = b.host_copy(d, to_device, bytes, false, label);
@@ -140,7 +140,7 @@ pub(super) fn frozen_cache_read(b: &mut Builder, lw: &Lowering, ctx: &StepCtx, u
     let label = b.label(Label { op: "frozen_cache_read", layer: -1, phase: Phase::Forward, chunk: 0 });
     let disk = plan.frozen.cache_on_disk.clamp(0.0, 1.0);
     let mut reads: Vec<u32> = Vec::new();
-    for &d in &ctx.group {
+    for &d in ctx.lowered() {
         let mut last_read = NONE;
         for (share, nvme) in [(1.0 - disk, false), (disk, true)] {
             if share > 0.0 {
@@ -154,5 +154,5 @@ pub(super) fn frozen_cache_read(b: &mut Builder, lw: &Lowering, ctx: &StepCtx, u
     for (x, &rd) in reads.iter().enumerate() {
         b.p.deps.push((rd, marker + x as u32));
     }
-    (marker, marker + lw.t - 1)
+    (marker, marker + lw.ranks - 1)
 }

@@ -9,7 +9,7 @@ use super::tensor_parallel::collective_on_compute;
 use crate::report::timeline::{Label, Phase, StreamKind};
 use crate::workload::{Axis, TpMode};
 
-/// Each (replica, chunk, unit, tp rank)'s first task per pass (what a send to it feeds) and its
+/// Each (replica, chunk, unit, lowered tp rank)'s first task per pass (what a send to it feeds) and its
 /// send per pass, until [`Links::connect`] joins them.
 pub(super) struct Links {
     chunks: u32,
@@ -23,7 +23,7 @@ pub(super) struct Links {
 
 impl Links {
     pub(super) fn new(lw: &Lowering) -> Links {
-        let (chunks, m, t) = (lw.chunks, lw.m, lw.t);
+        let (chunks, m, t) = (lw.chunks, lw.m, lw.ranks);
         let slots = (lw.replicas.len() as u32 * chunks * m * t) as usize;
         Links {
             chunks,

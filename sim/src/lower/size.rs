@@ -85,9 +85,10 @@ fn units(s: &Scenario) -> u64 {
 /// replica instead of the plan's when given (policies that try other micro-batch sizes).
 pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
     let plan = &s.plan;
-    let (dp, tp, pp) = (plan.dp as u64, plan.tp as u64, plan.pp as u64);
-    let symmetric = super::simulates_one_replica(s);
-    let replicas = if symmetric { 1 } else { dp };
+    let (dp, pp) = (plan.dp as u64, plan.pp as u64);
+    let replicas = if super::simulates_one_replica(s) { 1 } else { dp };
+    // Tensor ranks lowered per group.
+    let tp = if super::simulates_one_tensor_rank(s) { 1 } else { plan.tp as u64 };
     let units = micro_batches.map_or_else(|| units(s), u64::from);
     let w = &s.workload.transformer;
     let passes: u64 = if plan.recompute == Recompute::None { 2 } else { 3 };
@@ -114,7 +115,7 @@ pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
     let pipeline_tasks = replicas.saturating_mul(units).saturating_mul(per_unit);
     let bucket_tasks = if (1..3).contains(&plan.zero_stage) && plan.sync_degree() > 1 {
         let (wb, _, _) = crate::cost::memory::bytes_per_parameter(plan.precision, plan.optimizer);
-        let per_device = s.workload.parameters() * wb / (pp * tp) as f64;
+        let per_device = s.workload.parameters() * wb / (pp * plan.tp as u64) as f64;
         let buckets = (per_device / plan.bucket_bytes).ceil().clamp(1.0, 1e18) as u64;
         (replicas * pp * tp).saturating_mul(buckets)
     } else {

@@ -41,6 +41,8 @@ pub(super) fn collective_on_compute(
         return;
     }
     let stride: u32 = dims[n + 1..].iter().product();
+    // Grids of more than one dimension are lowered rank by rank (never folded).
+    debug_assert_eq!(ctx.streams.len(), ctx.group.len());
     for x in 0..ctx.group.len() as u32 {
         if !(x / stride).is_multiple_of(size) {
             continue;

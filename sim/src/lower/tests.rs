@@ -295,7 +295,7 @@ fn tensor_parallel_overlap_hides_all_gathers_and_most_reduce_scatters() {
     let exposed = |sim: &crate::Simulation| sim.report.time_breakdown[0].exposed_tp_comm_s;
     let (on, off) = (tp_overlap(true, true), tp_overlap(false, true));
     let tp_streams = |sim: &crate::Simulation| {
-        (0..8)
+        (0..sim.program.devices.len() as u32)
             .map(|d| sim.program.streams[super::Program::stream_index(d, StreamKind::TensorParallel) as usize].len())
             .sum::<usize>()
     };

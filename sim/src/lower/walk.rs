@@ -268,7 +268,7 @@ impl<'a> Walk<'a> {
     /// chunk (forward) or its input gradient to the previous one (backward).
     fn link(&self, b: &mut Builder, links: &mut Links, at: &At, pass: Pass, gathered: u32, (first, last): (u32, u32)) {
         let (lw, st) = (self.lw, self.st);
-        let (plan, t, c, mb) = (lw.plan, lw.t, at.c, at.mb);
+        let (plan, t, c, mb) = (lw.plan, lw.ranks, at.c, at.mb);
         for x in 0..t {
             let k = links.key(st.r, c, mb, x);
             let head = if gathered != NONE { gathered } else { first + x };

@@ -161,8 +161,9 @@ pub struct Report {
     pub host_memory_breakdown: MemoryBreakdown,
     pub devices: u32,
     pub simulated_devices: u32,
-    /// One data-parallel replica simulated and mirrored (exact when every node holds one
-    /// replica's devices only).
+    /// Some devices simulated and mirrored onto the rest: one data-parallel replica (exact
+    /// when every node holds one replica's devices only) and/or one tensor rank per group
+    /// (exact when its peers share no link it does not mirror; `lower::simulates_one_tensor_rank`).
     pub symmetric: bool,
     pub events: u64,
     pub flows: u64,

@@ -10,7 +10,8 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct SimOptions {
     pub network: crate::network::NetworkKind,
-    /// Simulate one data-parallel replica and mirror it, where that is exact.
+    /// Simulate one data-parallel replica (and one tensor rank per group) and mirror it,
+    /// where that is exact.
     pub symmetry: bool,
     /// Device memory the framework holds besides tensors (CUDA context, library
     /// workspaces); `None`: the device kind's default (see [`SimOptions::framework_bytes`]).
@@ -29,6 +30,11 @@ pub struct SimOptions {
     /// peak and confirm their answer on the scenario itself. Not a scenario key.
     #[serde(skip)]
     pub approximate_symmetry: bool,
+    /// Whether `symmetry` may also fold the ranks of a tensor-parallel group (off for the
+    /// executor's replay, which runs the tensor-parallel collectives on real devices). Not a
+    /// scenario key.
+    #[serde(skip)]
+    pub tensor_symmetry: bool,
 }
 
 impl Default for SimOptions {
@@ -41,6 +47,7 @@ impl Default for SimOptions {
             memory_headroom: None,
             device_variability: None,
             approximate_symmetry: false,
+            tensor_symmetry: true,
         }
     }
 }

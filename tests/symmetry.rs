@@ -1,0 +1,101 @@
+//! Simulating one tensor rank per group (and one data-parallel replica) and mirroring it gives
+//! the full simulation's report, key for key, across the plan features that touch every rank
+//! of a group: overlapped and blocking tensor-parallel collectives, pipeline scatter-gather,
+//! ZeRO 1-3, offload, recomputation, interleaving, 2BW, token slicing, expert parallelism,
+//! tensor parallelism across nodes; and it is not used where a rank shares a link it does not
+//! mirror.
+
+use crate::util::*;
+use serde_json::{Value, json};
+
+/// The report as JSON without what only says how it was simulated.
+fn comparable(r: &sim::report::Report) -> Value {
+    let mut v = serde_json::to_value(r).expect("report serialises");
+    for k in ["events", "flows", "tasks", "simulated_devices", "symmetric"] {
+        v.as_object_mut().expect("object").remove(k);
+    }
+    v
+}
+
+fn base(plan: Value, nodes: u32) -> Value {
+    let training = json!({"global_batch": 16, "micro_batch": 2, "seq_len": 512});
+    serde_json::from_str(&scenario(small_transformer(8, 1024, 16), nodes, training, plan)).expect("json")
+}
+
+/// Folded and full reports agree on `v`; returns the folded one's simulated devices.
+fn agree(v: &Value, what: &str) -> u32 {
+    let folded = simulate(&v.to_string());
+    let mut full = v.clone();
+    full["simulation"] = json!({"symmetry": false});
+    let full = simulate(&full.to_string());
+    assert!(!full.symmetric, "{what}: symmetry used although switched off");
+    assert_eq!(full.simulated_devices, full.devices, "{what}: full simulation");
+    let (a, b) = (comparable(&folded), comparable(&full));
+    let differ: Vec<String> = b
+        .as_object()
+        .expect("object")
+        .iter()
+        .filter(|(k, v)| a.get(k.as_str()) != Some(v))
+        .map(|(k, v)| format!("{k}: {} folded vs {v} full", a.get(k.as_str()).unwrap_or(&Value::Null)))
+        .collect();
+    assert!(differ.is_empty() && a == b, "{what}: folded and full reports differ:\n{}", differ.join("\n"));
+    folded.simulated_devices
+}
+
+#[test]
+fn one_tensor_rank_stands_for_its_group() {
+    let mut cases: Vec<(&str, Value)> = vec![
+        ("tp 8", base(json!({"dp": 1, "tp": 8}), 1)),
+        ("tp 4 pp 2 scatter-gather", base(json!({"dp": 1, "tp": 4, "pp": 2, "schedule": "1f1b"}), 1)),
+        (
+            "tp 2 pp 2 interleaved, sequence parallel, selective",
+            base(
+                json!({"dp": 2, "tp": 2, "pp": 2, "schedule": "interleaved", "sequence_parallel": true,
+                       "recompute": "selective"}),
+                1,
+            ),
+        ),
+        ("tp 4 pp 2 2bw", base(json!({"dp": 1, "tp": 4, "pp": 2, "schedule": "2bw"}), 1)),
+        ("tp 4 zero 1 dp 4 across nodes", base(json!({"dp": 4, "tp": 4, "zero_stage": 1}), 2)),
+        ("tp 2 zero 2 dp 4", base(json!({"dp": 4, "tp": 2, "zero_stage": 2}), 1)),
+        ("tp 2 zero 3 dp 4, full recompute", base(json!({"dp": 4, "tp": 2, "zero_stage": 3, "recompute": "full"}), 1)),
+        ("tp 16 across nodes", base(json!({"dp": 1, "tp": 16}), 2)),
+        ("tp 4 zero-offload", base(json!({"dp": 2, "tp": 4, "zero_stage": 2, "offload": "zero-offload"}), 1)),
+        (
+            "tp 4 activations to host, overlapped sends",
+            base(json!({"dp": 1, "tp": 4, "pp": 2, "offload": {"activations": "cpu"}, "p2p": "overlapped"}), 1),
+        ),
+        (
+            "tp 4 gpipe token slices",
+            base(json!({"dp": 1, "tp": 4, "pp": 2, "schedule": "gpipe", "token_slices": [256, 256]}), 1),
+        ),
+    ];
+    // Megatron-Core: tensor-parallel collectives overlapped with the GEMMs on their own stream.
+    let mut core = base(json!({"dp": 2, "tp": 4, "sequence_parallel": true, "zero_stage": 1}), 1);
+    core["training"]["framework"] = json!("megatron-core");
+    cases.push(("megatron-core tp overlap", core));
+    // Mixture of experts with expert parallelism over replicas.
+    let mut moe = base(json!({"dp": 4, "tp": 2, "ep": 2, "sequence_parallel": true, "zero_stage": 1}), 1);
+    moe["workload"]["transformer"]["moe"] = json!({"experts": 4, "top_k": 2, "expert_ffn": 2048});
+    cases.push(("moe ep 2 tp 2", moe));
+    for (what, v) in &cases {
+        let simulated = agree(v, what);
+        let plan = &v["plan"];
+        let groups = plan["dp"].as_u64().unwrap_or(1) * plan["pp"].as_u64().unwrap_or(1);
+        assert!(
+            u64::from(simulated) <= groups,
+            "{what}: {simulated} devices simulated for {groups} tensor-parallel groups"
+        );
+    }
+}
+
+/// Two devices behind each NIC: a rank's gradient all-reduce shares its NIC with a peer's,
+/// which a mirrored peer would not load, so every rank of the (one simulated) replica is
+/// simulated, and the result agrees with the full simulation.
+#[test]
+fn ranks_sharing_a_nic_are_all_simulated() {
+    let mut v = base(json!({"dp": 2, "tp": 4}), 2);
+    v["cluster"]["node"] = json!({"preset": "dgx-a100-80gb", "devices": 4, "nics": 2});
+    let simulated = agree(&v, "2 NICs for 4 devices");
+    assert_eq!(simulated, 4, "one replica's 4 ranks, not 1");
+}
