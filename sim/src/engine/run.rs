@@ -99,6 +99,9 @@ const FLOW_END: u8 = 1;
 const STEP_START: u8 = 2;
 /// A compute-stream task whose host issue ends after it became ready starts now.
 const ISSUED: u8 = 3;
+/// The network's deferred flow changes of this instant are re-rated (once per instant with
+/// changes, after the events already due then; see `Network::settle`).
+const SETTLE: u8 = 4;
 const VERSION_MASK: u32 = 0xff_ffff;
 
 /// An in-flight transfer or collective.
@@ -164,6 +167,8 @@ struct Engine<'a> {
     gate: Sparse,
     /// A time went past [`MAX_TIME_NS`].
     overflow: bool,
+    /// A SETTLE event is queued for the current instant.
+    settle_queued: bool,
     /// SMs that overlapping collectives take from compute kernels.
     sm: Contention,
 }
@@ -255,6 +260,7 @@ pub fn run(
         gate,
         overflow: false,
         sm: Contention::new(p.devices.iter().map(|&d| topo.sms(d)).collect()),
+        settle_queued: false,
     };
     e.res.timeline.devices = p.devices.clone();
     e.res.timeline.stages = p.stages.clone();
@@ -276,6 +282,11 @@ pub fn run(
             FLOW_END => e.flow_end(ev.id, ev.version, now),
             STEP_START => e.step_start(ev.id, now),
             ISSUED => e.begin(ev.id, now),
+            SETTLE => {
+                e.settle_queued = false;
+                e.net.settle(now);
+                e.push_changes();
+            }
             _ => unreachable!("unknown event kind"),
         }
         e.drain_ready(now);
@@ -607,7 +618,8 @@ impl<'a> Engine<'a> {
         target: u32,
         now: u64,
     ) {
-        let id = self.net.add_capped(now, &links[..len as usize], bytes, cap) as usize;
+        let id = self.net.add_deferred(now, &links[..len as usize], bytes, cap) as usize;
+        self.queue_settle(now);
         if self.flow_owner.len() <= id {
             self.flow_owner.resize(id + 1, NONE);
             self.flow_start.resize(id + 1, 0);
@@ -618,6 +630,14 @@ impl<'a> Engine<'a> {
         self.flow_meta[id] = (links, source, target, bytes);
         self.flows += 1;
         self.active[slot as usize].pending += 1;
+    }
+
+    /// Settle the network's deferred changes at `now`, after the events already due then.
+    fn queue_settle(&mut self, now: u64) {
+        if !self.settle_queued && self.net.unsettled() {
+            self.settle_queued = true;
+            self.q.push(now, Event { kind: SETTLE, id: 0, version: 0 });
+        }
     }
 
     fn push_changes(&mut self) {
@@ -666,8 +686,8 @@ impl<'a> Engine<'a> {
                 bytes,
             });
         }
-        self.net.remove(now, id);
-        self.push_changes();
+        self.net.remove_deferred(id);
+        self.queue_settle(now);
         let slot = self.flow_owner[id as usize];
         let a = &mut self.active[slot as usize];
         a.pending -= 1;

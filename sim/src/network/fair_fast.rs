@@ -128,7 +128,8 @@ pub(super) fn rerate_component(net: &mut Network, now: u64, seed: u32) {
     }
     for (j, &f) in s.flows.iter().enumerate() {
         let fl = &mut net.flows[f as usize];
-        // A flow whose rate did not change keeps its scheduled finish.
+        // A flow whose rate did not change keeps its scheduled finish (a new flow's rate was
+        // 0, so it is always scheduled; so is a lone flow, which has no old rates).
         if f != seed && !s.old_rates.is_empty() && s.old_rates[j] == fl.rate {
             continue;
         }

@@ -9,6 +9,13 @@
 //! is the reference the tests compare against on random inputs.
 //!
 //! Time is integer nanoseconds; a flow's finish time is rounded up to the next nanosecond.
+//!
+//! Changes can be batched: [`Network::add_deferred`] and [`Network::remove_deferred`] only
+//! record what they touched, and [`Network::settle`] then re-rates each touched component
+//! once. Rates over a span of zero time do not move any bytes, so changes made at one instant
+//! and settled before time advances give the rates of applying them one by one, at a fraction
+//! of the work when many flows start or end together (an all-to-all's n(n-1) flows, a ring
+//! step's flows ending at once).
 
 pub mod fair_fast;
 pub mod fair_slow;
@@ -73,6 +80,9 @@ pub struct Network {
     changes: Vec<Reschedule>,
     scratch: fair_fast::Scratch,
     epoch: u32,
+    /// Deferred changes to settle: flows added, and links a removed flow left.
+    added: Vec<FlowId>,
+    left: Vec<u32>,
 }
 
 fn finish_ns(now: u64, remaining: f64, rate: f64) -> u64 {
@@ -95,6 +105,8 @@ impl Network {
             changes: Vec::new(),
             scratch: fair_fast::Scratch::default(),
             epoch: 0,
+            added: Vec::new(),
+            left: Vec::new(),
         }
     }
 
@@ -110,6 +122,62 @@ impl Network {
     /// Start a flow that never runs faster than `cap_bytes_per_s` (max-min fair sharing with
     /// a per-flow ceiling: the ceiling acts as a private link of that capacity).
     pub fn add_capped(&mut self, now: u64, links: &[u32], bytes: f64, cap_bytes_per_s: f64) -> FlowId {
+        let id = self.insert(now, links, bytes, cap_bytes_per_s);
+        self.rerate(now, id);
+        id
+    }
+
+    /// [`Network::add_capped`] without re-rating: the flow's rate is set by the next
+    /// [`Network::settle`], which must come before time advances. (The ideal network rates
+    /// it at once: it has nothing to share.)
+    pub fn add_deferred(&mut self, now: u64, links: &[u32], bytes: f64, cap_bytes_per_s: f64) -> FlowId {
+        let id = self.insert(now, links, bytes, cap_bytes_per_s);
+        match self.kind {
+            NetworkKind::Ideal => self.rerate(now, id),
+            NetworkKind::MaxMinFair => self.added.push(id),
+        }
+        id
+    }
+
+    /// [`Network::remove`] without re-rating the flows left: the next [`Network::settle`]
+    /// does, before time advances.
+    pub fn remove_deferred(&mut self, id: FlowId) {
+        let (links, len) = self.unlink(id);
+        if self.kind == NetworkKind::MaxMinFair {
+            self.left.extend_from_slice(&links[..len]);
+        }
+    }
+
+    /// Whether deferred changes wait for [`Network::settle`].
+    pub fn unsettled(&self) -> bool {
+        !self.added.is_empty() || !self.left.is_empty()
+    }
+
+    /// Re-rate, once each, the components the deferred changes touched.
+    pub fn settle(&mut self, now: u64) {
+        if !self.unsettled() {
+            return;
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        let epoch = self.epoch;
+        let mut seeds = std::mem::take(&mut self.added);
+        for &k in &self.left {
+            seeds.extend(self.on_link[k as usize].first().copied());
+        }
+        self.left.clear();
+        for &seed in &seeds {
+            let f = &self.flows[seed as usize];
+            // Gone since, or re-rated with an earlier seed's component.
+            if !f.live || f.mark == epoch {
+                continue;
+            }
+            fair_fast::rerate_component(self, now, seed);
+        }
+        seeds.clear();
+        self.added = seeds;
+    }
+
+    fn insert(&mut self, now: u64, links: &[u32], bytes: f64, cap_bytes_per_s: f64) -> FlowId {
         debug_assert!(!links.is_empty() && links.len() <= 2);
         debug_assert!(cap_bytes_per_s > 0.0);
         let mut l = [links[0], links[0]];
@@ -125,7 +193,8 @@ impl Network {
             updated_ns: now,
             version: 0,
             live: true,
-            mark: 0,
+            // Not visited in the current epoch.
+            mark: self.epoch.wrapping_sub(1),
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -141,12 +210,24 @@ impl Network {
         for &k in &l[..links.len()] {
             self.on_link[k as usize].push(id);
         }
-        self.rerate(now, id);
         id
     }
 
     /// Remove a flow that finished (or is cancelled) at `now`.
     pub fn remove(&mut self, now: u64, id: FlowId) {
+        let (links, len) = self.unlink(id);
+        if self.kind == NetworkKind::MaxMinFair {
+            // Neighbours on the freed links may speed up.
+            for &k in &links[..len] {
+                if let Some(&other) = self.on_link[k as usize].first() {
+                    self.rerate(now, other);
+                }
+            }
+        }
+    }
+
+    /// Take a flow off its links; returns them.
+    fn unlink(&mut self, id: FlowId) -> ([u32; 2], usize) {
         let f = &mut self.flows[id as usize];
         debug_assert!(f.live);
         f.live = false;
@@ -159,14 +240,7 @@ impl Network {
             }
         }
         self.free.push(id);
-        if self.kind == NetworkKind::MaxMinFair {
-            // Neighbours on the freed links may speed up.
-            for &k in &links[..len] {
-                if let Some(&other) = self.on_link[k as usize].first() {
-                    self.rerate(now, other);
-                }
-            }
-        }
+        (links, len)
     }
 
     pub fn version(&self, id: FlowId) -> u32 {

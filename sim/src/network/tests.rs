@@ -93,3 +93,56 @@ fn a_finished_neighbour_speeds_up_the_survivor_and_reschedules_it() {
     assert_eq!(fin(&ch, a), Some(1_500_000_000));
     assert_eq!(ch.last().map(|c| c.version), Some(net.version(a)));
 }
+
+/// Deferred adds and removes settled once per instant give the rates of applying them one by
+/// one (the slow reference over the live flows), and every flow whose rate changed, or that
+/// is new, is rescheduled at its finish under the settled rate.
+#[test]
+fn deferred_changes_settled_per_instant_match_the_reference() {
+    let mut rng = Pcg64Mcg::seed_from_u64(11);
+    for case in 0..300 {
+        let links = rng.random_range(1..10usize);
+        let caps: Vec<f64> = (0..links).map(|_| rng.random_range(1.0..100.0f64).round() * 1e9).collect();
+        let mut net = Network::new(NetworkKind::MaxMinFair, &caps);
+        let mut live: Vec<FlowId> = Vec::new();
+        let mut now = 0u64;
+        let mut ch = Vec::new();
+        for _ in 0..rng.random_range(1..15usize) {
+            now += rng.random_range(1..1000u64);
+            // Several changes at one instant, then one settle.
+            let mut added = Vec::new();
+            for _ in 0..rng.random_range(1..8usize) {
+                if !live.is_empty() && rng.random_range(0..3u32) == 0 {
+                    let i = rng.random_range(0..live.len());
+                    let gone = live.swap_remove(i);
+                    added.retain(|&f| f != gone);
+                    net.remove_deferred(gone);
+                } else {
+                    let a = rng.random_range(0..links) as u32;
+                    let route =
+                        if links > 1 && rng.random_bool(0.7) { vec![a, (a + 1) % links as u32] } else { vec![a] };
+                    let ceiling =
+                        if rng.random_bool(0.3) { rng.random_range(0.5..60.0f64) * 1e9 } else { f64::INFINITY };
+                    let id = net.add_deferred(now, &route, rng.random_range(1.0..1e9f64), ceiling);
+                    live.push(id);
+                    added.push(id);
+                }
+            }
+            net.settle(now);
+            assert!(!net.unsettled());
+            let expect = max_min_rates_capped(&caps, &net.live_routes(), &net.live_caps());
+            let got: Vec<f64> = net.live_rates().into_iter().map(|(_, r)| r).collect();
+            for (e, g) in expect.iter().zip(&got) {
+                assert!(close(*e, *g), "case {case}: deferred {g} vs slow {e}");
+            }
+            ch.clear();
+            net.drain_changes(&mut ch);
+            for id in added {
+                assert!(
+                    ch.iter().any(|c| c.id == id && c.version == net.version(id)),
+                    "case {case}: new flow {id} not scheduled"
+                );
+            }
+        }
+    }
+}
