@@ -219,7 +219,8 @@ fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report, Opti
     };
     let fits = |x: &Scenario, u: u32| report(x, u).is_some_and(|r| r.fits);
     let fast = probe(s);
-    let found = fast.as_ref().and_then(|fast| search(|u| probe_at(fast, u), min, start, degree(vary)));
+    let found =
+        fast.as_ref().and_then(|fast| search(|u| probe_at(fast, u), min, start, degree(vary), lowerable(fast, vary)));
     let confirmed = found.and_then(|u| match run(s, u) {
         Ok(r) if r.fits => (!fits(s, u + 1)).then_some((u, r, None)),
         Ok(_) => None,
@@ -243,7 +244,7 @@ fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report, Opti
     let (u, r, note) = match confirmed {
         Some(c) => c,
         None => {
-            let u = search(|u| probe_at(s, u), min, start, degree(vary))?;
+            let u = search(|u| probe_at(s, u), min, start, degree(vary), lowerable(s, vary))?;
             (u, report(s, u)?, None)
         }
     };
@@ -259,6 +260,28 @@ struct Probe {
 
 /// Past this knob value no cluster fits the model (1M layers, or h = 128M).
 const KNOB_LIMIT: u32 = 1 << 20;
+
+/// The largest knob value, in units of [`step`], that `s` lowers to a program the simulator
+/// builds (`lower::size`, no simulation): a search stops there rather than probing sizes the
+/// simulator refuses, each step near the limit costing seconds (a fuzzed family of 113
+/// two-wide layers otherwise probed tens of sizes of 10-40 M tasks).
+fn lowerable(s: &Scenario, vary: Vary) -> u32 {
+    let g = step(s, vary);
+    let builds = |u: u32| !crate::lower::size::estimate(&sized(s, vary, u.saturating_mul(g)), None).too_large();
+    let (mut lo, mut hi) = (1u32, KNOB_LIMIT);
+    if builds(hi) {
+        return hi;
+    }
+    if !builds(lo) {
+        return lo;
+    }
+    // Tasks grow with the knob: bisect to the last size that builds.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if builds(mid) { lo = mid } else { hi = mid }
+    }
+    lo
+}
 
 /// How memory grows with the knob: about linearly with layers, with the square of the width,
 /// with the cube of both together (weights are `12 h^2` per layer).
@@ -283,7 +306,9 @@ fn crossing(a: (u32, f64), b: (u32, f64), degree: i32) -> Option<f64> {
 /// the search starts at `start`. Each simulation is seconds on a large cluster, so the next
 /// size is where the measured memory pressure extrapolates to full (false position, with a
 /// bisection step whenever that fails to halve the bracket), not a blind doubling and halving.
-fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32, degree: i32) -> Option<u32> {
+/// `limit`: the largest size to probe (what fits there is the answer when it fits).
+fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32, degree: i32, limit: u32) -> Option<u32> {
+    let start = start.min(limit.max(min));
     let first = at(start);
     let (mut lo, mut hi) = if first.fits {
         // Grow until a size does not fit.
@@ -300,7 +325,7 @@ fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32, degree: i32) -> Optio
             };
             let next = (guess.ceil() as u64)
                 .clamp(lo.0 as u64 + 1, (lo.0 as u64 * 8).max(lo.0 as u64 + 1))
-                .min(KNOB_LIMIT as u64) as u32;
+                .min(limit as u64) as u32;
             if next <= lo.0 {
                 return Some(lo.0);
             }
@@ -308,7 +333,7 @@ fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32, degree: i32) -> Optio
             if !p.fits {
                 break (lo, (next, p.pressure));
             }
-            if next >= KNOB_LIMIT {
+            if next >= limit {
                 return Some(next);
             }
             prev = Some(lo);
@@ -437,7 +462,11 @@ mod tests {
                         largest.set(largest.get().max(u));
                         Probe { fits: f(u) <= 1.0, pressure: f(u) }
                     };
-                    assert_eq!(search(at, 1, start, degree), Some(edge), "{name} from {start}, degree {degree}");
+                    assert_eq!(
+                        search(at, 1, start, degree, KNOB_LIMIT),
+                        Some(edge),
+                        "{name} from {start}, degree {degree}"
+                    );
                     assert!(calls.get() <= 24, "{name} from {start}, degree {degree}: {} probes", calls.get());
                     // Growing with the right degree never probes far past the edge (the
                     // largest model is the slowest to simulate).
