@@ -67,20 +67,14 @@ pub(super) struct Builder {
     /// Tensor ranks lowered per group: all, or rank 0 under tensor symmetry
     /// ([`super::simulates_one_tensor_rank`]); the group's first `ranks` devices.
     pub(super) ranks: u32,
+    /// Whether only replica 0 is lowered ([`super::simulates_one_replica`]).
+    pub(super) one_replica: bool,
     /// Device class of the ops being created.
     pub(super) class: u16,
-    /// Data-parallel collective tasks per (stage, tp rank, stream), in creation order.
-    pub(super) dp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
-    /// How many data-parallel collectives each (replica, stage, tp rank, stream) has lowered.
-    pub(super) dp_seq: HashMap<(u32, u32, u32, u32), u32>,
-    /// Expert-parallel all-to-alls of each (expert-parallel group, stage, tp rank), in order,
-    /// shared by the group's replicas; how many each (replica, stage, tp rank) has lowered.
-    pub(super) ep_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
-    pub(super) ep_seq: HashMap<(u32, u32, u32), u32>,
-    /// Expert-data-parallel collectives of each (replica modulo ep, stage, tp rank), in
-    /// order; how many each (replica, stage, tp rank) has lowered.
-    pub(super) edp_tasks: HashMap<(u32, u32, u32), Vec<u32>>,
-    pub(super) edp_seq: HashMap<(u32, u32, u32), u32>,
+    /// Collective tasks shared by the replicas of a group, in creation order per group, and
+    /// how many of them each member has reached (see [`Builder::shared_next`]).
+    shared_tasks: HashMap<(Shared, [u32; 3]), Vec<u32>>,
+    shared_seq: HashMap<(Shared, [u32; 4]), u32>,
     /// Collectives by (kind, size's bits, hash of the members); a second collective with the
     /// same key (a hash collision) goes to `colliding_collectives`.
     collective_ids: FastMap<(u8, u64, u64), u32>,
@@ -96,6 +90,16 @@ pub(super) struct Builder {
     pub(super) narrowed_ops: HashMap<u32, u32>,
     /// Gradient-accumulation ops by (device class, bytes).
     pub(super) accumulate_ops: HashMap<(u16, u64), u32>,
+}
+
+/// Collectives shared by a group's replicas ([`Builder::shared_next`]): data-parallel
+/// (group: stage, tensor rank, stream), expert-parallel all-to-alls (expert-parallel group,
+/// stage, tensor rank) and expert-data-parallel (replica modulo ep, stage, tensor rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Shared {
+    DataParallel,
+    ExpertParallel,
+    ExpertDataParallel,
 }
 
 /// The phases a layer's ops are labelled with, in the order of `Builder::layer_labels`.
@@ -130,17 +134,14 @@ impl Builder {
                 ..Program::default()
             },
             ranks: if one_rank { 1 } else { plan.tp },
+            one_replica,
 
             labels: FastMap::default(),
             layer_labels: Vec::new(),
             dev_index,
-            dp_tasks: HashMap::new(),
             class: 0,
-            dp_seq: HashMap::new(),
-            ep_tasks: HashMap::new(),
-            ep_seq: HashMap::new(),
-            edp_tasks: HashMap::new(),
-            edp_seq: HashMap::new(),
+            shared_tasks: HashMap::new(),
+            shared_seq: HashMap::new(),
             collective_ids: FastMap::default(),
             colliding_collectives: HashMap::new(),
             unit_log: Vec::new(),
@@ -284,6 +285,20 @@ impl Builder {
         let id = (self.p.host_copies.len() - 1) as u32;
         let s = Program::stream_index(self.dev_index[device as usize], StreamKind::HostCopy);
         self.task(TaskKind::HostCopy, id, label, NONE, &[s])
+    }
+
+    /// The next collective of kind `kind` that `member` (replica, stage, tensor rank, stream)
+    /// reaches in `group`: its n-th, where n counts its earlier calls. The group's replicas
+    /// run the same schedule, so their n-th collectives match: the first to reach it creates
+    /// it (`None` here; then [`Builder::share`]), the others find it.
+    pub(super) fn shared_next(&mut self, kind: Shared, group: [u32; 3], member: [u32; 4]) -> Option<u32> {
+        let n = *self.shared_seq.entry((kind, member)).and_modify(|v| *v += 1).or_insert(0) as usize;
+        self.shared_tasks.get(&(kind, group)).and_then(|list| list.get(n)).copied()
+    }
+
+    /// Records `task` as the group's next shared collective (see [`Builder::shared_next`]).
+    pub(super) fn share(&mut self, kind: Shared, group: [u32; 3], task: u32) {
+        self.shared_tasks.entry((kind, group)).or_default().push(task);
     }
 
     pub(super) fn compute_streams(&self, group: &[u32]) -> Vec<u32> {

@@ -133,7 +133,7 @@ impl<'s> Lowering<'s> {
             m,
             chunks,
             starts: plan.chunk_starts(),
-            replicas: if super::simulates_one_replica(s) { vec![0] } else { (0..plan.dp).collect() },
+            replicas: if b.one_replica { vec![0] } else { (0..plan.dp).collect() },
             unit_blocks,
             block_of,
             max_boundary,

@@ -9,7 +9,7 @@
 //! size) and [`grad_sync`]'s `after` (what a bucket waits for), and
 //! [`gather_updated_params`] (the post-step all-gather's buckets and what they wait for).
 
-use super::builder::Builder;
+use super::builder::{Builder, Shared};
 use super::context::{Lowering, Stage};
 use super::program::*;
 use crate::plan::Plan;
@@ -38,13 +38,11 @@ pub(super) fn dp_collective(
     name: &'static str,
     stream: StreamKind,
 ) -> u32 {
-    let seq_key = (r, stage, x, stream.index() as u32);
-    let n = *b.dp_seq.entry(seq_key).and_modify(|v| *v += 1).or_insert(0) as usize;
+    let s = stream.index() as u32;
     // Under ring sequence parallelism one collective spans the whole stage.
-    let x_key = if plan.ring() { 0 } else { x };
-    let list = b.dp_tasks.entry((stage, x_key, stream.index() as u32)).or_default();
-    if n < list.len() {
-        return list[n];
+    let group = [stage, if plan.ring() { 0 } else { x }, s];
+    if let Some(task) = b.shared_next(Shared::DataParallel, group, [r, stage, x, s]) {
+        return task;
     }
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
     let members = plan.sync_members(stage, x);
@@ -55,7 +53,7 @@ pub(super) fn dp_collective(
         .collect();
     let id = b.collective_id(kind, &members, bytes);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
-    b.dp_tasks.entry((stage, x_key, stream.index() as u32)).or_default().push(task);
+    b.share(Shared::DataParallel, group, task);
     task
 }
 

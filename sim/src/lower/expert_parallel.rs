@@ -17,7 +17,7 @@
 //! on [`EXPERT_SYNC_STREAM`], created by the first replica of each such group and found by the
 //! others by sequence number, as `data_parallel::dp_collective` does for the whole group.
 
-use super::builder::{Builder, StepCtx};
+use super::builder::{Builder, Shared, StepCtx};
 use super::program::*;
 use crate::plan::Plan;
 use crate::report::timeline::{Label, Phase, StreamKind};
@@ -42,9 +42,8 @@ pub(super) fn edp_collective(
     bytes: f64,
     name: &'static str,
 ) -> u32 {
-    let n = *b.edp_seq.entry((r, stage, x)).and_modify(|v| *v += 1).or_insert(0) as usize;
-    let key = (r % plan.ep, stage, x);
-    if let Some(&task) = b.edp_tasks.get(&key).and_then(|list| list.get(n)) {
+    let group = [r % plan.ep, stage, x];
+    if let Some(task) = b.shared_next(Shared::ExpertDataParallel, group, [r, stage, x, 0]) {
         return task;
     }
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
@@ -56,7 +55,7 @@ pub(super) fn edp_collective(
         .collect();
     let id = b.collective_id(kind, &members, bytes);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
-    b.edp_tasks.entry(key).or_default().push(task);
+    b.share(Shared::ExpertDataParallel, group, task);
     task
 }
 
@@ -65,15 +64,14 @@ pub(super) fn edp_collective(
 pub(super) fn ep_collective(b: &mut Builder, ctx: &StepCtx, kind: CollectiveKind, label: u32, bytes: f64, mb: u32) {
     for (x, members) in ctx.ep_members.iter().enumerate() {
         let x32 = x as u32;
-        let n = *b.ep_seq.entry((ctx.replica, ctx.stage, x32)).and_modify(|v| *v += 1).or_insert(0) as usize;
         let stream = ctx.streams[x];
-        let key = (ctx.ep_group, ctx.stage, x32);
-        if let Some(&task) = b.ep_tasks.get(&key).and_then(|list| list.get(n)) {
+        let group = [ctx.ep_group, ctx.stage, x32];
+        if let Some(task) = b.shared_next(Shared::ExpertParallel, group, [ctx.replica, ctx.stage, x32, 0]) {
             b.join(task, stream);
             continue;
         }
         let id = b.collective_id(kind, members, bytes);
         let task = b.task(TaskKind::Collective, id, label, mb, &[stream]);
-        b.ep_tasks.entry(key).or_default().push(task);
+        b.share(Shared::ExpertParallel, group, task);
     }
 }
