@@ -97,9 +97,9 @@ pub(super) struct Builder {
 /// stage, tensor rank) and expert-data-parallel (replica modulo ep, stage, tensor rank).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Shared {
-    DataParallel,
-    ExpertParallel,
-    ExpertDataParallel,
+    Data,
+    Expert,
+    ExpertData,
 }
 
 /// The phases a layer's ops are labelled with, in the order of `Builder::layer_labels`.

@@ -41,7 +41,7 @@ pub(super) fn dp_collective(
     let s = stream.index() as u32;
     // Under ring sequence parallelism one collective spans the whole stage.
     let group = [stage, if plan.ring() { 0 } else { x }, s];
-    if let Some(task) = b.shared_next(Shared::DataParallel, group, [r, stage, x, s]) {
+    if let Some(task) = b.shared_next(Shared::Data, group, [r, stage, x, s]) {
         return task;
     }
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
@@ -53,7 +53,7 @@ pub(super) fn dp_collective(
         .collect();
     let id = b.collective_id(kind, &members, bytes);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
-    b.share(Shared::DataParallel, group, task);
+    b.share(Shared::Data, group, task);
     task
 }
 

@@ -43,7 +43,7 @@ pub(super) fn edp_collective(
     name: &'static str,
 ) -> u32 {
     let group = [r % plan.ep, stage, x];
-    if let Some(task) = b.shared_next(Shared::ExpertDataParallel, group, [r, stage, x, 0]) {
+    if let Some(task) = b.shared_next(Shared::ExpertData, group, [r, stage, x, 0]) {
         return task;
     }
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
@@ -55,7 +55,7 @@ pub(super) fn edp_collective(
         .collect();
     let id = b.collective_id(kind, &members, bytes);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
-    b.share(Shared::ExpertDataParallel, group, task);
+    b.share(Shared::ExpertData, group, task);
     task
 }
 
@@ -66,12 +66,12 @@ pub(super) fn ep_collective(b: &mut Builder, ctx: &StepCtx, kind: CollectiveKind
         let x32 = x as u32;
         let stream = ctx.streams[x];
         let group = [ctx.ep_group, ctx.stage, x32];
-        if let Some(task) = b.shared_next(Shared::ExpertParallel, group, [ctx.replica, ctx.stage, x32, 0]) {
+        if let Some(task) = b.shared_next(Shared::Expert, group, [ctx.replica, ctx.stage, x32, 0]) {
             b.join(task, stream);
             continue;
         }
         let id = b.collective_id(kind, members, bytes);
         let task = b.task(TaskKind::Collective, id, label, mb, &[stream]);
-        b.share(Shared::ExpertParallel, group, task);
+        b.share(Shared::Expert, group, task);
     }
 }
