@@ -110,16 +110,17 @@ pub fn train_run(path: &Path, json: bool, plot: Option<&Path>, runs: u32, price:
     for c in &r.plan_changes {
         println!("plan change:  {} {} -> {} ({})", c.key, c.from, c.to, c.why);
     }
-    println!("epoch  frozen  K   R   M   cached  iteration_s  samples/s  epoch_s");
+    println!("epoch  frozen  K   R   M   cached  fits  iteration_s  samples/s  epoch_s");
     for e in &r.epochs {
         println!(
-            "{:>5}  {:>6}  {:<2}  {:<2}  {:<2}  {:<6}  {:<11.4}  {:<9.1}  {:.1}{}",
+            "{:>5}  {:>6}  {:<2}  {:<2}  {:<2}  {:<6}  {:<4}  {:<11.4}  {:<9.1}  {:.1}{}",
             e.epoch,
             e.frozen_layers,
             e.pipeline_length,
             e.replicas,
             e.micro_batches,
             if e.cached { "yes" } else { "no" },
+            if e.fits { "yes" } else { "NO" },
             e.iteration_s,
             e.samples_per_s,
             e.epoch_s,
@@ -136,8 +137,29 @@ pub fn train_run(path: &Path, json: bool, plot: Option<&Path>, runs: u32, price:
     for v in &r.breakdown {
         println!("              {:<16} {:.2}x", v.name, v.speedup);
     }
+    print_memory(r);
     print_whole(&whole);
     Ok(())
+}
+
+/// A loud line for plans that do not fit: their times are those of plans that would not run.
+fn print_memory(r: &sim::run::RunReport) {
+    let over: Vec<&sim::run::EpochReport> = r.epochs.iter().filter(|e| !e.fits).collect();
+    if let Some(worst) = over.iter().max_by(|a, b| a.peak_memory_bytes.total_cmp(&b.peak_memory_bytes)) {
+        let gib = |b: f64| b / 1024f64.powi(3);
+        println!(
+            "memory:       DOES NOT FIT in {} of {} epochs (worst: epoch {}, peak {:.2} GiB of {:.2} GiB usable): \
+             the times above are those of plans that would not run",
+            over.len(),
+            r.epochs.len(),
+            worst.epoch,
+            gib(worst.peak_memory_bytes),
+            gib(worst.memory_capacity_bytes - worst.memory_headroom_bytes)
+        );
+    }
+    if !r.baseline_fits {
+        println!("memory:       the baseline (the plan as written, nothing frozen) DOES NOT FIT");
+    }
 }
 
 fn stat(x: &Stat, unit: &str, digits: usize) -> String {

@@ -85,3 +85,35 @@ fn autocache_respects_host_memory() {
     assert!(small.total_s >= big.total_s * (1.0 - 1e-12), "{} vs {}", small.total_s, big.total_s);
     assert!(small.total_s > big.total_s || small.epochs.iter().all(|e| !e.cached));
 }
+
+/// An epoch whose plan does not fit the devices' memory says so, in the report and on the
+/// terminal: its times are those of a plan that would not run.
+#[test]
+fn epochs_that_do_not_fit_are_flagged() {
+    let fitting = sim::run::training_run(&vit_run(""));
+    assert!(fitting.fits && fitting.baseline_fits, "ViT-B/16 on 16 GB RTX 5000s fits");
+    assert!(fitting.epochs.iter().all(|e| e.fits && e.peak_memory_bytes > 0.0));
+    // The same run on 2 GB devices: the early epochs (few layers frozen) do not fit.
+    let mut small = vit_run("");
+    small.cluster.node.device.hbm_bytes = 2e9;
+    let r = sim::run::training_run(&small);
+    assert!(!r.fits && !r.baseline_fits);
+    let first = &r.epochs[0];
+    assert!(!first.fits);
+    assert!(first.peak_memory_bytes > first.memory_capacity_bytes - first.memory_headroom_bytes);
+    let dir = crate::util::TempDir::new("small-memory");
+    let mut v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/experiments/pipetransformer/bert-large-squad.json"
+        ))
+        .expect("read"),
+    )
+    .expect("json");
+    v["cluster"]["node"] = serde_json::json!({"preset": v["cluster"]["node"].clone(), "device": {"preset": "quadro-rtx5000", "hbm_bytes": 2e9}});
+    let path = dir.write("small.json", &v.to_string());
+    let out = run_cli(&["train-run", path.to_str().expect("utf-8")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("DOES NOT FIT"), "{text}");
+}

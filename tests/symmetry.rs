@@ -99,3 +99,29 @@ fn ranks_sharing_a_nic_are_all_simulated() {
     let simulated = agree(&v, "2 NICs for 4 devices");
     assert_eq!(simulated, 4, "one replica's 4 ranks, not 1");
 }
+
+/// Replicas that share a node fold into one where each device has its own port and NIC: the
+/// full simulation's report, key for key, with one replica simulated. Where two devices sit
+/// behind one NIC and the gradient all-reduce leaves the node, every replica is simulated.
+#[test]
+fn replicas_sharing_a_node_stand_for_each_other() {
+    let mut cases: Vec<(&str, Value, u32)> = vec![
+        ("dp 8 on one node", base(json!({"dp": 8}), 1), 1),
+        ("dp 4 pp 2 1f1b on one node", base(json!({"dp": 4, "pp": 2, "schedule": "1f1b"}), 1), 2),
+        ("dp 2 pp 4 zero 1 on one node", base(json!({"dp": 2, "pp": 4, "schedule": "1f1b", "zero_stage": 1}), 1), 4),
+        ("dp 8 zero 3 on one node", base(json!({"dp": 8, "zero_stage": 3}), 1), 1),
+        ("dp 4 pp 2 2bw on one node", base(json!({"dp": 4, "pp": 2, "schedule": "2bw"}), 1), 2),
+        ("dp 8 zero-offload on one node", base(json!({"dp": 8, "zero_stage": 2, "offload": "zero-offload"}), 1), 1),
+        ("dp 4 pp 4 across two nodes", base(json!({"dp": 4, "pp": 4, "schedule": "1f1b"}), 2), 4),
+    ];
+    // 16 replicas over two nodes of 8 devices with a NIC each (DGX A100).
+    let mut wide = base(json!({"dp": 16}), 2);
+    wide["training"]["global_batch"] = json!(32);
+    cases.push(("dp 16 across two nodes", wide, 1));
+    let mut shared = base(json!({"dp": 8}), 2);
+    shared["cluster"]["node"] = json!({"preset": "dgx-a100-80gb", "devices": 4, "nics": 1});
+    cases.push(("dp 8 over two nodes with one NIC each", shared, 8));
+    for (what, v, expected) in &cases {
+        assert_eq!(agree(v, what), *expected, "{what}: devices simulated");
+    }
+}

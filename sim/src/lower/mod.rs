@@ -69,30 +69,41 @@ pub fn symmetry_is_exact(plan: &Plan, devices_per_node: u32) -> bool {
 }
 
 /// Whether the lowering simulates replica 0 only: `simulation.symmetry` where that is exact,
-/// or wherever a memory probe asked for it ([`SimOptions::approximate_symmetry`]).
+/// or wherever a memory probe asked for it ([`SimOptions::approximate_symmetry`]). It is
+/// exact where each node's devices belong to one replica, or where the replicas sharing a
+/// node share nothing a mirror would not load ([`peers_share_nothing_unmirrored`]).
 ///
 /// [`SimOptions::approximate_symmetry`]: crate::scenario::SimOptions::approximate_symmetry
 pub fn simulates_one_replica(s: &Scenario) -> bool {
     s.plan.dp > 1
         && s.options.symmetry
-        && (s.options.approximate_symmetry || symmetry_is_exact(&s.plan, s.cluster.node.devices))
+        && (s.options.approximate_symmetry
+            || symmetry_is_exact(&s.plan, s.cluster.node.devices)
+            || peers_share_nothing_unmirrored(s))
 }
 
 /// Whether the lowering simulates tensor rank 0 of each group only, its peers mirroring it
 /// (`simulation.symmetry`, where that is exact). The ranks of a 1D tensor-parallel group run
 /// the same kernels on the same shapes and meet at every collective; folding them is exact
-/// when no resource that a rank shares with a peer carries traffic the peer's mirror would
-/// not: each device has its own NIC (or the cluster is one node with a switch or mesh), no
-/// NVMe tier is used (a node's drives are shared), Gemini's placement is not used, and the
-/// ranks of every group are devices of one class.
+/// where [`peers_share_nothing_unmirrored`].
 pub fn simulates_one_tensor_rank(s: &Scenario) -> bool {
     let plan = &s.plan;
-    if plan.tp <= 1
-        || !s.options.symmetry
-        || !s.options.tensor_symmetry
-        || plan.tp_mode != TpMode::OneD
-        || plan.offload.dynamic.is_some()
-    {
+    plan.tp > 1
+        && s.options.symmetry
+        && s.options.tensor_symmetry
+        && plan.tp_mode == TpMode::OneD
+        && peers_share_nothing_unmirrored(s)
+}
+
+/// Whether devices of one node that mirror each other (tensor ranks of a group, or replicas)
+/// share no resource that carries traffic a mirror would not: each device has its own NIC (or
+/// the cluster is one node with a switch or mesh), no NVMe tier is used (a node's drives are
+/// shared), Gemini's placement is not used, and the mirrored devices are of one class (every
+/// stage is one kind of device, checked when the scenario is read; the check is kept here for
+/// scenarios built in code).
+fn peers_share_nothing_unmirrored(s: &Scenario) -> bool {
+    let plan = &s.plan;
+    if plan.offload.dynamic.is_some() {
         return false;
     }
     let node = &s.cluster.node;
@@ -101,7 +112,10 @@ pub fn simulates_one_tensor_rank(s: &Scenario) -> bool {
     let nvme = [off.params, off.optimizer, off.activations].contains(&Tier::Nvme)
         || (plan.frozen.layers > 0 && plan.frozen.cached_layers > 0 && plan.frozen.cache_on_disk > 0.0);
     let one_class = s.cluster.overrides.is_empty()
-        || (0..plan.devices()).all(|d| s.cluster.class_of(d) == s.cluster.class_of(d - d % plan.tp));
+        || (0..plan.devices()).all(|d| {
+            let (_, stage, _) = plan.coords(d);
+            s.cluster.class_of(d) == s.cluster.class_of(plan.device(0, stage, 0))
+        });
     own_nic && !nvme && one_class
 }
 

@@ -40,6 +40,13 @@ pub struct EpochReport {
     pub samples_per_s: f64,
     pub transition_s: f64,
     pub epoch_s: f64,
+    /// Whether the epoch's plan fits the devices' memory (its times are those of a plan that
+    /// would not run when it does not), and its peak on the fullest device.
+    pub fits: bool,
+    pub peak_memory_bytes: f64,
+    /// That device's memory, and the part kept free for the allocator.
+    pub memory_capacity_bytes: f64,
+    pub memory_headroom_bytes: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -55,6 +62,9 @@ pub struct RunReport {
     pub total_s: f64,
     pub baseline_total_s: f64,
     pub speedup: f64,
+    /// Whether every epoch's plan fits the devices' memory, and whether the baseline's does.
+    pub fits: bool,
+    pub baseline_fits: bool,
     /// Freezing alone, then adding AutoPipe, AutoDP and AutoCache in turn.
     pub breakdown: Vec<Variant>,
     /// What the policies changed in the plan as written (empty: the plan ran as written).
@@ -203,32 +213,30 @@ fn run_with(s: &Scenario, parts: Parts, memo: &Memo) -> Result<(Vec<EpochReport>
         // Whole layers per stage: never more stages than active layers (the rest idle).
         let k = if parts.pipe { plans[e].pipeline_length } else { k0 }.min(layers - f);
         let r = if parts.dp { r0 * (k0 / k) } else { r0 };
-        let es = epoch_scenario(s, f, k, r);
+        let mut es = epoch_scenario(s, f, k, r);
         // AutoCache keeps one activation per sample in host DRAM (shared by the node's
         // processes), the rest on disk.
         let sample_bytes =
             s.training.precision.activation_bytes() * s.plan.seq_len as f64 * s.workload.transformer.hidden as f64;
         let cache_bytes = run.dataset_samples as f64 * sample_bytes / s.cluster.nodes as f64;
         let cache_on_disk = (1.0 - node.host.dram_bytes / cache_bytes).max(0.0);
-        let iteration = |cached_layers: u32| {
+        let iteration = |es: &Scenario, cached_layers: u32| {
             let mut x = es.clone();
             x.plan.frozen = crate::plan::Frozen { layers: f, cached_layers, cache_on_disk };
             simulate_once(memo, &x)
         };
-        let recomputed = iteration(0)?;
+        let recomputed = iteration(&es, 0)?;
+        // What ran: a partition policy ("explore") may choose the schedule and micro-batches.
+        // The epoch keeps that plan with its frozen prefix cached (exploring once per epoch).
+        resolve_explored(&mut es, &recomputed.plan);
         // AutoCache: the output of the layers frozen before this epoch was written last epoch.
         let (report, cached) = if parts.cache && prev_f > 0 && f > 0 {
-            let c = iteration(prev_f.min(f))?;
+            let c = iteration(&es, prev_f.min(f))?;
             if c.iteration_s < recomputed.iteration_s { (c, true) } else { (recomputed, false) }
         } else {
             (recomputed, false)
         };
         let iteration_s = report.iteration_s;
-        // What ran: a partition policy ("explore") may choose the schedule and micro-batches.
-        let mut es = es;
-        es.plan.schedule = crate::plan::parse_schedule(report.plan.schedule).unwrap_or(es.plan.schedule);
-        es.plan.micro_batches = report.plan.micro_batches;
-        es.training.micro_batch = report.plan.micro_batch;
         let m = es.plan.micro_batches;
         let iterations = run.dataset_samples.div_ceil(r as u64 * b_pipe as u64);
         let transition_s = if k != prev_k { transition_s(s, &subs, f) } else { 0.0 };
@@ -245,12 +253,31 @@ fn run_with(s: &Scenario, parts: Parts, memo: &Memo) -> Result<(Vec<EpochReport>
             samples_per_s: (r * b_pipe) as f64 / iteration_s,
             transition_s,
             epoch_s: iterations as f64 * iteration_s + transition_s,
+            fits: report.fits,
+            peak_memory_bytes: report.peak_memory_bytes,
+            memory_capacity_bytes: report.memory_capacity_bytes,
+            memory_headroom_bytes: report.memory_headroom_bytes,
         });
         scenarios.push(es);
         prev_k = k;
         prev_f = f;
     }
     Ok((out, scenarios))
+}
+
+/// Where `explore` chose the epoch's plan, that plan as it ran (`ran`: the report's plan), so
+/// that the epoch's other variants (its frozen prefix cached) and its listing use it.
+fn resolve_explored(es: &mut Scenario, ran: &crate::report::PlanSummary) {
+    if es.plan.partition_policy != Some(crate::plan::PartitionPolicy::Explore) {
+        return;
+    }
+    es.plan.schedule = crate::plan::parse_schedule(ran.schedule).unwrap_or(es.plan.schedule);
+    es.plan.virtual_stages = ran.virtual_stages;
+    es.plan.micro_batches = ran.micro_batches;
+    es.plan.micro_batch = ran.micro_batch;
+    es.training.micro_batch = ran.micro_batch;
+    es.plan.partition = ran.partition.clone();
+    es.plan.partition_policy = None;
 }
 
 /// What the epochs' plans changed in the plan the user wrote, and why.
@@ -334,7 +361,8 @@ pub fn try_training_run(s: &Scenario) -> Result<RunReport, crate::SimError> {
     };
     let memo = Memo::default();
     let (epochs, scenarios) = run_with(s, chosen, &memo)?;
-    let baseline = total(&run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false }, &memo)?.0);
+    let base = run_with(s, Parts { freeze: false, pipe: false, dp: false, cache: false }, &memo)?.0;
+    let (baseline, baseline_fits) = (total(&base), base.iter().all(|e| e.fits));
     let steps = [
         ("freezing alone", Parts { pipe: false, dp: false, cache: false, ..all }),
         ("+ AutoPipe", Parts { dp: false, cache: false, ..all }),
@@ -353,7 +381,10 @@ pub fn try_training_run(s: &Scenario) -> Result<RunReport, crate::SimError> {
         Vec::new()
     };
     let t = total(&epochs);
+    let fits = epochs.iter().all(|e| e.fits);
     Ok(RunReport {
+        fits,
+        baseline_fits,
         plan_changes: plan_changes(s, &scenarios),
         epochs,
         total_s: t,
