@@ -139,9 +139,10 @@ fn run_replay(s: &Scenario, backend: &str, opts: ReplayOptions, probe: bool, max
         // Say why there is nothing to run on before announcing a replay.
         b.open(0).map_err(|e| format!("replay on {backend}: {e}"))?;
     }
-    // The replay runs every tensor rank: their collectives are real work on the devices.
+    // The replay runs every tensor rank and every replica of a node: their collectives are
+    // real work on the devices.
     let mut s = s.clone();
-    s.options.tensor_symmetry = false;
+    s.options.fold_node_peers = false;
     let s = &s;
     let sim_out = sim::try_simulate(s, false).map_err(|e| e.to_string())?;
     // One reference GEMM: the estimate's rate, and the drift probe's "before".

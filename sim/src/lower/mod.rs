@@ -79,7 +79,7 @@ pub fn simulates_one_replica(s: &Scenario) -> bool {
         && s.options.symmetry
         && (s.options.approximate_symmetry
             || symmetry_is_exact(&s.plan, s.cluster.node.devices)
-            || peers_share_nothing_unmirrored(s))
+            || (s.options.fold_node_peers && peers_share_nothing_unmirrored(s)))
 }
 
 /// Whether the lowering simulates tensor rank 0 of each group only, its peers mirroring it
@@ -90,7 +90,7 @@ pub fn simulates_one_tensor_rank(s: &Scenario) -> bool {
     let plan = &s.plan;
     plan.tp > 1
         && s.options.symmetry
-        && s.options.tensor_symmetry
+        && s.options.fold_node_peers
         && plan.tp_mode == TpMode::OneD
         && peers_share_nothing_unmirrored(s)
 }

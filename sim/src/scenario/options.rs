@@ -30,11 +30,12 @@ pub struct SimOptions {
     /// peak and confirm their answer on the scenario itself. Not a scenario key.
     #[serde(skip)]
     pub approximate_symmetry: bool,
-    /// Whether `symmetry` may also fold the ranks of a tensor-parallel group (off for the
-    /// executor's replay, which runs the tensor-parallel collectives on real devices). Not a
-    /// scenario key.
+    /// Whether `symmetry` may also fold devices whose mirrors share their node beyond the
+    /// node-aligned replicas: the ranks of a tensor-parallel group, and replicas that share a
+    /// node (off for the executor's replay, which runs their collectives on real devices).
+    /// Not a scenario key.
     #[serde(skip)]
-    pub tensor_symmetry: bool,
+    pub fold_node_peers: bool,
 }
 
 impl Default for SimOptions {
@@ -47,7 +48,7 @@ impl Default for SimOptions {
             memory_headroom: None,
             device_variability: None,
             approximate_symmetry: false,
-            tensor_symmetry: true,
+            fold_node_peers: true,
         }
     }
 }
