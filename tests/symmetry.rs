@@ -101,8 +101,10 @@ fn ranks_sharing_a_nic_are_all_simulated() {
 }
 
 /// Replicas that share a node fold into one where each device has its own port and NIC: the
-/// full simulation's report, key for key, with one replica simulated. Where two devices sit
-/// behind one NIC and the gradient all-reduce leaves the node, every replica is simulated.
+/// full simulation's report, key for key, with one replica simulated, NVMe offload included
+/// where each simulated device stands for the same number of its node's devices. Where two
+/// devices sit behind one NIC and the gradient all-reduce leaves the node, or a node's drives
+/// serve devices unevenly, every replica is simulated.
 #[test]
 fn replicas_sharing_a_node_stand_for_each_other() {
     let mut cases: Vec<(&str, Value, u32)> = vec![
@@ -118,6 +120,32 @@ fn replicas_sharing_a_node_stand_for_each_other() {
     let mut wide = base(json!({"dp": 16}), 2);
     wide["training"]["global_batch"] = json!(32);
     cases.push(("dp 16 across two nodes", wide, 1));
+    // ZeRO-Infinity: a node's devices share its NVMe drives with identical flows, so one
+    // device stands for the node on drives of an eighth of the bandwidth.
+    cases.push((
+        "dp 8 zero-infinity on one node",
+        base(json!({"dp": 8, "zero_stage": 3, "offload": "zero-infinity"}), 1),
+        1,
+    ));
+    cases.push((
+        "dp 8 tp 2 zero-infinity across two nodes",
+        base(json!({"dp": 8, "tp": 2, "zero_stage": 3, "offload": "zero-infinity"}), 2),
+        1,
+    ));
+    cases.push((
+        "dp 4 pp 2 optimizer on NVMe",
+        base(json!({"dp": 4, "pp": 2, "schedule": "1f1b", "offload": {"optimizer": "nvme"}}), 1),
+        2,
+    ));
+    // Three devices per node, replica-major: node 0 holds stage 0 of replicas 0 and 1 and
+    // stage 1 of replica 0, so its drives carry traffic no single simulated node's do.
+    let mut uneven = base(
+        json!({"dp": 3, "pp": 2, "schedule": "1f1b", "rank_order": "tp-pp-dp", "offload": {"optimizer": "nvme"}}),
+        2,
+    );
+    uneven["cluster"]["node"] = json!({"preset": "dgx-a100-80gb", "devices": 3, "nics": 3});
+    uneven["training"]["global_batch"] = json!(12);
+    cases.push(("uneven NVMe sharing", uneven, 6));
     let mut shared = base(json!({"dp": 8}), 2);
     shared["cluster"]["node"] = json!({"preset": "dgx-a100-80gb", "devices": 4, "nics": 1});
     cases.push(("dp 8 over two nodes with one NIC each", shared, 8));

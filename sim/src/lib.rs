@@ -374,7 +374,7 @@ fn simulate_once(s: &scenario::Scenario, record: bool) -> Result<Simulation, Sim
         return Err(SimError::TooLarge { key, message });
     }
     let program = lower::lower(s);
-    let topo = Topology::new(&s.cluster);
+    let topo = Topology::new(&s.cluster).with_nvme_share(program.nvme_share);
     let op_ns = op_durations_ns(s, &program, None);
     let host_ns = host_issue_ns(s, &program);
     let mut result = engine::run(&program, &topo, &op_ns, &host_ns, run_options(s, record)).map_err(SimError::Run)?;

@@ -434,6 +434,16 @@ impl Topology {
         }
     }
 
+    /// The topology as one of `share` devices that share each node's NVMe drives with
+    /// identical flows sees it: the drives' bandwidth over `share` (symmetry's mirrors; see
+    /// `lower::nvme_mirrors`).
+    pub fn with_nvme_share(mut self, share: u32) -> Topology {
+        for c in &mut self.capacity_bytes_per_s[self.nvme_base as usize..] {
+            *c /= f64::from(share.max(1));
+        }
+        self
+    }
+
     pub fn link_count(&self) -> usize {
         self.capacity_bytes_per_s.len()
     }

@@ -131,6 +131,11 @@ impl Builder {
                 mirror,
                 streams: vec![Vec::new(); simulated.len() * STREAMS],
                 symmetric,
+                nvme_share: if super::uses_nvme(plan) {
+                    super::nvme_mirrors(s, one_replica, one_rank).unwrap_or(1)
+                } else {
+                    1
+                },
                 ..Program::default()
             },
             ranks: if one_rank { 1 } else { plan.tp },

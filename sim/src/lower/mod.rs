@@ -75,11 +75,7 @@ pub fn symmetry_is_exact(plan: &Plan, devices_per_node: u32) -> bool {
 ///
 /// [`SimOptions::approximate_symmetry`]: crate::scenario::SimOptions::approximate_symmetry
 pub fn simulates_one_replica(s: &Scenario) -> bool {
-    s.plan.dp > 1
-        && s.options.symmetry
-        && (s.options.approximate_symmetry
-            || symmetry_is_exact(&s.plan, s.cluster.node.devices)
-            || (s.options.fold_node_peers && peers_share_nothing_unmirrored(s)))
+    folds(s).0
 }
 
 /// Whether the lowering simulates tensor rank 0 of each group only, its peers mirroring it
@@ -87,20 +83,79 @@ pub fn simulates_one_replica(s: &Scenario) -> bool {
 /// the same kernels on the same shapes and meet at every collective; folding them is exact
 /// where [`peers_share_nothing_unmirrored`].
 pub fn simulates_one_tensor_rank(s: &Scenario) -> bool {
+    folds(s).1
+}
+
+/// The lowering's folds: (replica 0 stands for every replica, tensor rank 0 for its group).
+/// A node's NVMe drives are shared by its devices: with an NVMe tier, the folds stand only
+/// where each simulated device stands for the same number of its own node's devices
+/// ([`nvme_mirrors`]), whose identical flows the engine charges by dividing the drives'
+/// bandwidth by that number; elsewhere only node-aligned replicas fold.
+fn folds(s: &Scenario) -> (bool, bool) {
     let plan = &s.plan;
-    plan.tp > 1
-        && s.options.symmetry
-        && s.options.fold_node_peers
-        && plan.tp_mode == TpMode::OneD
-        && peers_share_nothing_unmirrored(s)
+    if !s.options.symmetry {
+        return (false, false);
+    }
+    let aligned = plan.dp > 1 && (s.options.approximate_symmetry || symmetry_is_exact(plan, s.cluster.node.devices));
+    let peers = s.options.fold_node_peers && peers_share_nothing_unmirrored(s);
+    let replica = aligned || (plan.dp > 1 && peers);
+    let rank = plan.tp > 1 && plan.tp_mode == TpMode::OneD && peers;
+    if uses_nvme(plan) && nvme_mirrors(s, replica, rank).is_none() {
+        return (aligned, false);
+    }
+    (replica, rank)
+}
+
+/// Whether the plan reads or writes the node's NVMe drives.
+pub(crate) fn uses_nvme(plan: &Plan) -> bool {
+    let off = &plan.offload;
+    [off.params, off.optimizer, off.activations].contains(&Tier::Nvme)
+        || (plan.frozen.layers > 0 && plan.frozen.cached_layers > 0 && plan.frozen.cache_on_disk > 0.0)
+}
+
+/// Under the folds (`replica`, `rank`): how many of its node's devices each simulated device
+/// stands for, where that number is the same everywhere and every node's devices stand for
+/// the simulated devices of one node, each the same number of times (1 without folds or
+/// where a node holds simulated devices only). Mirrors run identical timelines, so their
+/// flows on the node's drives are identical, and max-min fair sharing gives each the drives'
+/// bandwidth over their count: the simulated devices alone on drives of that bandwidth over
+/// this number get the same rates. `None` where the devices of a node stand for others
+/// unevenly (their drives would carry traffic the simulated node's do not).
+pub fn nvme_mirrors(s: &Scenario, replica: bool, rank: bool) -> Option<u32> {
+    let plan = &s.plan;
+    let per = s.cluster.node.devices.max(1);
+    let n = plan.devices();
+    let stands_for = |d: u32| {
+        let (r, st, x) = plan.coords(d);
+        plan.device(if replica { 0 } else { r }, st, if rank { 0 } else { x })
+    };
+    let simulated_in = |node: u32| (node * per..((node + 1) * per).min(n)).filter(move |&d| stands_for(d) == d);
+    let mut m = None;
+    for node in 0..n.div_ceil(per) {
+        let mut counts: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+        for d in node * per..((node + 1) * per).min(n) {
+            *counts.entry(stands_for(d)).or_default() += 1;
+        }
+        let first = *counts.keys().next()?;
+        let home: Vec<u32> = simulated_in(first / per).collect();
+        if !counts.keys().copied().eq(home.iter().copied()) {
+            return None;
+        }
+        for &c in counts.values() {
+            if *m.get_or_insert(c) != c {
+                return None;
+            }
+        }
+    }
+    m
 }
 
 /// Whether devices of one node that mirror each other (tensor ranks of a group, or replicas)
 /// share no resource that carries traffic a mirror would not: each device has its own NIC (or
-/// the cluster is one node with a switch or mesh), no NVMe tier is used (a node's drives are
-/// shared), Gemini's placement is not used, and the mirrored devices are of one class (every
-/// stage is one kind of device, checked when the scenario is read; the check is kept here for
-/// scenarios built in code).
+/// the cluster is one node with a switch or mesh), Gemini's placement is not used, and the
+/// mirrored devices are of one class (every stage is one kind of device, checked when the
+/// scenario is read; the check is kept here for scenarios built in code). A node's NVMe
+/// drives are shared too: see [`folds`].
 fn peers_share_nothing_unmirrored(s: &Scenario) -> bool {
     let plan = &s.plan;
     if plan.offload.dynamic.is_some() {
@@ -108,15 +163,12 @@ fn peers_share_nothing_unmirrored(s: &Scenario) -> bool {
     }
     let node = &s.cluster.node;
     let own_nic = node.nics >= node.devices || (s.cluster.nodes == 1 && node.intra_node.is_some());
-    let off = &plan.offload;
-    let nvme = [off.params, off.optimizer, off.activations].contains(&Tier::Nvme)
-        || (plan.frozen.layers > 0 && plan.frozen.cached_layers > 0 && plan.frozen.cache_on_disk > 0.0);
     let one_class = s.cluster.overrides.is_empty()
         || (0..plan.devices()).all(|d| {
             let (_, stage, _) = plan.coords(d);
             s.cluster.class_of(d) == s.cluster.class_of(plan.device(0, stage, 0))
         });
-    own_nic && !nvme && one_class
+    own_nic && one_class
 }
 
 /// Lower a validated scenario.

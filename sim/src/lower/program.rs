@@ -143,6 +143,10 @@ pub struct Program {
     pub compute_marks: Vec<u32>,
     /// Whether one data-parallel replica stands for all.
     pub symmetric: bool,
+    /// How many of its node's devices each simulated device stands for on the node's NVMe
+    /// drives (1: none mirrored there); the engine divides the drives' bandwidth by it
+    /// ([`super::nvme_mirrors`]).
+    pub nvme_share: u32,
     /// Gemini's chunk placement per pipeline stage (replica 0), when the plan uses it.
     pub chunk_placement: Vec<ChunkPlacement>,
 }
