@@ -363,8 +363,9 @@ pub fn describe(e: &Evaluated) -> String {
     let sp = if p.get("sequence_parallel").is_some_and(|v| v == true || v == "megatron") { "+sp" } else { "" };
     let v = if s("schedule") == "interleaved" { format!("x{}", s("virtual_stages")) } else { String::new() };
     let part = p.get("partition").map(|_| format!(" {}", s("partition"))).unwrap_or_default();
+    let ep = p.get("ep").map(|_| format!(" ep{}", s("ep"))).unwrap_or_default();
     format!(
-        "dp{} tp{}({}{sp}) pp{} mb{} {}{v} rc={} z{} off={}{part} {}",
+        "dp{}{ep} tp{}({}{sp}) pp{} mb{} {}{v} rc={} z{} off={}{part} {}",
         s("dp"),
         s("tp"),
         s("tp_mode"),

@@ -18,6 +18,9 @@
 //! - `partition`: "uniform" and "balanced" with a pipeline and one chunk per stage (the
 //!   reader's uniform or ends-short partition otherwise).
 //! - `rank_order`: "tp-dp-pp" and "tp-pp-dp" with both data and pipeline parallelism.
+//! - `ep` (mixture-of-experts workloads only): every divisor of `dp` that divides the routed
+//!   experts, where the reader models it (ZeRO 0-2, no offload, sequence parallelism with
+//!   `tp` > 1); 1 otherwise.
 
 use crate::scenario::SearchInput;
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
@@ -66,6 +69,11 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
     let heads = w.transformer.heads;
     let gb = input.training.global_batch;
     let net = w.net.is_some();
+    let experts = w.transformer.moe.filter(|_| !net).map(|m| m.experts);
+    let f_ep = match uint("ep") {
+        Ok(e) => e,
+        Err(()) => return as_given(),
+    };
     let choose = |k: &str, default: Vec<Value>| -> Vec<Value> {
         match fixed.get(k) {
             Some(v) => vec![v.clone()],
@@ -154,29 +162,41 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
                                                 vec![Value::Null]
                                             },
                                         );
-                                        for part in &parts {
-                                            for order in &orders {
-                                                let mut p = Map::new();
-                                                p.insert("dp".into(), json!(dp));
-                                                p.insert("tp".into(), json!(tp));
-                                                p.insert("pp".into(), json!(pp));
-                                                p.insert("tp_mode".into(), mode.clone());
-                                                p.insert("sequence_parallel".into(), sp.clone());
-                                                p.insert("schedule".into(), sched.0.clone());
-                                                p.insert("virtual_stages".into(), json!(sched.1));
-                                                p.insert("recompute".into(), rc.clone());
-                                                p.insert("zero_stage".into(), z.clone());
-                                                p.insert("offload".into(), off.clone());
-                                                if !part.is_null() {
-                                                    p.insert("partition".into(), part.clone());
-                                                }
-                                                p.insert("rank_order".into(), order.clone());
-                                                // The other keys given (bucket_bytes, p2p, tp_depth...) as given.
-                                                for (k, v) in fixed {
-                                                    p.insert(k.clone(), v.clone());
-                                                }
-                                                out.push(Candidate { micro_batch: mb, plan: Value::Object(p) });
-                                            }
+                                        // Expert parallelism where the reader models it.
+                                        let eps: Vec<u32> = match experts {
+                                            None => vec![1],
+                                            Some(e) => divisors(dp)
+                                                .into_iter()
+                                                .filter(|&x| e.is_multiple_of(x) && f_ep.is_none_or(|f| f == x))
+                                                .filter(|&x| {
+                                                    x == 1
+                                                        || ((tp == 1 || sp.as_bool() == Some(true))
+                                                            && stage < 3
+                                                            && off.as_str() == Some("none"))
+                                                })
+                                                .collect(),
+                                        };
+                                        for (part, order, &ep) in parts
+                                            .iter()
+                                            .flat_map(|pa| orders.iter().map(move |o| (pa, o)))
+                                            .flat_map(|(pa, o)| eps.iter().map(move |e| (pa, o, e)))
+                                        {
+                                            let dims = [
+                                                ("dp", json!(dp)),
+                                                ("tp", json!(tp)),
+                                                ("pp", json!(pp)),
+                                                ("tp_mode", mode.clone()),
+                                                ("sequence_parallel", sp.clone()),
+                                                ("schedule", sched.0.clone()),
+                                                ("virtual_stages", json!(sched.1)),
+                                                ("recompute", rc.clone()),
+                                                ("zero_stage", z.clone()),
+                                                ("offload", off.clone()),
+                                                ("partition", part.clone()),
+                                                ("rank_order", order.clone()),
+                                                ("ep", if experts.is_some() { json!(ep) } else { Value::Null }),
+                                            ];
+                                            out.push(candidate(fixed, mb, dims));
                                         }
                                     }
                                 }
@@ -191,6 +211,21 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
         return as_given();
     }
     out
+}
+
+/// The candidate with these dimensions' values (a null value: the key left out), then the
+/// other keys the scenario gives (bucket_bytes, p2p, tp_depth...) as given.
+fn candidate(fixed: &Map<String, Value>, micro_batch: u32, dims: [(&str, Value); 13]) -> Candidate {
+    let mut p = Map::new();
+    for (k, v) in dims {
+        if !v.is_null() {
+            p.insert(k.into(), v);
+        }
+    }
+    for (k, v) in fixed {
+        p.insert(k.clone(), v.clone());
+    }
+    Candidate { micro_batch, plan: Value::Object(p) }
 }
 
 /// (schedule, virtual stages) pairs for `pp` stages and `m` micro-batches.

@@ -178,3 +178,29 @@ fn twins_take_exactly_their_own_simulated_result() {
         );
     }
 }
+
+/// Expert parallelism is searched for a mixture-of-experts workload (every divisor of dp
+/// that divides the experts, where the reader models it), the pruned search still finds the
+/// exhaustive one's best, top and front, and the bounds hold for every ep.
+#[test]
+fn expert_parallelism_is_searched() {
+    let moe = input(
+        r#"{"workload": {"transformer": {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
+                "moe": {"experts": 8, "top_k": 2, "expert_ffn": 2048, "imbalance": 1.2}}},
+            "cluster": {"node": "dgx-h100", "nodes": 2},
+            "training": {"global_batch": 32, "seq_len": 2048},
+            "plan": {"rank_order": "tp-dp-pp", "offload": "none", "tp_mode": "1d", "recompute": "none", "zero_stage": 1}}"#,
+    );
+    let space = super::space::enumerate(&moe);
+    let eps: std::collections::BTreeSet<u64> = space.iter().filter_map(|c| c.plan["ep"].as_u64()).collect();
+    assert_eq!(eps.into_iter().collect::<Vec<_>>(), vec![1, 2, 4, 8]);
+    // Megatron-Core's rule: expert parallelism with tensor parallelism needs sequence parallelism.
+    assert!(space.iter().all(|c| c.plan["ep"] == 1 || c.plan["tp"] == 1 || c.plan["sequence_parallel"] == true));
+    let all = search(&moe, Options { top: 3, prune: false }, &none).unwrap();
+    let pruned = search(&moe, Options { top: 3, prune: true }, &none).unwrap();
+    assert_eq!(all.progress.invalid, 0, "every enumerated plan is one the reader accepts");
+    assert_eq!(indices(&pruned.top), indices(&all.top));
+    assert_eq!(indices(&pruned.pareto), indices(&all.pareto));
+    assert!(all.simulated.iter().any(|e| e.plan["ep"].as_u64() > Some(1)));
+    check_bounds(&moe, 10);
+}
