@@ -166,6 +166,22 @@ fn train_run(r: &Value, ctx: &Context) -> Check {
             }
         }
     }
+    // The run fits where every epoch's plan does; an epoch that fits has its peak within its
+    // device's memory less the allocator's headroom.
+    let fits = |v: &Value| v.get("fits").and_then(Value::as_bool);
+    if let Some(all) = fits(r)
+        && all != epochs.iter().all(|e| fits(e) != Some(false))
+    {
+        return fail("train-run fits disagrees with its epochs' fits");
+    }
+    for e in &epochs {
+        if let (Some(true), Some(peak), Some(cap), Some(head)) =
+            (fits(e), f(e, "peak_memory_bytes"), f(e, "memory_capacity_bytes"), f(e, "memory_headroom_bytes"))
+            && peak > (cap - head) * (1.0 + REL)
+        {
+            return fail("an epoch that fits peaks above its device's usable memory");
+        }
+    }
     if !epochs.is_empty() && sum > total * (1.0 + REL) + 1e-9 && !close(sum, total) {
         // Caching and transitions can only add to the epochs' time, never remove from it.
         return fail("sum of epochs[].epoch_s > total_s");
@@ -347,6 +363,20 @@ mod tests {
             check("train-run", &fast, &ctx),
             Err("wall_days shorter than the run's useful time (total_s)".into())
         );
+        let mut both = run(vec![epoch(0, 4)]);
+        both["fits"] = json!(true);
+        both["epochs"][0]["fits"] = json!(true);
+        both["epochs"][0]["peak_memory_bytes"] = json!(70.0);
+        both["epochs"][0]["memory_capacity_bytes"] = json!(80.0);
+        both["epochs"][0]["memory_headroom_bytes"] = json!(8.0);
+        assert_eq!(check("train-run", &both, &ctx), Ok(()));
+        both["epochs"][0]["peak_memory_bytes"] = json!(75.0);
+        assert_eq!(
+            check("train-run", &both, &ctx),
+            Err("an epoch that fits peaks above its device's usable memory".into())
+        );
+        both["epochs"][0]["fits"] = json!(false);
+        assert_eq!(check("train-run", &both, &ctx), Err("train-run fits disagrees with its epochs' fits".into()));
         let mut over = run(vec![epoch(0, 4)]);
         over["goodput"] = json!(1.5);
         assert_eq!(check("train-run", &over, &ctx), Err("goodput outside (0, 1]".into()));
