@@ -23,9 +23,16 @@ const MAX_SEQUENCE: u64 = 1 << (64 - SLOT_BITS);
 /// Popping leaves the popped key at the root until the next push or pop: most events push
 /// one successor while they are handled, which then takes the root's place with one sift
 /// down instead of a removal and an insertion.
+///
+/// Events pushed for the current time (about a fifth in a training step: a task's successor
+/// ready at once) skip the heap: they queue in `now_fifo`, in insertion order. They follow
+/// every heap key of the same time, all pushed before the clock reached it, and precede every
+/// later time, so popping the heap's keys of the current time first, then the FIFO, keeps the
+/// (time, insertion) order.
 #[derive(Default)]
 pub struct EventQueue {
     heap: Vec<u128>,
+    now_fifo: std::collections::VecDeque<u128>,
     /// The root is the last popped event, still to be removed.
     stale_root: bool,
     /// Packed events by slot, and the free slots.
@@ -56,7 +63,9 @@ impl EventQueue {
         let slot = super::claim_slot(&mut self.payload, &mut self.free, packed);
         let key = ((time as u128) << 64) | ((self.seq as u128) << SLOT_BITS) | slot as u128;
         self.seq += 1;
-        if self.stale_root {
+        if time == self.now {
+            self.now_fifo.push_back(key);
+        } else if self.stale_root {
             self.stale_root = false;
             self.heap[0] = key;
             self.sift_down(0);
@@ -72,8 +81,13 @@ impl EventQueue {
             self.stale_root = false;
             self.remove_root();
         }
-        let &key = self.heap.first()?;
-        self.stale_root = true;
+        let key = match self.heap.first() {
+            Some(&k) if (k >> 64) as u64 == self.now || self.now_fifo.is_empty() => {
+                self.stale_root = true;
+                k
+            }
+            _ => self.now_fifo.pop_front()?,
+        };
         let time = (key >> 64) as u64;
         let slot = (key as u32) & ((1 << SLOT_BITS) - 1);
         let packed = self.payload[slot as usize];
@@ -153,7 +167,7 @@ impl EventQueue {
 
     /// Events pending.
     pub fn len(&self) -> usize {
-        self.heap.len() - self.stale_root as usize
+        self.heap.len() - self.stale_root as usize + self.now_fifo.len()
     }
 
     pub fn is_empty(&self) -> bool {
