@@ -139,8 +139,9 @@ pub fn print_summary(r: &sim::report::Report) {
 }
 
 /// Short column names of `DeviceTime::parts`, in order; the first six are compute.
-const PART_COLUMNS: [&str; 13] =
-    ["gemm", "attn", "mem-bd", "emb/hd", "recomp", "optim", "TP", "DP", "PP", "bubble", "host", "offload", "other"];
+const PART_COLUMNS: [&str; 14] = [
+    "gemm", "attn", "mem-bd", "emb/hd", "recomp", "optim", "TP", "EP", "DP", "PP", "bubble", "host", "offload", "other",
+];
 
 /// Where the time goes: one row per device class (the critical device first), percentages of
 /// the iteration, only the columns some row uses.

@@ -131,6 +131,26 @@ fn a_slower_network_exposes_more_communication_of_the_plans_kind() {
     }
 }
 
+/// Expert parallelism's all-to-alls have their own part: a slower network exposes more of them
+/// under `exposed_ep_comm_s`, none under the tensor-parallel key (tp = 1), and a dense plan
+/// has none.
+#[test]
+fn expert_all_to_alls_are_counted_apart_from_tensor_parallelism() {
+    let mut w = small_transformer(8, 2048, 16);
+    w["transformer"]["moe"] = json!({"experts": 8, "top_k": 2, "expert_ffn": 2048});
+    let base = scenario(w, 1, training(16, 1, 1024), json!({"dp": 8, "ep": 8}));
+    let fast = simulate(&with_intra_node_bandwidth(&base, 300e9));
+    let slow = simulate(&with_intra_node_bandwidth(&base, 3e9));
+    assert_adds_up(&fast, "ep 8");
+    assert_adds_up(&slow, "ep 8");
+    let (f, s) =
+        (part(&fast.time_breakdown[0], "exposed_ep_comm_s"), part(&slow.time_breakdown[0], "exposed_ep_comm_s"));
+    assert!(s > 2.0 * f && f > 0.0, "exposed_ep_comm_s {f} s on a fast link, {s} s on a 100x slower one");
+    assert_eq!(most(&slow, "exposed_tp_comm_s"), 0.0, "{:?}", slow.time_breakdown);
+    let dense = example("experiments/parallelism/gpt3-6.7b-pp-1f1b.json");
+    assert_eq!(most(&dense, "exposed_ep_comm_s"), 0.0);
+}
+
 #[test]
 fn compute_parts_are_the_busy_time_of_the_compute_stream() {
     // Without tensor parallelism the compute stream runs kernels only: the compute parts of

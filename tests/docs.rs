@@ -280,6 +280,9 @@ fn report_docs_list_every_key_the_commands_print() {
     tiny_search["plan"] = serde_json::json!({"pp": 2});
     tiny_search["training"].as_object_mut().unwrap().remove("micro_batch");
     let s = searched.write("search.json", &tiny_search.to_string());
+    // Two experts: the search chooses the expert-parallel degree too.
+    tiny_search["workload"]["transformer"]["moe"] = serde_json::json!({"experts": 2, "top_k": 1, "expert_ffn": 128});
+    let moe = searched.write("moe.json", &tiny_search.to_string());
     check_report_section(
         &docs,
         "search --json",
@@ -298,6 +301,7 @@ fn report_docs_list_every_key_the_commands_print() {
                 &"5",
                 &"--json",
             ]),
+            json_of(&[&"search", &moe, &"--gpus", &"2,4", &"--top", &"20", &"--json"]),
         ],
     );
     let tmp = TempDir::new("docs-replay");

@@ -34,6 +34,9 @@ pub enum Part {
     /// Tensor-parallel (and sequence/context-parallel) collectives on the compute stream, and
     /// waits for the group's other members to reach one.
     TpComm,
+    /// Expert parallelism's all-to-all dispatch and combine on the compute stream, and waits
+    /// for the expert-parallel group's other members to reach one.
+    EpComm,
     /// Waits for data-parallel collectives: gradient reduction, ZeRO's parameter gathers.
     DpComm,
     /// Waits for pipeline transfers (from when the sending stage's data was ready), and the
@@ -74,6 +77,7 @@ pub fn kernel_part(label: &Label) -> Option<Part> {
 pub fn blocking_comm_part(label: &Label) -> Part {
     match (label.op, label.phase) {
         ("recv_allgather", _) => Part::PpComm,
+        ("ep_dispatch" | "ep_combine", _) => Part::EpComm,
         (_, Phase::Sync) => Part::DpComm,
         _ => Part::TpComm,
     }
@@ -98,6 +102,7 @@ pub struct DeviceTime {
     pub recompute_s: f64,
     pub optimizer_s: f64,
     pub exposed_tp_comm_s: f64,
+    pub exposed_ep_comm_s: f64,
     pub exposed_dp_comm_s: f64,
     pub exposed_pp_comm_s: f64,
     pub bubble_s: f64,
@@ -108,7 +113,7 @@ pub struct DeviceTime {
 
 impl DeviceTime {
     /// The parts with their report keys, in order.
-    pub fn parts(&self) -> [(&'static str, f64); 13] {
+    pub fn parts(&self) -> [(&'static str, f64); 14] {
         [
             ("gemm_s", self.gemm_s),
             ("attention_s", self.attention_s),
@@ -117,6 +122,7 @@ impl DeviceTime {
             ("recompute_s", self.recompute_s),
             ("optimizer_s", self.optimizer_s),
             ("exposed_tp_comm_s", self.exposed_tp_comm_s),
+            ("exposed_ep_comm_s", self.exposed_ep_comm_s),
             ("exposed_dp_comm_s", self.exposed_dp_comm_s),
             ("exposed_pp_comm_s", self.exposed_pp_comm_s),
             ("bubble_s", self.bubble_s),
@@ -126,7 +132,7 @@ impl DeviceTime {
         ]
     }
 
-    fn parts_mut(&mut self) -> [&mut f64; 13] {
+    fn parts_mut(&mut self) -> [&mut f64; 14] {
         [
             &mut self.gemm_s,
             &mut self.attention_s,
@@ -135,6 +141,7 @@ impl DeviceTime {
             &mut self.recompute_s,
             &mut self.optimizer_s,
             &mut self.exposed_tp_comm_s,
+            &mut self.exposed_ep_comm_s,
             &mut self.exposed_dp_comm_s,
             &mut self.exposed_pp_comm_s,
             &mut self.bubble_s,
@@ -166,6 +173,7 @@ impl DeviceTime {
         self.recompute_s = s(Part::Recompute);
         self.optimizer_s = s(Part::Optimizer);
         self.exposed_tp_comm_s = s(Part::TpComm);
+        self.exposed_ep_comm_s = s(Part::EpComm);
         self.exposed_dp_comm_s = s(Part::DpComm);
         self.exposed_pp_comm_s = s(Part::PpComm);
         self.bubble_s = s(Part::Bubble) + if pipelined { tail } else { 0.0 };
