@@ -111,8 +111,8 @@ impl Builder {
     pub(super) fn new(s: &Scenario) -> Builder {
         let plan = &s.plan;
         let devices = plan.devices();
-        let one_replica = super::simulates_one_replica(s);
-        let one_rank = super::simulates_one_tensor_rank(s);
+        let folds = super::folds(s);
+        let (one_replica, one_rank) = (folds.replica, folds.rank);
         let symmetric = one_replica || one_rank;
         let stands_for = |d: u32| {
             let (r, st, x) = plan.coords(d);
@@ -131,11 +131,7 @@ impl Builder {
                 mirror,
                 streams: vec![Vec::new(); simulated.len() * STREAMS],
                 symmetric,
-                nvme_share: if super::uses_nvme(plan) {
-                    super::nvme_mirrors(s, one_replica, one_rank).unwrap_or(1)
-                } else {
-                    1
-                },
+                nvme_share: folds.nvme_share,
                 ..Program::default()
             },
             ranks: if one_rank { 1 } else { plan.tp },

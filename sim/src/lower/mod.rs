@@ -75,7 +75,7 @@ pub fn symmetry_is_exact(plan: &Plan, devices_per_node: u32) -> bool {
 ///
 /// [`SimOptions::approximate_symmetry`]: crate::scenario::SimOptions::approximate_symmetry
 pub fn simulates_one_replica(s: &Scenario) -> bool {
-    folds(s).0
+    folds(s).replica
 }
 
 /// Whether the lowering simulates tensor rank 0 of each group only, its peers mirroring it
@@ -83,31 +83,46 @@ pub fn simulates_one_replica(s: &Scenario) -> bool {
 /// the same kernels on the same shapes and meet at every collective; folding them is exact
 /// where [`peers_share_nothing_unmirrored`].
 pub fn simulates_one_tensor_rank(s: &Scenario) -> bool {
-    folds(s).1
+    folds(s).rank
 }
 
-/// The lowering's folds: (replica 0 stands for every replica, tensor rank 0 for its group).
-/// A node's NVMe drives are shared by its devices: with an NVMe tier, the folds stand only
-/// where each simulated device stands for the same number of its own node's devices
-/// ([`nvme_mirrors`]), whose identical flows the engine charges by dividing the drives'
-/// bandwidth by that number; elsewhere only node-aligned replicas fold.
-fn folds(s: &Scenario) -> (bool, bool) {
+/// The lowering's folds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Folds {
+    /// Replica 0 stands for every replica.
+    pub(crate) replica: bool,
+    /// Tensor rank 0 stands for its group.
+    pub(crate) rank: bool,
+    /// How many of its node's devices each simulated device stands for on the node's NVMe
+    /// drives (1 without an NVMe tier; see [`nvme_mirrors`]).
+    pub(crate) nvme_share: u32,
+}
+
+/// The lowering's folds. A node's NVMe drives are shared by its devices: with an NVMe tier,
+/// the folds stand only where each simulated device stands for the same number of its own
+/// node's devices ([`nvme_mirrors`]), whose identical flows the engine charges by dividing
+/// the drives' bandwidth by that number; elsewhere only node-aligned replicas fold.
+pub(crate) fn folds(s: &Scenario) -> Folds {
     let plan = &s.plan;
+    let none = Folds { replica: false, rank: false, nvme_share: 1 };
     if !s.options.symmetry {
-        return (false, false);
+        return none;
     }
     let aligned = plan.dp > 1 && (s.options.approximate_symmetry || symmetry_is_exact(plan, s.cluster.node.devices));
     let peers = s.options.fold_node_peers && peers_share_nothing_unmirrored(s);
     let replica = aligned || (plan.dp > 1 && peers);
     let rank = plan.tp > 1 && plan.tp_mode == TpMode::OneD && peers;
-    if uses_nvme(plan) && nvme_mirrors(s, replica, rank).is_none() {
-        return (aligned, false);
+    if !uses_nvme(plan) {
+        return Folds { replica, rank, nvme_share: 1 };
     }
-    (replica, rank)
+    match nvme_mirrors(s, replica, rank) {
+        Some(m) => Folds { replica, rank, nvme_share: m },
+        None => Folds { replica: aligned, rank: false, nvme_share: nvme_mirrors(s, aligned, false).unwrap_or(1) },
+    }
 }
 
 /// Whether the plan reads or writes the node's NVMe drives.
-pub(crate) fn uses_nvme(plan: &Plan) -> bool {
+fn uses_nvme(plan: &Plan) -> bool {
     let off = &plan.offload;
     [off.params, off.optimizer, off.activations].contains(&Tier::Nvme)
         || (plan.frozen.layers > 0 && plan.frozen.cached_layers > 0 && plan.frozen.cache_on_disk > 0.0)

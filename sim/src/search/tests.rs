@@ -15,6 +15,16 @@ fn small(plan: &str) -> SearchInput {
     ))
 }
 
+/// A 4-layer model of 8 experts (top 2) on two DGX H100 nodes.
+fn small_moe(plan: &str) -> SearchInput {
+    input(&format!(
+        r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
+                "moe": {{"experts": 8, "top_k": 2, "expert_ffn": 2048, "imbalance": 1.2}}}}}},
+            "cluster": {{"node": "dgx-h100", "nodes": 2}},
+            "training": {{"global_batch": 32, "seq_len": 2048}}, "plan": {plan}}}"#
+    ))
+}
+
 fn indices(v: &[Evaluated]) -> Vec<usize> {
     v.iter().map(|e| e.index).collect()
 }
@@ -74,13 +84,7 @@ fn bounds_hold_for_experts_with_dense_first_layers() {
 /// weights split by ep, all-to-alls bounded by 0.
 #[test]
 fn bounds_stay_below_the_simulated_values_under_expert_parallelism() {
-    let moe = input(
-        r#"{"workload": {"transformer": {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
-                "moe": {"experts": 8, "top_k": 2, "expert_ffn": 2048, "imbalance": 1.2}}},
-            "cluster": {"node": "dgx-h100", "nodes": 2},
-            "training": {"global_batch": 32, "seq_len": 2048},
-            "plan": {"ep": 2, "rank_order": "tp-dp-pp", "offload": "none", "tp_mode": "1d"}}"#,
-    );
+    let moe = small_moe(r#"{"ep": 2, "rank_order": "tp-dp-pp", "offload": "none", "tp_mode": "1d"}"#);
     check_bounds(&moe, 10);
 }
 
@@ -184,12 +188,8 @@ fn twins_take_exactly_their_own_simulated_result() {
 /// exhaustive one's best, top and front, and the bounds hold for every ep.
 #[test]
 fn expert_parallelism_is_searched() {
-    let moe = input(
-        r#"{"workload": {"transformer": {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
-                "moe": {"experts": 8, "top_k": 2, "expert_ffn": 2048, "imbalance": 1.2}}},
-            "cluster": {"node": "dgx-h100", "nodes": 2},
-            "training": {"global_batch": 32, "seq_len": 2048},
-            "plan": {"rank_order": "tp-dp-pp", "offload": "none", "tp_mode": "1d", "recompute": "none", "zero_stage": 1}}"#,
+    let moe = small_moe(
+        r#"{"rank_order": "tp-dp-pp", "offload": "none", "tp_mode": "1d", "recompute": "none", "zero_stage": 1}"#,
     );
     let space = super::space::enumerate(&moe);
     let eps: std::collections::BTreeSet<u64> = space.iter().filter_map(|c| c.plan["ep"].as_u64()).collect();
