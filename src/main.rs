@@ -581,6 +581,11 @@ fn capacity_cmd(path: &Path, vary: &str, gpus: &[u32], json: bool, plot: Option<
         g.cluster.nodes = 1;
         g.cluster.node.devices = n;
         g.plan.dp = n;
+        g.plan.cp = 1;
+        // Expert-parallel groups are consecutive replicas: kept where they divide the GPUs.
+        if !n.is_multiple_of(g.plan.ep) {
+            g.plan.ep = 1;
+        }
         g.plan.tp = 1;
         g.plan.pp = 1;
         g.plan.partition = vec![g.workload.layers()];

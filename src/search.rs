@@ -364,8 +364,9 @@ pub fn describe(e: &Evaluated) -> String {
     let v = if s("schedule") == "interleaved" { format!("x{}", s("virtual_stages")) } else { String::new() };
     let part = p.get("partition").map(|_| format!(" {}", s("partition"))).unwrap_or_default();
     let ep = p.get("ep").map(|_| format!(" ep{}", s("ep"))).unwrap_or_default();
+    let cp = p.get("cp").map(|_| format!(" cp{}", s("cp"))).unwrap_or_default();
     format!(
-        "dp{}{ep} tp{}({}{sp}) pp{} mb{} {}{v} rc={} z{} off={}{part} {}",
+        "dp{}{cp}{ep} tp{}({}{sp}) pp{} mb{} {}{v} rc={} z{} off={}{part} {}",
         s("dp"),
         s("tp"),
         s("tp_mode"),

@@ -10,8 +10,10 @@ pub fn print_summary(r: &sim::report::Report) {
     println!("workload:     {} ({:.3} B parameters)", r.workload, r.parameters / 1e9);
     println!("cluster:      {} ({} x {})", r.cluster, r.devices, r.device);
     println!(
-        "plan:         dp={} tp={} pp={} {}{} micro-batches={}x{} recompute={:?} zero={}",
+        "plan:         dp={}{}{} tp={} pp={} {}{} micro-batches={}x{} recompute={:?} zero={}",
         p.dp,
+        if p.cp > 1 { format!(" cp={}", p.cp) } else { String::new() },
+        if p.ep > 1 { format!(" ep={}", p.ep) } else { String::new() },
         p.tp,
         p.pp,
         p.schedule,
@@ -139,8 +141,9 @@ pub fn print_summary(r: &sim::report::Report) {
 }
 
 /// Short column names of `DeviceTime::parts`, in order; the first six are compute.
-const PART_COLUMNS: [&str; 14] = [
-    "gemm", "attn", "mem-bd", "emb/hd", "recomp", "optim", "TP", "EP", "DP", "PP", "bubble", "host", "offload", "other",
+const PART_COLUMNS: [&str; 15] = [
+    "gemm", "attn", "mem-bd", "emb/hd", "recomp", "optim", "TP", "CP", "EP", "DP", "PP", "bubble", "host", "offload",
+    "other",
 ];
 
 /// Where the time goes: one row per device class (the critical device first), percentages of

@@ -76,6 +76,7 @@ fn moe_ops(ep: u32, imbalance: f64) -> Vec<LayerOp> {
         tp: 4,
         tp_mode: TpMode::OneD,
         ep,
+        cp: 1,
         context: 0,
         sequence_parallel: true,
         attention: sim::hardware::kernels::Attention::Naive,

@@ -13,6 +13,7 @@ fn shape(b: u32, s: u32, tp: u32, mode: TpMode) -> LayerShape {
         tp,
         tp_mode: mode,
         ep: 1,
+        cp: 1,
         context: 0,
         sequence_parallel: false,
         attention: sim::hardware::kernels::Attention::Naive,

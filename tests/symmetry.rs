@@ -78,10 +78,27 @@ fn one_tensor_rank_stands_for_its_group() {
     let mut moe = base(json!({"dp": 4, "tp": 2, "ep": 2, "sequence_parallel": true, "zero_stage": 1}), 1);
     moe["workload"]["transformer"]["moe"] = json!({"experts": 4, "top_k": 2, "expert_ffn": 2048});
     cases.push(("moe ep 2 tp 2", moe));
+    // Context parallelism: the ring among replicas beside attention, with pipelining and
+    // across nodes, and with expert parallelism over the context-parallel ranks.
+    let mut cp = base(json!({"dp": 1, "cp": 4, "tp": 2, "sequence_parallel": true, "zero_stage": 1}), 1);
+    cp["training"]["framework"] = json!("megatron-core");
+    cases.push(("cp 4 tp 2 megatron-core", cp));
+    let mut cp_pp = base(
+        json!({"dp": 2, "cp": 2, "tp": 2, "pp": 2, "schedule": "interleaved", "sequence_parallel": true,
+               "recompute": "full"}),
+        2,
+    );
+    cp_pp["training"]["attention"] = json!("flash");
+    cases.push(("cp 2 tp 2 pp 2 interleaved across nodes, full recompute", cp_pp));
+    let mut cp_moe = base(json!({"dp": 2, "cp": 2, "tp": 2, "ep": 4, "sequence_parallel": true}), 1);
+    cp_moe["workload"]["transformer"]["moe"] = json!({"experts": 4, "top_k": 2, "expert_ffn": 2048});
+    cp_moe["training"]["attention"] = json!("flash");
+    cases.push(("moe ep 4 over dp 2 x cp 2", cp_moe));
     for (what, v) in &cases {
         let simulated = agree(v, what);
         let plan = &v["plan"];
-        let groups = plan["dp"].as_u64().unwrap_or(1) * plan["pp"].as_u64().unwrap_or(1);
+        let groups =
+            plan["dp"].as_u64().unwrap_or(1) * plan["cp"].as_u64().unwrap_or(1) * plan["pp"].as_u64().unwrap_or(1);
         assert!(
             u64::from(simulated) <= groups,
             "{what}: {simulated} devices simulated for {groups} tensor-parallel groups"

@@ -13,6 +13,8 @@ mod executor;
 mod freezing;
 // Expert parallelism (plan.ep): all-to-all layout, parameters, FLOPs, refusals.
 mod expert_parallel;
+// Context parallelism (plan.cp): activations, the ring beside attention, refusals.
+mod context_parallel;
 // Tensor-parallel modes (1D, 2D, 2.5D, 3D): collective volumes, memory, end-to-end runs.
 mod parallelism;
 // Offload policies (Gemini, ZeRO-Offload, ZeRO-Infinity) and capacity search.

@@ -122,6 +122,7 @@ fn shape(b: u32, s: u32, t: u32, sp: bool) -> LayerShape {
         tp: t,
         tp_mode: TpMode::OneD,
         ep: 1,
+        cp: 1,
         context: 0,
         attention: sim::hardware::kernels::Attention::Naive,
         fusion: Default::default(),

@@ -71,6 +71,33 @@ pub fn efficiency(
     (long * ramp(q.max(1.0), context, causal, c) * head_dim / dp).clamp(1e-3, 1.0)
 }
 
+/// Fraction of the 16-bit peak of context parallelism's ring attention on one rank: `cp`
+/// kernels over its `q` local queries (Transformer Engine's `AttnFuncWithCPAndKVP2P`). With
+/// Megatron-Core's causal load balancing a rank holds sequence chunks i and 2cp - 1 - i (of
+/// 2cp): its first step is causal over its own keys (1/cp of its work), and each of the other
+/// cp - 1 steps does half a square without a mask, either all its queries against the first
+/// half of the arriving keys or its second half of queries against all of them, equally
+/// often. Without a mask every step is a full square. The steps' times add up, so the
+/// fractions combine weighted by work (a harmonic mean).
+pub fn ring_efficiency(
+    arch: Option<GpuArch>,
+    kernel: FlashKernel,
+    q: f64,
+    head_dim: f64,
+    causal: bool,
+    backward: bool,
+    cp: u32,
+) -> f64 {
+    let eff = |keys: f64, causal: bool| efficiency(arch, kernel, keys, 0.0, head_dim, causal, backward);
+    let n = cp.max(1) as f64;
+    if !causal {
+        return eff(q, false);
+    }
+    // Each off-diagonal step's time per unit of work, half of the steps each way.
+    let off = 0.5 / eff(q / 2.0, false) + 0.5 / eff(q, false);
+    1.0 / ((1.0 / eff(q, true) + (n - 1.0) * off) / n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +129,28 @@ mod tests {
         let e80 = efficiency(Some(GpuArch::Ampere), FlashKernel::V2, 4096.0, 0.0, 80.0, false, false);
         let e96 = efficiency(Some(GpuArch::Ampere), FlashKernel::V2, 4096.0, 0.0, 96.0, false, false);
         assert!((e80 / e96 - 80.0 / 96.0).abs() < 1e-9);
+    }
+
+    /// Context parallelism's ring: one rank's cp kernels over its share of a sequence run
+    /// less efficiently as the chunks shrink (the per-query-block work is paid at every step,
+    /// on shorter key ranges), below one kernel over the whole sequence on small chunks (on
+    /// large ones the unmasked off-diagonal steps run at the unmasked kernel's rate, above the
+    /// causal one's); one step is the plain kernel; without a mask every step is the rank's
+    /// square.
+    #[test]
+    fn ring_steps_on_small_chunks_run_below_one_kernel_over_the_sequence() {
+        let (arch, k, d) = (Some(GpuArch::Hopper), FlashKernel::V3, 128.0);
+        let whole = efficiency(arch, k, 65536.0, 0.0, d, true, false);
+        let ring = |cp: u32| ring_efficiency(arch, k, 65536.0 / cp as f64, d, true, false, cp);
+        assert_eq!(ring(1), whole);
+        assert!(
+            ring(8) < ring(2) && ring(32) < ring(8) && ring(32) < whole,
+            "{whole} {} {} {}",
+            ring(2),
+            ring(8),
+            ring(32)
+        );
+        let plain = efficiency(arch, k, 2048.0, 0.0, d, false, true);
+        assert_eq!(ring_efficiency(arch, k, 2048.0, d, false, true, 8), plain);
     }
 }

@@ -153,8 +153,12 @@ impl ComputeModel {
                 }
                 flops / (peak * self.gemm_efficiency(batch, m, n, k) * factor)
             }
-            OpClass::Attention { q, context, head_dim, causal, kernel, .. } => {
-                let e = attention::efficiency(self.arch, kernel, q, context, head_dim, causal, backward);
+            OpClass::Attention { q, context, head_dim, causal, kernel, ring, .. } => {
+                let e = if ring > 1 {
+                    attention::ring_efficiency(self.arch, kernel, q, head_dim, causal, backward, ring)
+                } else {
+                    attention::efficiency(self.arch, kernel, q, context, head_dim, causal, backward)
+                };
                 flops / (self.peak16_flops * e * factor)
             }
             OpClass::Memory => {
@@ -188,7 +192,8 @@ impl ComputeModel {
 pub fn launches(op: &OpSpec, backward: bool) -> f64 {
     match op.class {
         OpClass::Gemm { .. } if backward => 2.0,
-        OpClass::Attention { .. } if backward => 3.0,
+        OpClass::Attention { ring, .. } if backward => 3.0 * ring.max(1) as f64,
+        OpClass::Attention { ring, .. } => ring.max(1) as f64,
         _ => 1.0,
     }
 }

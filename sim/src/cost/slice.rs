@@ -56,6 +56,7 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
         tp: plan.tp,
         tp_mode: plan.tp_mode,
         ep: plan.ep,
+        cp: 1,
         context: c,
         sequence_parallel: plan.sequence_parallel,
         attention: plan.attention,

@@ -97,17 +97,18 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
     }
     let shape = LayerShape {
         micro_batch: u.batch,
-        seq_len: u.tokens,
+        seq_len: u.tokens / plan.cp,
         tp: plan.tp,
         tp_mode: plan.tp_mode,
         ep: plan.ep,
+        cp: plan.cp,
         context: u.context,
         sequence_parallel: plan.sequence_parallel,
         attention: plan.attention,
         fusion: plan.fusion,
         activation_bytes: e,
     };
-    let boundary_bytes = e * u.batch as f64 * u.tokens as f64 * w.hidden as f64
+    let boundary_bytes = e * u.batch as f64 * (u.tokens / plan.cp) as f64 * w.hidden as f64
         / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
     // A mixture-of-experts model's dense layers come first (DeepSeek-V3's three): two kinds.
     let mut layers = vec![b.block(w.layer_ops(shape), plan.recompute, boundary_bytes)];

@@ -100,6 +100,7 @@ pub(super) enum Shared {
     Data,
     Expert,
     ExpertData,
+    Context,
 }
 
 /// The phases a layer's ops are labelled with, in the order of `Builder::layer_labels`.
@@ -149,7 +150,11 @@ impl Builder {
             accumulate_ops: HashMap::new(),
             narrowed_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
-            held_tp: if plan.tp_overlap() { vec![Vec::new(); simulated.len() * STREAMS] } else { Vec::new() },
+            held_tp: if plan.tp_overlap() || plan.cp > 1 {
+                vec![Vec::new(); simulated.len() * STREAMS]
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -329,6 +334,12 @@ pub(super) struct StepCtx {
     pub(super) stage: u32,
     pub(super) ep_group: u32,
     pub(super) ep_members: Vec<Vec<u32>>,
+    /// The context-parallel group's index (replica / cp) and, per lowered tensor rank, its
+    /// context-parallel group's devices and the rank's communication stream the ring runs
+    /// on (both empty when cp = 1).
+    pub(super) cp_group: u32,
+    pub(super) cp_members: Vec<Vec<u32>>,
+    pub(super) cp_streams: Vec<u32>,
 }
 
 impl StepCtx {

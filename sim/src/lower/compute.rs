@@ -43,7 +43,7 @@ pub(super) fn emit_block(
                 let label = layer_label(b, layer, j, spec.name, phase, chunk);
                 overlap.before_compute(b, ctx);
                 let f = emit_group_compute(b, ctx, op, label, mb);
-                overlap.after_compute(b, ctx, f);
+                overlap.after_compute(b, f);
                 if first == NONE {
                     first = f;
                     if alloc > 0.0 {
@@ -101,7 +101,7 @@ pub(super) fn emit_recompute(
                 let label = layer_label(b, layer, j, spec.name, Phase::Recompute, chunk);
                 overlap.before_compute(b, ctx);
                 let f = emit_group_compute(b, ctx, blk.fwd[j], label, mb);
-                overlap.after_compute(b, ctx, f);
+                overlap.after_compute(b, f);
                 if first == NONE {
                     first = f;
                     if alloc > 0.0 {

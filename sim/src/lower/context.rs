@@ -133,7 +133,7 @@ impl<'s> Lowering<'s> {
             m,
             chunks,
             starts: plan.chunk_starts(),
-            replicas: if b.one_replica { vec![0] } else { (0..plan.dp).collect() },
+            replicas: if b.one_replica { vec![0] } else { (0..plan.replicas()).collect() },
             unit_blocks,
             block_of,
             max_boundary,
@@ -166,7 +166,7 @@ impl<'s> Lowering<'s> {
     }
 
     /// What ZeRO divides the routed experts' states by from `stage_at_least` on: the replicas
-    /// holding the same experts (`dp / ep`).
+    /// holding the same experts (`dp x cp / ep`).
     pub(super) fn expert_shard(&self, stage_at_least: u8) -> f64 {
         if self.z >= stage_at_least { self.dp / self.plan.ep as f64 } else { 1.0 }
     }
@@ -250,6 +250,14 @@ impl Stage {
             Vec::new()
         };
         let tp_sm_share = tp_sm_share(lw.s.cluster.class(class).compute_units);
+        let cp_streams = if plan.cp > 1 {
+            lowered
+                .iter()
+                .map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::TensorParallel))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let ctx = StepCtx {
             streams: b.compute_streams(lowered),
             dims: plan.tp_mode.dims(lw.t),
@@ -264,6 +272,13 @@ impl Stage {
             } else {
                 Vec::new()
             },
+            cp_group: r / plan.cp,
+            cp_members: if plan.cp > 1 {
+                (0..b.ranks).map(|x| plan.cp_members(r, stage, x)).collect()
+            } else {
+                Vec::new()
+            },
+            cp_streams,
         };
         let order = if plan.token_slices.is_some() {
             // TeraPipe: every slice forward in order, then backward in exact reverse (a

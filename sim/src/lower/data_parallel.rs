@@ -145,7 +145,7 @@ impl GradSync {
             bucket_bytes: Self::bucket_bytes(lw),
             dtype_scale: lw.plan.framework.grad_reduce_bytes(lw.gb) / lw.gb.max(f64::MIN_POSITIVE),
             pending_bytes: 0.0,
-            pending_expert: (lw.plan.ep > 1 && lw.plan.dp > lw.plan.ep).then_some(0.0),
+            pending_expert: (lw.plan.ep > 1 && lw.plan.replicas() > lw.plan.ep).then_some(0.0),
             to_host: lw.host_opt,
             last_sync: Vec::new(),
             last_expert_sync: Vec::new(),
@@ -252,7 +252,7 @@ pub(super) fn gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, 
 /// shards over the replicas holding the same experts, in buckets (nothing when dp = ep).
 fn expert_gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, opt_tasks: &[u32]) {
     let plan = lw.plan;
-    if plan.ep <= 1 || plan.dp <= plan.ep || st.expert_params <= 0.0 {
+    if plan.ep <= 1 || plan.replicas() <= plan.ep || st.expert_params <= 0.0 {
         return;
     }
     let total = st.expert_params * lw.wb;

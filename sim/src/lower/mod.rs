@@ -35,6 +35,7 @@ mod blocks;
 mod builder;
 mod compute;
 mod context;
+mod context_parallel;
 mod data_parallel;
 mod expert_parallel;
 mod gather;
@@ -58,7 +59,7 @@ use p2p::Links;
 
 /// Whether one replica can stand for all: each node's devices belong to one replica.
 pub fn symmetry_is_exact(plan: &Plan, devices_per_node: u32) -> bool {
-    if plan.dp <= 1 {
+    if plan.replicas() <= 1 {
         return false;
     }
     let n = plan.devices();
@@ -108,9 +109,10 @@ pub(crate) fn folds(s: &Scenario) -> Folds {
     if !s.options.symmetry {
         return none;
     }
-    let aligned = plan.dp > 1 && (s.options.approximate_symmetry || symmetry_is_exact(plan, s.cluster.node.devices));
+    let aligned =
+        plan.replicas() > 1 && (s.options.approximate_symmetry || symmetry_is_exact(plan, s.cluster.node.devices));
     let peers = s.options.fold_node_peers && peers_share_nothing_unmirrored(s);
-    let replica = aligned || (plan.dp > 1 && peers);
+    let replica = aligned || (plan.replicas() > 1 && peers);
     let rank = plan.tp > 1 && plan.tp_mode == TpMode::OneD && peers;
     if !uses_nvme(plan) {
         return Folds { replica, rank, nvme_share: 1 };

@@ -85,7 +85,7 @@ fn units(s: &Scenario) -> u64 {
 /// replica instead of the plan's when given (policies that try other micro-batch sizes).
 pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
     let plan = &s.plan;
-    let (dp, pp) = (plan.dp as u64, plan.pp as u64);
+    let (dp, pp) = (plan.replicas() as u64, plan.pp as u64);
     let replicas = if super::simulates_one_replica(s) { 1 } else { dp };
     // Tensor ranks lowered per group.
     let tp = if super::simulates_one_tensor_rank(s) { 1 } else { plan.tp as u64 };

@@ -4,6 +4,7 @@
 //! them ([`TpOverlap`]).
 
 use super::builder::{Builder, StepCtx};
+use super::context_parallel::{Beside, cp_collective};
 use super::program::*;
 use crate::report::timeline::{Label, Phase};
 use crate::workload::{Axis, LayerOp, OpClass};
@@ -56,7 +57,8 @@ pub(super) fn collective_on_compute(
     }
 }
 
-/// Megatron-Core's overlap of tensor-parallel communication with GEMMs (Transformer Engine's
+/// Megatron-Core's overlap of tensor-parallel communication with GEMMs (and, through the same
+/// bookkeeping, context parallelism's ring beside the attention kernel: `context_parallel`) (Transformer Engine's
 /// userbuffers, `tp_comm_overlap`), for one block's walk. The configurations Megatron-Core
 /// and NeMo ship (`ub_cfg`: `qkv_fprop`, `fc1_fprop`, `proj_dgrad`, `fc2_dgrad` by
 /// `ring_exchange`; `proj_fprop`, `fc2_fprop` by `pipeline`) overlap each sequence-parallel
@@ -80,8 +82,9 @@ pub(super) fn collective_on_compute(
 pub(super) struct TpOverlap {
     /// Per group member, the compute stream's last task before the latest GEMM.
     tails: Vec<u32>,
-    /// An overlapped all-gather the task after the next compute op waits for.
-    after_next: Option<u32>,
+    /// Overlapped collectives the task after the next compute op waits for, per compute
+    /// stream: (stream, task).
+    after_next: Vec<(u32, u32)>,
     /// The first of the group's tasks of the latest compute op.
     last_compute: u32,
 }
@@ -97,7 +100,7 @@ pub(super) fn is_gemm(op: Option<&LayerOp>) -> bool {
 impl TpOverlap {
     /// Before a compute op is emitted: remember where each compute stream stands.
     pub(super) fn before_compute(&mut self, b: &Builder, ctx: &StepCtx) {
-        if ctx.tp_streams.is_empty() {
+        if ctx.tp_streams.is_empty() && ctx.cp_streams.is_empty() {
             return;
         }
         self.tails.clear();
@@ -106,12 +109,10 @@ impl TpOverlap {
 
     /// After a compute op is emitted: the next task on each compute stream waits for the
     /// all-gather that ran beside it.
-    pub(super) fn after_compute(&mut self, b: &mut Builder, ctx: &StepCtx, first: u32) {
+    pub(super) fn after_compute(&mut self, b: &mut Builder, first: u32) {
         self.last_compute = first;
-        if let Some(task) = self.after_next.take() {
-            for &s in &ctx.streams {
-                b.held_tp[s as usize].push(task);
-            }
+        for (s, task) in self.after_next.drain(..) {
+            b.held_tp[s as usize].push(task);
         }
     }
 
@@ -128,6 +129,13 @@ impl TpOverlap {
         (name, bytes): (&'static str, f64),
         (layer, phase, chunk, mb): (i32, Phase, u32, u32),
     ) -> bool {
+        if axis == Axis::Context {
+            let beside =
+                if phase == Phase::Backward { Beside::Previous { tails: self.tails.clone() } } else { Beside::Next };
+            let pairs = cp_collective(b, ctx, kind, (name, bytes), (layer, phase, chunk, mb), &beside);
+            self.after_next.extend(pairs);
+            return true;
+        }
         // The expert-parallel dispatcher's all-gather and reduce-scatter of the routed rows
         // (Megatron-Core's `gather_from_sequence_parallel_region` in the alltoall token
         // dispatcher) are plain collectives, not Transformer Engine userbuffers.
@@ -144,7 +152,7 @@ impl TpOverlap {
                         b.p.deps.push((last, task));
                     }
                 }
-                self.after_next = Some(task);
+                self.after_next.extend(ctx.streams.iter().map(|&s| (s, task)));
                 true
             }
             CollectiveKind::ReduceScatter if prev_gemm && self.tails.len() == ctx.streams.len() => {

@@ -249,6 +249,10 @@ pub struct Plan {
     /// data-parallel replicas (same stage and tensor rank), tokens exchanged by all-to-all
     /// (Megatron-Core's layout); 1 for dense workloads.
     pub ep: u32,
+    /// Context parallelism (Megatron-Core's): each sequence is split over `cp` devices (the
+    /// `cp` consecutive replicas of one data-parallel replica, same stage and tensor rank),
+    /// keys and values passed around them in a ring; 1 for none.
+    pub cp: u32,
     #[serde(serialize_with = "ser_schedule")]
     pub schedule: ScheduleKind,
     pub virtual_stages: u32,
@@ -299,10 +303,11 @@ impl Plan {
     pub fn layer_shape(&self) -> crate::workload::LayerShape {
         crate::workload::LayerShape {
             micro_batch: self.micro_batch,
-            seq_len: self.seq_len,
+            seq_len: self.seq_len / self.cp,
             tp: self.tp,
             tp_mode: self.tp_mode,
             ep: self.ep,
+            cp: self.cp,
             context: 0,
             sequence_parallel: self.sequence_parallel,
             attention: self.attention,
@@ -312,18 +317,33 @@ impl Plan {
     }
 
     pub fn devices(&self) -> u32 {
-        self.dp * self.tp * self.pp
+        self.replicas() * self.tp * self.pp
     }
 
-    /// Device index of (data-parallel replica, pipeline stage, tensor rank) in the plan's
-    /// rank order.
+    /// Devices that run one stage's tensor rank on different data: the data-parallel replicas
+    /// times the context-parallel ranks of each (`dp x cp`, context innermost, as
+    /// Megatron-Core's tp-cp-ep-dp-pp order). The lowering's "replica" is one of them: they
+    /// hold the same weights and sum their gradients.
+    pub fn replicas(&self) -> u32 {
+        self.dp * self.cp
+    }
+
+    /// The context-parallel group of replica `r`'s tensor rank `x` of `stage`: the `cp`
+    /// consecutive replicas that share its sequences, in ring order.
+    pub fn cp_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
+        let g = r / self.cp * self.cp;
+        (g..g + self.cp).map(|q| self.device(q, stage, x)).collect()
+    }
+
+    /// Device index of (replica, pipeline stage, tensor rank) in the plan's rank order, a
+    /// replica being one of [`Plan::replicas`].
     pub fn device(&self, dp: u32, stage: u32, tp: u32) -> u32 {
-        self.rank_order.device([self.dp, self.pp, self.tp], dp, stage, tp)
+        self.rank_order.device([self.replicas(), self.pp, self.tp], dp, stage, tp)
     }
 
     /// (dp, stage, tp) of a device.
     pub fn coords(&self, device: u32) -> (u32, u32, u32) {
-        self.rank_order.coords([self.dp, self.pp, self.tp], device)
+        self.rank_order.coords([self.replicas(), self.pp, self.tp], device)
     }
 
     /// Whether the tensor-parallel group does sequence parallelism with ring attention.
@@ -345,18 +365,18 @@ impl Plan {
     /// Devices that hold the same weights and sum their gradients: the data-parallel
     /// replicas, times the ring under ring sequence parallelism.
     pub fn sync_degree(&self) -> u32 {
-        self.dp * if self.ring() { self.tp } else { 1 }
+        self.replicas() * if self.ring() { self.tp } else { 1 }
     }
 
     /// The devices that sum gradients with tensor rank `x` of `stage`, in ring order.
     pub fn sync_members(&self, stage: u32, x: u32) -> Vec<u32> {
         if self.ring() {
-            (0..self.dp)
+            (0..self.replicas())
                 .flat_map(|r| (0..self.tp).map(move |xx| (r, xx)))
                 .map(|(r, xx)| self.device(r, stage, xx))
                 .collect()
         } else {
-            (0..self.dp).map(|r| self.device(r, stage, x)).collect()
+            (0..self.replicas()).map(|r| self.device(r, stage, x)).collect()
         }
     }
 
@@ -368,9 +388,9 @@ impl Plan {
     }
 
     /// The devices that sum expert gradients with replica `r`'s tensor rank `x` of `stage`:
-    /// the replicas that hold the same experts (`r` modulo `ep`), `dp / ep` of them.
+    /// the replicas that hold the same experts (`r` modulo `ep`), `dp x cp / ep` of them.
     pub fn expert_sync_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
-        (r % self.ep..self.dp).step_by(self.ep as usize).map(|q| self.device(q, stage, x)).collect()
+        (r % self.ep..self.replicas()).step_by(self.ep as usize).map(|q| self.device(q, stage, x)).collect()
     }
 
     /// The pipeline units of one replica, in order: the micro-batches, or (token slicing)

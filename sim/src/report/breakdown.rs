@@ -31,9 +31,12 @@ pub enum Part {
     Recompute,
     /// The optimizer step (on the device, or offloaded to the host CPU while the device waits).
     Optimizer,
-    /// Tensor-parallel (and sequence/context-parallel) collectives on the compute stream, and
-    /// waits for the group's other members to reach one.
+    /// Tensor-parallel (and sequence-parallel) collectives on the compute stream, and waits
+    /// for the group's other members to reach one.
     TpComm,
+    /// Waits for context parallelism's key/value ring (`plan.cp`) that outlasts the
+    /// attention kernel it runs beside.
+    CpComm,
     /// Expert parallelism's all-to-all dispatch and combine on the compute stream, and waits
     /// for the expert-parallel group's other members to reach one.
     EpComm,
@@ -78,6 +81,7 @@ pub fn blocking_comm_part(label: &Label) -> Part {
     match (label.op, label.phase) {
         ("recv_allgather", _) => Part::PpComm,
         ("ep_dispatch" | "ep_combine", _) => Part::EpComm,
+        ("cp_kv" | "cp_dkv", _) => Part::CpComm,
         (_, Phase::Sync) => Part::DpComm,
         _ => Part::TpComm,
     }
@@ -102,6 +106,7 @@ pub struct DeviceTime {
     pub recompute_s: f64,
     pub optimizer_s: f64,
     pub exposed_tp_comm_s: f64,
+    pub exposed_cp_comm_s: f64,
     pub exposed_ep_comm_s: f64,
     pub exposed_dp_comm_s: f64,
     pub exposed_pp_comm_s: f64,
@@ -113,7 +118,7 @@ pub struct DeviceTime {
 
 impl DeviceTime {
     /// The parts with their report keys, in order.
-    pub fn parts(&self) -> [(&'static str, f64); 14] {
+    pub fn parts(&self) -> [(&'static str, f64); 15] {
         [
             ("gemm_s", self.gemm_s),
             ("attention_s", self.attention_s),
@@ -122,6 +127,7 @@ impl DeviceTime {
             ("recompute_s", self.recompute_s),
             ("optimizer_s", self.optimizer_s),
             ("exposed_tp_comm_s", self.exposed_tp_comm_s),
+            ("exposed_cp_comm_s", self.exposed_cp_comm_s),
             ("exposed_ep_comm_s", self.exposed_ep_comm_s),
             ("exposed_dp_comm_s", self.exposed_dp_comm_s),
             ("exposed_pp_comm_s", self.exposed_pp_comm_s),
@@ -132,7 +138,7 @@ impl DeviceTime {
         ]
     }
 
-    fn parts_mut(&mut self) -> [&mut f64; 14] {
+    fn parts_mut(&mut self) -> [&mut f64; 15] {
         [
             &mut self.gemm_s,
             &mut self.attention_s,
@@ -141,6 +147,7 @@ impl DeviceTime {
             &mut self.recompute_s,
             &mut self.optimizer_s,
             &mut self.exposed_tp_comm_s,
+            &mut self.exposed_cp_comm_s,
             &mut self.exposed_ep_comm_s,
             &mut self.exposed_dp_comm_s,
             &mut self.exposed_pp_comm_s,
@@ -173,6 +180,7 @@ impl DeviceTime {
         self.recompute_s = s(Part::Recompute);
         self.optimizer_s = s(Part::Optimizer);
         self.exposed_tp_comm_s = s(Part::TpComm);
+        self.exposed_cp_comm_s = s(Part::CpComm);
         self.exposed_ep_comm_s = s(Part::EpComm);
         self.exposed_dp_comm_s = s(Part::DpComm);
         self.exposed_pp_comm_s = s(Part::PpComm);

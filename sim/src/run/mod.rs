@@ -115,7 +115,7 @@ pub fn run_model(s: &Scenario, report: &RunReport) -> Result<(goodput::RunModel,
     // shards are spread over tp x pp devices, and over the data-parallel group too with ZeRO.
     let save_s = if run.checkpoint.asynchronous {
         let p = &s.plan;
-        let holders = f64::from(p.tp * p.pp) * if p.zero_stage >= 1 { f64::from(p.dp) } else { 1.0 };
+        let holders = f64::from(p.tp * p.pp) * if p.zero_stage >= 1 { f64::from(p.replicas()) } else { 1.0 };
         bytes / holders / s.cluster.node.host.pcie.effective_bytes_per_s()
     } else {
         write_s

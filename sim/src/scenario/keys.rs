@@ -126,6 +126,7 @@ pub const PLAN: &[&str] = &[
     "tp",
     "pp",
     "ep",
+    "cp",
     "schedule",
     "virtual_stages",
     "tp_mode",

@@ -16,6 +16,7 @@ pub mod framework;
 pub mod keys;
 pub mod limits;
 mod options;
+mod parallel;
 mod plan;
 pub mod reader;
 mod run;

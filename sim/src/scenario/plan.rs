@@ -1,8 +1,10 @@
-//! `plan`: the parallel degrees and rank order, tensor-parallel mode and sequence parallelism,
+//! `plan`: the parallel degrees and rank order (expert and context parallelism in
+//! `parallel.rs`), tensor-parallel mode and sequence parallelism,
 //! the pipeline schedule and partition, ZeRO and offload, token slicing, recomputation and
 //! gradient buckets. Checked against the workload, cluster and training sections.
 
 use super::keys;
+use super::parallel::{check_cp_attention, parse_cp, parse_ep};
 use super::reader::{self, Obj, Result, invalid, show};
 use super::suggest::did_you_mean;
 use super::training::Training;
@@ -34,12 +36,19 @@ pub(super) fn parse_plan(
         1
     });
     let devices = c.device_count();
-    if dp as u64 * tp as u64 * pp as u64 != devices as u64 {
+    // Checked in full by `parse_cp` below; here only its share of the devices.
+    let cp_given = o.uint("cp")?.unwrap_or(1).max(1);
+    let product = dp as u64 * cp_given as u64 * tp as u64 * pp as u64;
+    if product != devices as u64 {
+        let degrees = if cp_given > 1 {
+            format!("dp x cp x tp x pp = {dp} x {cp_given} x {tp} x {pp}")
+        } else {
+            format!("dp x tp x pp = {dp} x {tp} x {pp}")
+        };
         return Err(invalid(
             &o.path,
             format!(
-                "dp x tp x pp = {dp} x {tp} x {pp} = {} but the cluster has {devices} devices; allowed: degrees whose product is {devices}",
-                dp as u64 * tp as u64 * pp as u64
+                "{degrees} = {product} but the cluster has {devices} devices; allowed: degrees whose product is {devices}"
             ),
         ));
     }
@@ -128,7 +137,9 @@ pub(super) fn parse_plan(
     if token_slices.is_some() {
         check_token_slicing(o)?;
     }
-    let ep = parse_ep(o, w, dp, tp, sequence_parallel, zero_stage, &offload, token_slices.is_some(), &mut dflt)?;
+    let cp = parse_cp(o, w, t, (tp, tp_mode, sequence_parallel), token_slices.is_some(), &mut dflt)?;
+    let ep =
+        parse_ep(o, w, dp * cp, cp, tp, sequence_parallel, zero_stage, &offload, token_slices.is_some(), &mut dflt)?;
     let recompute = o.choice("recompute", &Recompute::NAMES, Recompute::parse)?.unwrap_or_else(|| {
         dflt("recompute", "none");
         Recompute::None
@@ -162,7 +173,7 @@ pub(super) fn parse_plan(
         ));
     }
     let (partition, partition_policy) = parse_partition(o, tf.layers, chunks, virtual_stages, &mut dflt)?;
-    check_stage_kinds(c, rank_order, [dp, pp, tp])?;
+    check_stage_kinds(c, rank_order, [dp * cp, pp, tp])?;
     if schedule == ScheduleKind::TwoBW && micro_batches < pp {
         return Err(invalid(
             &o.key("schedule"),
@@ -196,6 +207,7 @@ pub(super) fn parse_plan(
             crate::hardware::kernels::Attention::parse(name).expect("a known attention")
         }
     };
+    check_cp_attention(o, cp, attention)?;
     let bucket_bytes = match o.positive("bucket_bytes")? {
         Some(b) => b,
         None => {
@@ -209,6 +221,7 @@ pub(super) fn parse_plan(
         tp,
         pp,
         ep,
+        cp,
         rank_order,
         p2p,
         schedule,
@@ -238,83 +251,6 @@ pub(super) fn parse_plan(
         partition_policy,
         framework,
     })
-}
-
-/// `plan.ep`: expert parallelism (Megatron-Core's layout: `ep` consecutive data-parallel
-/// replicas split each MoE layer's routed experts; expert tensor parallelism = `tp`). What is
-/// not modelled with it is refused here.
-#[allow(clippy::too_many_arguments)]
-fn parse_ep(
-    o: &Obj,
-    w: &Workload,
-    dp: u32,
-    tp: u32,
-    sequence_parallel: bool,
-    zero_stage: u8,
-    offload: &Offload,
-    token_slices: bool,
-    dflt: &mut dyn FnMut(&str, &str),
-) -> Result<u32> {
-    let Some(ep) = o.uint("ep")? else {
-        if w.transformer.moe.is_some() && w.net.is_none() {
-            dflt("ep", "1 (every device holds all experts)");
-        }
-        return Ok(1);
-    };
-    if ep == 1 {
-        return Ok(1);
-    }
-    let key = o.key("ep");
-    let Some(moe) = w.transformer.moe.filter(|_| w.net.is_none()) else {
-        return Err(invalid(
-            &key,
-            format!(
-                "{ep}: expert parallelism needs a mixture-of-experts workload; \"{}\" has no experts (allowed: 1)",
-                w.name
-            ),
-        ));
-    };
-    if ep == 0 || !dp.is_multiple_of(ep) {
-        return Err(invalid(
-            &key,
-            format!(
-                "{ep} does not divide dp = {dp}; allowed: a divisor of dp (expert-parallel groups are consecutive data-parallel replicas)"
-            ),
-        ));
-    }
-    if !moe.experts.is_multiple_of(ep) {
-        return Err(invalid(
-            &key,
-            format!(
-                "{ep} does not divide the workload's {} routed experts; allowed: a divisor of both dp = {dp} and {}",
-                moe.experts, moe.experts
-            ),
-        ));
-    }
-    if tp > 1 && !sequence_parallel {
-        return Err(invalid(
-            &key,
-            format!(
-                "{ep} with tp = {tp} needs \"sequence_parallel\": true (Megatron-Core asserts it for expert parallelism with tensor parallelism)"
-            ),
-        ));
-    }
-    let refuse = |why: &str| {
-        Err(reader::unsupported(
-            &key,
-            format!("{ep}: {why} is not modelled with expert parallelism yet; allowed: ep = 1"),
-        ))
-    };
-    if zero_stage >= 3 {
-        return refuse(&format!("zero_stage {zero_stage}"));
-    }
-    if offload.optimizer != Tier::Device || offload.params != Tier::Device || offload.dynamic.is_some() {
-        return refuse("offload");
-    }
-    if token_slices {
-        return refuse("token slicing");
-    }
-    Ok(ep)
 }
 
 /// `sequence_parallel` on top of the tensor-parallel mode: true or "megatron" (Megatron's

@@ -3,7 +3,7 @@
 //! need of the plan.
 
 use super::keys;
-use super::reader::{Obj, Result, invalid, show};
+use super::reader::{self, Obj, Result, invalid, show};
 use super::suggest::did_you_mean;
 use crate::hardware::ClusterSpec;
 use crate::plan::Plan;
@@ -373,6 +373,15 @@ pub(super) fn check_elastic(o: &Obj, plan: &Plan, c: &ClusterSpec) -> Result<()>
         return Err(invalid(
             &o.key("token_slices"),
             "token slicing with \"freeze\" is not modelled; use one or the other",
+        ));
+    }
+    if plan.cp > 1 {
+        return Err(reader::unsupported(
+            &o.key("cp"),
+            format!(
+                "{}: context parallelism with \"freeze\" is not modelled (AutoDP's replica counts assume whole sequences per replica); allowed: cp = 1",
+                plan.cp
+            ),
         ));
     }
     Ok(())

@@ -67,8 +67,9 @@ fn block_s(
     for (i, op) in ops.iter().enumerate() {
         let spec = match op {
             LayerOp::Compute(spec) => spec,
-            // Expert-parallel all-to-alls are bounded by 0 (their members and links vary).
-            LayerOp::Comm { axis: Axis::Expert, .. } => continue,
+            // Expert-parallel all-to-alls are bounded by 0 (their members and links vary), as
+            // is context parallelism's ring (it runs beside the attention kernel).
+            LayerOp::Comm { axis: Axis::Expert | Axis::Context, .. } => continue,
             LayerOp::Comm { bytes, axis, forward, backward, .. } => {
                 let members = axis.dim().map_or(dims.iter().product(), |d| dims.get(d).copied().unwrap_or(1));
                 if members > 1 && egress > 0.0 {
@@ -264,7 +265,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let saved_layer = if plan.offload.activations != Tier::Device {
         0.0
     } else if plan.recompute == Recompute::Full {
-        e * plan.micro_batch as f64 * plan.seq_len as f64 * w.hidden as f64
+        e * plan.micro_batch as f64 * (plan.seq_len / plan.cp) as f64 * w.hidden as f64
             / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 }
     } else {
         let saved = |ops: &[LayerOp]| -> f64 {

@@ -153,7 +153,7 @@ fn twin_key(s: &Scenario) -> String {
     let mut plan = s.plan.clone();
     let per_node = s.cluster.node.devices;
     let whole_nodes = per_node > 0 && plan.tp.is_multiple_of(per_node) && s.cluster.overrides.is_empty();
-    if plan.dp == 1 || plan.pp == 1 || whole_nodes {
+    if plan.replicas() == 1 || plan.pp == 1 || whole_nodes {
         plan.rank_order = RankOrder::TpDpPp;
     }
     if plan.recompute == Recompute::Selective && s.workload.net.is_none() {

@@ -18,7 +18,10 @@
 //! - `partition`: "uniform" and "balanced" with a pipeline and one chunk per stage (the
 //!   reader's uniform or ends-short partition otherwise).
 //! - `rank_order`: "tp-dp-pp" and "tp-pp-dp" with both data and pipeline parallelism.
-//! - `ep` (mixture-of-experts workloads only): every divisor of `dp` that divides the routed
+//! - `cp`: powers of two that leave each rank at least 4,096 tokens of a sequence
+//!   ([`MIN_TOKENS_PER_CP_RANK`]), split into `2 x cp` chunks and over `tp`; 1 for short
+//!   sequences, nets and materialised attention. `dp` is then `devices / (tp x pp x cp)`.
+//! - `ep` (mixture-of-experts workloads only): every divisor of `dp x cp` that divides the routed
 //!   experts, where the reader models it (ZeRO 0-2, no offload, sequence parallelism with
 //!   `tp` > 1); 1 otherwise.
 
@@ -70,9 +73,8 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
     let gb = input.training.global_batch;
     let net = w.net.is_some();
     let experts = w.transformer.moe.filter(|_| !net).map(|m| m.experts);
-    let f_ep = match uint("ep") {
-        Ok(e) => e,
-        Err(()) => return as_given(),
+    let (Ok(f_ep), Ok(f_cp)) = (uint("ep"), uint("cp")) else {
+        return as_given();
     };
     let choose = |k: &str, default: Vec<Value>| -> Vec<Value> {
         match fixed.get(k) {
@@ -103,100 +105,110 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
             if !n.is_multiple_of(tp * pp) {
                 continue;
             }
-            let dp = n / (tp * pp);
-            if f_dp.is_some_and(|d| d != dp) || !gb.is_multiple_of(dp) {
-                continue;
-            }
-            let per_replica = gb / dp;
-            let mbs: Vec<u32> = match input.fixed_micro_batch {
-                Some(b) => vec![b],
-                None => divisors(per_replica)
-                    .into_iter()
-                    .filter(|&b| b <= MAX_MICRO_BATCH && (b.is_power_of_two() || b == per_replica))
-                    .collect(),
-            };
-            let mut modes = vec![json!("1d")];
-            if exact_root(tp, 2).is_some_and(|q| q >= 2) {
-                modes.push(json!("2d"));
-            }
-            if exact_root(tp, 3).is_some_and(|q| q >= 2) {
-                modes.push(json!("3d"));
-            }
-            let modes = choose("tp_mode", modes);
-            let zeros: Vec<Value> = match (dp, pp) {
-                (1, _) => vec![json!(0)],
-                (_, 1) => (0..=3).map(|z| json!(z)).collect(),
-                _ => vec![json!(0), json!(1)],
-            };
-            let zeros = choose("zero_stage", zeros);
-            let orders = choose(
-                "rank_order",
-                if dp > 1 && pp > 1 { vec![json!("tp-dp-pp"), json!("tp-pp-dp")] } else { vec![json!("tp-dp-pp")] },
-            );
-            for &mb in &mbs {
-                if mb == 0 || !per_replica.is_multiple_of(mb) {
-                    if input.fixed_micro_batch.is_some() {
-                        // Let the reader say why.
-                        out.push(Candidate { micro_batch: mb, plan: Value::Object(fixed.clone()) });
-                    }
+            for cp in context_degrees(input, f_cp, n / (tp * pp), tp) {
+                let dp = n / (tp * pp * cp);
+                if f_dp.is_some_and(|d| d != dp) || !gb.is_multiple_of(dp) {
                     continue;
                 }
-                let m = per_replica / mb;
-                for sched in schedules(fixed, pp, f_v, layers, m) {
-                    for mode in &modes {
-                        let sps = choose(
-                            "sequence_parallel",
-                            if tp > 1 && mode == "1d" { vec![json!(false), json!(true)] } else { vec![json!(false)] },
-                        );
-                        for sp in &sps {
-                            for rc in choose("recompute", vec![json!("none"), json!("selective"), json!("full")]) {
-                                for z in &zeros {
-                                    let stage = z.as_u64().unwrap_or(0);
-                                    let offloads = choose("offload", offloads(pp, stage));
-                                    for off in &offloads {
-                                        let parts = choose(
-                                            "partition",
-                                            if pp > 1 && sched.1 == 1 {
-                                                vec![json!("uniform"), json!("balanced")]
-                                            } else {
-                                                vec![Value::Null]
-                                            },
-                                        );
-                                        // Expert parallelism where the reader models it.
-                                        let eps: Vec<u32> = match experts {
-                                            None => vec![1],
-                                            Some(e) => divisors(dp)
-                                                .into_iter()
-                                                .filter(|&x| e.is_multiple_of(x) && f_ep.is_none_or(|f| f == x))
-                                                .filter(|&x| {
-                                                    x == 1
-                                                        || ((tp == 1 || sp.as_bool() == Some(true))
-                                                            && stage < 3
-                                                            && off.as_str() == Some("none"))
-                                                })
-                                                .collect(),
-                                        };
-                                        for (part, order, &ep) in parts
-                                            .iter()
-                                            .flat_map(|pa| orders.iter().map(move |o| (pa, o)))
-                                            .flat_map(|(pa, o)| eps.iter().map(move |e| (pa, o, e)))
-                                        {
-                                            let dims = [
-                                                ("dp", json!(dp)),
-                                                ("tp", json!(tp)),
-                                                ("pp", json!(pp)),
-                                                ("tp_mode", mode.clone()),
-                                                ("sequence_parallel", sp.clone()),
-                                                ("schedule", sched.0.clone()),
-                                                ("virtual_stages", json!(sched.1)),
-                                                ("recompute", rc.clone()),
-                                                ("zero_stage", z.clone()),
-                                                ("offload", off.clone()),
-                                                ("partition", part.clone()),
-                                                ("rank_order", order.clone()),
-                                                ("ep", if experts.is_some() { json!(ep) } else { Value::Null }),
-                                            ];
-                                            out.push(candidate(fixed, mb, dims));
+                let per_replica = gb / dp;
+                let mbs: Vec<u32> = match input.fixed_micro_batch {
+                    Some(b) => vec![b],
+                    None => divisors(per_replica)
+                        .into_iter()
+                        .filter(|&b| b <= MAX_MICRO_BATCH && (b.is_power_of_two() || b == per_replica))
+                        .collect(),
+                };
+                let mut modes = vec![json!("1d")];
+                if exact_root(tp, 2).is_some_and(|q| q >= 2) {
+                    modes.push(json!("2d"));
+                }
+                if exact_root(tp, 3).is_some_and(|q| q >= 2) {
+                    modes.push(json!("3d"));
+                }
+                let modes = choose("tp_mode", modes);
+                let zeros: Vec<Value> = match (dp, pp) {
+                    (1, _) => vec![json!(0)],
+                    (_, 1) => (0..=3).map(|z| json!(z)).collect(),
+                    _ => vec![json!(0), json!(1)],
+                };
+                let zeros = choose("zero_stage", zeros);
+                let orders = choose(
+                    "rank_order",
+                    if dp > 1 && pp > 1 { vec![json!("tp-dp-pp"), json!("tp-pp-dp")] } else { vec![json!("tp-dp-pp")] },
+                );
+                for &mb in &mbs {
+                    if mb == 0 || !per_replica.is_multiple_of(mb) {
+                        if input.fixed_micro_batch.is_some() {
+                            // Let the reader say why.
+                            out.push(Candidate { micro_batch: mb, plan: Value::Object(fixed.clone()) });
+                        }
+                        continue;
+                    }
+                    let m = per_replica / mb;
+                    for sched in schedules(fixed, pp, f_v, layers, m) {
+                        for mode in &modes {
+                            let sps = choose(
+                                "sequence_parallel",
+                                if tp > 1 && mode == "1d" {
+                                    vec![json!(false), json!(true)]
+                                } else {
+                                    vec![json!(false)]
+                                },
+                            );
+                            for sp in &sps {
+                                for rc in choose("recompute", vec![json!("none"), json!("selective"), json!("full")]) {
+                                    for z in &zeros {
+                                        let stage = z.as_u64().unwrap_or(0);
+                                        let offloads = choose("offload", offloads(pp, stage));
+                                        for off in &offloads {
+                                            let parts = choose(
+                                                "partition",
+                                                if pp > 1 && sched.1 == 1 {
+                                                    vec![json!("uniform"), json!("balanced")]
+                                                } else {
+                                                    vec![Value::Null]
+                                                },
+                                            );
+                                            // Expert parallelism where the reader models it.
+                                            let eps: Vec<u32> = match experts {
+                                                None => vec![1],
+                                                Some(e) => divisors(dp * cp)
+                                                    .into_iter()
+                                                    .filter(|&x| e.is_multiple_of(x) && f_ep.is_none_or(|f| f == x))
+                                                    .filter(|&x| {
+                                                        x == 1
+                                                            || ((tp == 1 || sp.as_bool() == Some(true))
+                                                                && stage < 3
+                                                                && off.as_str() == Some("none"))
+                                                    })
+                                                    .collect(),
+                                            };
+                                            for (part, order, &ep) in parts
+                                                .iter()
+                                                .flat_map(|pa| orders.iter().map(move |o| (pa, o)))
+                                                .flat_map(|(pa, o)| eps.iter().map(move |e| (pa, o, e)))
+                                            {
+                                                let dims = [
+                                                    ("dp", json!(dp)),
+                                                    (
+                                                        "cp",
+                                                        if cp > 1 || f_cp.is_some() { json!(cp) } else { Value::Null },
+                                                    ),
+                                                    ("tp", json!(tp)),
+                                                    ("pp", json!(pp)),
+                                                    ("tp_mode", mode.clone()),
+                                                    ("sequence_parallel", sp.clone()),
+                                                    ("schedule", sched.0.clone()),
+                                                    ("virtual_stages", json!(sched.1)),
+                                                    ("recompute", rc.clone()),
+                                                    ("zero_stage", z.clone()),
+                                                    ("offload", off.clone()),
+                                                    ("partition", part.clone()),
+                                                    ("rank_order", order.clone()),
+                                                    ("ep", if experts.is_some() { json!(ep) } else { Value::Null }),
+                                                ];
+                                                out.push(candidate(fixed, mb, dims));
+                                            }
                                         }
                                     }
                                 }
@@ -213,9 +225,38 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
     out
 }
 
+/// The shortest share of a sequence a context-parallel rank is searched with (unless `cp` is
+/// given): context parallelism is for long sequences, and below a few thousand tokens per
+/// rank its ring's per-step kernels and transfers only cost (Megatron-Core's long-context
+/// recipes keep 4k-16k tokens per rank).
+pub const MIN_TOKENS_PER_CP_RANK: u32 = 4096;
+
+/// Context-parallel degrees for `devices` (devices / (tp x pp)) with tensor parallelism `tp`:
+/// the given one, or the powers of two whose ranks keep at least
+/// [`MIN_TOKENS_PER_CP_RANK`] tokens each, in whole `2 x cp` chunks split evenly over the
+/// tensor-parallel ranks, on a transformer with token inputs and fused attention (or
+/// attention left to the framework, for the reader to check).
+fn context_degrees(input: &SearchInput, f_cp: Option<u32>, devices: u32, tp: u32) -> Vec<u32> {
+    if let Some(c) = f_cp {
+        return vec![c];
+    }
+    let w = &input.workload;
+    let seq = input.training.seq_len;
+    let naive = input.training.attention == Some(crate::hardware::kernels::Attention::Naive);
+    if w.net.is_some() || w.fixed_seq_len().is_some() || naive {
+        return vec![1];
+    }
+    (0..)
+        .map(|i| 1u32 << i)
+        .take_while(|&c| c <= devices && (c == 1 || seq / c >= MIN_TOKENS_PER_CP_RANK))
+        .filter(|&c| devices.is_multiple_of(c))
+        .filter(|&c| c == 1 || (seq.is_multiple_of(2 * c) && (seq / c).is_multiple_of(tp)))
+        .collect()
+}
+
 /// The candidate with these dimensions' values (a null value: the key left out), then the
 /// other keys the scenario gives (bucket_bytes, p2p, tp_depth...) as given.
-fn candidate(fixed: &Map<String, Value>, micro_batch: u32, dims: [(&str, Value); 13]) -> Candidate {
+fn candidate(fixed: &Map<String, Value>, micro_batch: u32, dims: [(&str, Value); 14]) -> Candidate {
     let mut p = Map::new();
     for (k, v) in dims {
         if !v.is_null() {

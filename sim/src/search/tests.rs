@@ -204,3 +204,30 @@ fn expert_parallelism_is_searched() {
     assert!(all.simulated.iter().any(|e| e.plan["ep"].as_u64() > Some(1)));
     check_bounds(&moe, 10);
 }
+
+/// Context parallelism is searched for long sequences (powers of two leaving each rank at
+/// least 4,096 tokens), not for short ones; the pruned search finds the exhaustive one's best,
+/// top and front, every enumerated plan is one the reader accepts, and the bounds hold.
+#[test]
+fn context_parallelism_is_searched_for_long_sequences() {
+    let long = input(
+        r#"{"workload": {"transformer": {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000}},
+            "cluster": {"node": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 8, "seq_len": 16384, "precision": "bf16", "attention": "flash"},
+            "plan": {"rank_order": "tp-dp-pp", "offload": "none", "tp_mode": "1d", "recompute": "none",
+                     "zero_stage": 1, "pp": 1}}"#,
+    );
+    let space = super::space::enumerate(&long);
+    let cps: std::collections::BTreeSet<u64> =
+        space.iter().map(|c| c.plan.get("cp").and_then(|v| v.as_u64()).unwrap_or(1)).collect();
+    assert_eq!(cps.into_iter().collect::<Vec<_>>(), vec![1, 2, 4]);
+    let all = search(&long, Options { top: 3, prune: false }, &none).unwrap();
+    let pruned = search(&long, Options { top: 3, prune: true }, &none).unwrap();
+    assert_eq!(all.progress.invalid, 0, "every enumerated plan is one the reader accepts");
+    assert_eq!(indices(&pruned.top), indices(&all.top));
+    assert_eq!(indices(&pruned.pareto), indices(&all.pareto));
+    assert!(all.simulated.iter().any(|e| e.plan["cp"].as_u64() > Some(1)));
+    check_bounds(&long, 10);
+    // Short sequences: no context parallelism.
+    assert!(space::enumerate(&small("{}")).iter().all(|c| c.plan.get("cp").is_none()));
+}

@@ -122,6 +122,10 @@ pub enum OpClass {
         head_dim: f64,
         causal: bool,
         kernel: crate::hardware::kernels::FlashKernel,
+        /// Context parallelism's ring steps (`plan.cp`), one kernel each: `q` queries
+        /// against the local keys, then against each other rank's (see
+        /// `cost::attention::ring_efficiency`); 1 for one kernel over all keys.
+        ring: u32,
     },
 }
 
@@ -223,12 +227,16 @@ pub enum Axis {
     Dim2,
     /// The expert-parallel group: the same tensor rank of `ep` data-parallel replicas.
     Expert,
+    /// The context-parallel ring: the same tensor rank of the `cp` replicas that share the
+    /// sequences. Its collectives run beside the attention kernel (the lowering's
+    /// `context_parallel` pass).
+    Context,
 }
 
 impl Axis {
     pub fn dim(self) -> Option<usize> {
         match self {
-            Axis::Tensor | Axis::Expert => None,
+            Axis::Tensor | Axis::Expert | Axis::Context => None,
             Axis::Dim0 => Some(0),
             Axis::Dim1 => Some(1),
             Axis::Dim2 => Some(2),
@@ -345,6 +353,10 @@ pub struct LayerShape {
     pub tp_mode: TpMode,
     /// Expert-parallel degree (1: every device holds all experts).
     pub ep: u32,
+    /// Context-parallel degree: `seq_len` is then one device's share of each sequence, and
+    /// its attention reads the keys and values of the others' shares, passed around the ring
+    /// (see `TransformerConfig::layer_ops`); 1 for none.
+    pub cp: u32,
     /// Earlier tokens of the same sequences this slice's attention reads (token slicing; 0
     /// otherwise).
     pub context: u32,

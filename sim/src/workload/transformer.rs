@@ -414,27 +414,46 @@ impl TransformerConfig {
         // Scores keep Q and K (2 x 2sbh/t in Korthikanti's count, with full-width K).
         let heads = b * a / t;
         // Under token slicing the slice's queries also attend to `context` earlier tokens,
-        // whose keys and values earlier slices computed and keep.
-        let keys = s + shape.context as f64;
+        // whose keys and values earlier slices computed and keep. Under context parallelism
+        // this rank's queries read the other ranks' keys as they pass around the ring: with
+        // the causal load balancing every rank reads half the sequence on average.
+        let cp = shape.cp.max(1);
+        let context = match cp {
+            1 => shape.context as f64,
+            _ if self.causal => s * (cp - 1) as f64 / 2.0,
+            _ => s * (cp - 1) as f64,
+        };
+        let keys = s + context;
         let kernel = shape.attention.fused_kernel(d, e == 2.0);
+        if cp > 1 {
+            // Each rank's keys and values go around the ring (cp - 1 steps: an all-gather),
+            // and again in backward, where the key and value gradients come back (a
+            // reduce-scatter): Transformer Engine's `AttnFuncWithCPAndKVP2P`. Under MLA a
+            // key is as wide as a query.
+            let width = if self.mla.is_some() { qw + vw } else { 2.0 * kv };
+            let bytes = cp as f64 * e * tokens * width / t;
+            let ring = |name, forward, backward| LayerOp::Comm {
+                name,
+                bytes,
+                axis: Axis::Context,
+                root: 0,
+                forward,
+                backward,
+            };
+            ops.push(ring("cp_kv", Some(Comm::AllGather), Some(Comm::AllGather)));
+            ops.push(ring("cp_dkv", None, Some(Comm::ReduceScatter)));
+        }
         if let Some(kernel) = kernel {
             // One fused kernel (FlashAttention): scores never reach memory; it keeps Q, K,
             // V (and the output, kept by out_proj) and recomputes the scores in backward,
             // whose matrix products are 2.5x the forward's. A causal mask skips the blocks
             // above the diagonal: a query reads its context and half the slice on average.
             // Its time per shape is `cost::attention`'s (published rates per kernel).
-            let read = if self.causal { shape.context as f64 + s / 2.0 } else { keys };
+            let read = if self.causal { context + s / 2.0 } else { keys };
             let flops = 4.0 * heads * s * read * d;
             ops.push(LayerOp::Compute(OpSpec {
                 name: "flash_attn",
-                class: OpClass::Attention {
-                    heads,
-                    q: s,
-                    context: shape.context as f64,
-                    head_dim: d,
-                    causal: self.causal,
-                    kernel,
-                },
+                class: OpClass::Attention { heads, q: s, context, head_dim: d, causal: self.causal, kernel, ring: cp },
                 forward_flops: flops,
                 forward_bytes: e * (2.0 * sbq + 2.0 * s * b * kv) / t,
                 backward_flops: 2.5 * flops,

@@ -1,0 +1,113 @@
+//! Context parallelism (`plan.cp`): each sequence split over `cp` replicas, keys and values
+//! passed around a ring beside the attention kernel; its memory, FLOPs, communication and
+//! refusals.
+
+use crate::util::{no_files, scenario, simulate, with_intra_node_bandwidth};
+use serde_json::{Value, json};
+
+const LAYERS: u32 = 4;
+const HIDDEN: u32 = 2048;
+const SEQ: u32 = 16384;
+
+/// One DGX A100 node: dp x cp = 8 replicas of a 4-layer GPT-style model at 16k tokens, fused
+/// attention, one sample per replica's micro-batch.
+fn cp_scenario(dp: u32, cp: Option<u32>) -> Value {
+    let training = json!({"global_batch": 8, "micro_batch": 1, "seq_len": SEQ, "precision": "bf16",
+                          "attention": "flash"});
+    let mut plan = json!({"dp": dp, "tp": 1, "pp": 1});
+    if let Some(cp) = cp {
+        plan["cp"] = json!(cp);
+    }
+    let workload = json!({"transformer": {"layers": LAYERS, "hidden": HIDDEN, "heads": 16, "vocab": 32000}});
+    serde_json::from_str(&scenario(workload, 1, training, plan)).unwrap()
+}
+
+fn report(v: &Value) -> Value {
+    serde_json::to_value(simulate(&v.to_string())).unwrap()
+}
+
+fn refusal(v: &Value) -> String {
+    match sim::scenario::parse(&v.to_string(), &no_files) {
+        Ok(_) => panic!("accepted: {v}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// `cp` 1 is the plan without context parallelism.
+#[test]
+fn cp_one_changes_nothing() {
+    let (mut a, mut b) = (report(&cp_scenario(8, None)), report(&cp_scenario(8, Some(1))));
+    for r in [&mut a, &mut b] {
+        r.as_object_mut().unwrap().remove("defaults_applied");
+    }
+    assert_eq!(a, b);
+    assert_eq!(a["plan"]["cp"], json!(1));
+}
+
+/// Eight devices on the same eight sequences, whole or split four ways: the model's FLOPs are
+/// the same, the weights too (they are whole on every rank), and each device keeps a quarter
+/// of the activations, since every op but attention runs on a quarter of the tokens of four
+/// times as many micro-batches, of which one is in flight.
+#[test]
+fn context_parallelism_divides_activations_not_model_flops() {
+    let (whole, split) = (report(&cp_scenario(8, None)), report(&cp_scenario(2, Some(4))));
+    assert_eq!(split["plan"]["cp"], json!(4));
+    assert_eq!(split["plan"]["micro_batches"], json!(4), "global_batch / dp sequences per replica");
+    let f = |r: &Value, k: &str| r[k].as_f64().unwrap();
+    assert_eq!(f(&whole, "model_flops_per_iteration"), f(&split, "model_flops_per_iteration"));
+    let mem = |r: &Value, k: &str| r["memory_breakdown"][k].as_f64().unwrap();
+    assert_eq!(mem(&whole, "weights"), mem(&split, "weights"));
+    let ratio = mem(&split, "activations") / mem(&whole, "activations");
+    assert!((ratio - 0.25).abs() < 0.01, "activations {ratio} of the unsplit plan's");
+    // The split attention runs as four smaller kernels: no faster than the whole one.
+    let attn = |r: &Value| r["time_breakdown"][0]["attention_s"].as_f64().unwrap();
+    assert!(attn(&split) >= attn(&whole), "attention {} s split vs {} s whole", attn(&split), attn(&whole));
+}
+
+/// The ring runs beside attention: on NVLink it hides behind the kernel; on a link 300 times
+/// slower it cannot, and the report shows the excess as `exposed_cp_comm_s`, at least the
+/// ring's time at the link's bandwidth less the attention it overlaps.
+#[test]
+fn the_ring_hides_behind_attention_until_the_link_is_slow() {
+    let text = cp_scenario(1, Some(8)).to_string();
+    let fast = serde_json::to_value(simulate(&text)).unwrap();
+    let bw = 1e9;
+    let slow = serde_json::to_value(simulate(&with_intra_node_bandwidth(&text, bw))).unwrap();
+    let part = |r: &Value, k: &str| r["time_breakdown"][0][k].as_f64().unwrap();
+    let attention = part(&fast, "attention_s");
+    assert!(
+        part(&fast, "exposed_cp_comm_s") < 0.01 * attention,
+        "exposed {} s beside {attention} s of attention on NVLink",
+        part(&fast, "exposed_cp_comm_s")
+    );
+    // Per layer and micro-batch: keys and values (2 x hidden wide, bf16) of 8 chunks of
+    // SEQ / 8 tokens, all-gathered in forward, and again in backward with the gradients'
+    // reduce-scatter: 3 rings, each sending 7/8 of the buffer over every device's port.
+    let (cp, micro_batches) = (8.0, 8.0);
+    let buffer = cp * 2.0 * (SEQ as f64 / cp) * 2.0 * HIDDEN as f64;
+    let ring_s = 3.0 * LAYERS as f64 * micro_batches * (cp - 1.0) / cp * buffer / bw;
+    let exposed = part(&slow, "exposed_cp_comm_s");
+    let slow_attention = part(&slow, "attention_s");
+    assert!(exposed >= ring_s - slow_attention, "exposed {exposed} s; ring {ring_s} s, attention {slow_attention} s");
+    assert!(exposed <= 1.5 * ring_s, "exposed {exposed} s for a ring of {ring_s} s at the link's bandwidth");
+    assert_eq!(part(&slow, "exposed_tp_comm_s"), 0.0, "tp = 1: the ring is not tensor-parallel traffic");
+}
+
+#[test]
+fn what_is_not_modelled_is_refused_with_the_reason() {
+    let mut odd = cp_scenario(2, Some(4));
+    odd["training"]["seq_len"] = json!(SEQ + 4);
+    assert!(refusal(&odd).contains("2 x cp = 8 equal chunks"), "{}", refusal(&odd));
+    let mut naive = cp_scenario(2, Some(4));
+    naive["training"]["attention"] = json!("naive");
+    assert!(refusal(&naive).contains("needs fused attention"), "{}", refusal(&naive));
+    let mut grid = cp_scenario(1, Some(2));
+    grid["plan"]["tp"] = json!(4);
+    grid["plan"]["tp_mode"] = json!("2d");
+    assert!(refusal(&grid).contains("not modelled with context parallelism"), "{}", refusal(&grid));
+    let wrong = cp_scenario(8, Some(2));
+    assert!(refusal(&wrong).contains("dp x cp x tp x pp = 8 x 2 x 1 x 1 = 16"), "{}", refusal(&wrong));
+    let mut zero = cp_scenario(8, Some(1));
+    zero["plan"]["cp"] = json!(0);
+    assert!(refusal(&zero).contains("plan.cp"), "{}", refusal(&zero));
+}
