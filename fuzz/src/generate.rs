@@ -432,6 +432,17 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         "ep",
         |r| if r.chance(0.8) { json!(*r.pick(&divisors(dp))) } else { json!(r.int(0, 1000)) },
     );
+    // Context parallelism: a divisor of dp taken out of dp mostly (the device product kept),
+    // else anything.
+    if r.chance(0.08) {
+        if r.chance(0.8) {
+            let cp = *r.pick(&divisors(dp));
+            plan.insert("cp".into(), json!(cp));
+            plan.insert("dp".into(), json!(dp / cp));
+        } else {
+            plan.insert("cp".into(), json!(r.int(0, 64)));
+        }
+    }
     opt(&mut plan, r, 0.3, "recompute", |r| json!(*r.pick(&["none", "selective", "full"])));
     let zero3 = plan.get("zero_stage") == Some(&json!(3));
     if r.chance(0.15) {
