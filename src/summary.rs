@@ -192,11 +192,14 @@ pub fn presets(json: bool) {
     let links = catalog::links();
     let nodes = catalog::nodes();
     let workloads = sim::workload::catalog::presets();
+    let fabrics: Vec<sim::hardware::fabric::Fabric> =
+        sim::hardware::fabric::PRESETS.iter().filter_map(|n| sim::hardware::fabric::Fabric::preset(n)).collect();
     if json {
         let v = serde_json::json!({
             "devices": devices,
             "links": links,
             "nodes": nodes,
+            "fabrics": fabrics,
             "workloads": workloads.iter().map(|p| serde_json::json!({
                 "name": p.name, "parameters": p.config.parameters(), "published_parameters": p.published_parameters,
                 "active_parameters": p.config.moe.is_some().then(|| p.config.active_parameters()),
@@ -244,6 +247,16 @@ pub fn presets(json: bool) {
         );
     }
     println!("clusters: any node preset with \"nodes\": N, e.g. {{\"node\": \"dgx-a100-80gb\", \"nodes\": 128}}");
+    println!("fabrics (cluster.fabric: pods of nodes at full bisection, the level above them):");
+    for f in &fabrics {
+        println!(
+            "  {:<16} pods of {} nodes, 1:{} above them{}",
+            f.name,
+            f.pod_nodes,
+            f.oversubscription,
+            if f.rail_optimized { ", rail-optimised" } else { "" }
+        );
+    }
     println!("workloads (parameters):");
     for p in &workloads {
         match p.config.moe {

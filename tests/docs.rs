@@ -100,6 +100,8 @@ fn value_sets() -> Vec<(&'static str, &'static str, Vec<String>)> {
         ("node", "intra_topology", v(&sim::hardware::IntraTopology::NAMES)),
         ("workload", "preset", sim::workload::catalog::names().iter().map(|s| s.to_string()).collect()),
         ("cluster", "node", sim::hardware::catalog::nodes().into_iter().map(|n| n.name).collect()),
+        ("cluster", "fabric", v(sim::hardware::fabric::PRESETS)),
+        ("cluster.fabric", "preset", v(sim::hardware::fabric::PRESETS)),
     ]
 }
 

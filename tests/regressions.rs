@@ -60,6 +60,9 @@ const CASES: &[(&str, &str, Expect)] = &[
     // Fuzz case 15818 (seed 2026): the uniform GPipe baseline the simulator refuses was printed
     // as null; now it is absent.
     ("fuzz_partition_baseline_refused.json", "partition", Report),
+    // Fuzz case 313 (seed 2028): the data-parallel baseline kept plan.cp and indexed past the
+    // cluster's devices; nothing of this plan fits its 16 GB V100s, which partition says.
+    ("fuzz_partition_cp_baseline.json", "partition", Refused("no plan fits")),
 ];
 
 /// Train-run, freezing and partition inputs fixed in another branch: skipped here until it is

@@ -94,6 +94,15 @@ fn one_tensor_rank_stands_for_its_group() {
     cp_moe["workload"]["transformer"]["moe"] = json!({"experts": 4, "top_k": 2, "expert_ffn": 2048});
     cp_moe["training"]["attention"] = json!("flash");
     cases.push(("moe ep 4 over dp 2 x cp 2", cp_moe));
+    // A fabric of pods: every node its own pod at 1:4, the data-parallel rings and the
+    // expert all-to-alls crossing them.
+    let mut pods = base(json!({"dp": 4, "tp": 4, "zero_stage": 1}), 2);
+    pods["cluster"]["fabric"] = json!({"pod_nodes": 1, "oversubscription": 4, "extra_latency_s": 1e-6});
+    cases.push(("tp 4 dp 4 across two pods at 1:4", pods));
+    let mut pods_moe = base(json!({"dp": 2, "tp": 8, "ep": 2, "sequence_parallel": true}), 2);
+    pods_moe["workload"]["transformer"]["moe"] = json!({"experts": 4, "top_k": 2, "expert_ffn": 2048});
+    pods_moe["cluster"]["fabric"] = json!({"preset": "dgx-superpod", "pod_nodes": 1, "oversubscription": 2});
+    cases.push(("moe ep 2 across two rail-optimised pods at 1:2", pods_moe));
     for (what, v) in &cases {
         let simulated = agree(v, what);
         let plan = &v["plan"];

@@ -328,6 +328,18 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
     cluster.insert("node".into(), nv);
     cluster.insert("nodes".into(), json!(nodes));
     opt(&mut cluster, r, if nodes > 1 { 0.4 } else { 0.1 }, "inter_node", |r| link(r, cat, &mut s));
+    // A fabric of pods: a preset, or pods of a few nodes, oversubscribed, on rails.
+    opt(&mut cluster, r, if nodes > 1 { 0.15 } else { 0.03 }, "fabric", |r| match r.int(0, 3) {
+        0 => json!(*r.pick(&["dgx-superpod", "llama3-2024"])),
+        _ => {
+            let mut f = Map::new();
+            f.insert("pod_nodes".into(), json!(r.int(1, nodes.max(1) as u64 + 1)));
+            opt(&mut f, r, 0.7, "oversubscription", |r| json!(*r.pick(&[1.0, 2.0, 3.0, 7.0, 64.0])));
+            opt(&mut f, r, 0.4, "rail_optimized", |r| json!(r.chance(0.5)));
+            opt(&mut f, r, 0.4, "extra_latency_s", |r| json!(*r.pick(&[0.0, 1e-7, 2e-6, 1e-4])));
+            Value::Object(f)
+        }
+    });
     if r.chance(0.04) && devices > 1 {
         let first = r.int(0, devices - 1);
         let last = r.int(first, devices - 1);

@@ -154,6 +154,18 @@ pub fn simulate(s: &scenario::Scenario, record: bool) -> Simulation {
 /// drains, and updates use double-buffered weights. Its steady-state iteration is measured
 /// as T(2m) - T(m): two runs of 1F1B without a flush, of 2m and m micro-batches.
 pub fn try_simulate(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
+    // Policies that rewrite a plan (AutoDP, the baselines) must keep it on the cluster's
+    // devices; a plan that does not would index past them: refuse it as a modelling error.
+    if s.plan.devices() != s.cluster.device_count() {
+        return Err(SimError::Impossible(format!(
+            "the plan's dp x cp x tp x pp = {} x {} x {} x {} devices differ from the cluster's {}",
+            s.plan.dp,
+            s.plan.cp,
+            s.plan.tp,
+            s.plan.pp,
+            s.cluster.device_count()
+        )));
+    }
     let sim = dispatch(s, record)?;
     // A report outside the physical bounds is a modelling error: refuse it rather than print it.
     sim.report.check_invariants().map_err(SimError::Impossible)?;

@@ -600,6 +600,11 @@ pub fn explore_with(s: &Scenario, per_schedule: usize) -> Exploration {
         if s.training.global_batch.is_multiple_of(n) {
             let mut c = with(ScheduleKind::OneFOneB, 1, s.training.global_batch / n, vec![layers]);
             c.plan.dp = n;
+            c.plan.cp = 1;
+            // Expert-parallel groups are consecutive replicas: kept where they divide them.
+            if !n.is_multiple_of(c.plan.ep) {
+                c.plan.ep = 1;
+            }
             c.plan.pp = 1;
             c.plan.tp = 1;
             c.plan.tp_mode = crate::workload::TpMode::OneD;

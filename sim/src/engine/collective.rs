@@ -75,7 +75,82 @@ fn ring_steps(out: &mut Steps, rings: &[Vec<u32>], steps: u32, chunk_bytes: f64)
 pub fn expand(c: &Collective, topo: &Topology) -> Steps {
     let mut out = expand_steps(c, topo);
     cap_mesh_flows(&mut out, &c.members, topo);
+    cap_pod_flows(&mut out, c, topo);
     out
+}
+
+/// Across a fabric of pods (`cluster.fabric`, `hardware::fabric`) a flow that leaves its pod
+/// shares the pod's uplinks with the step's other flows leaving it, and with those of the
+/// collectives that run the same pattern at the same moment on the node's other devices (a
+/// symmetric plan's other tensor ranks or replicas: devices per node over the collective's
+/// members per node); likewise the target pod's downlinks. It runs no faster than its share.
+/// A ring runs at its slowest flow's pace (NCCL pipelines chunks around it), so every flow of
+/// a ring step takes the step's smallest share, which keeps the answer the same when only
+/// some members are simulated; an all-to-all's and a chain's flows keep their own. NCCL's
+/// rings and relayed all-to-all blocks stay on their rails. Each network hop the algorithm
+/// takes in sequence across the level above also pays the fabric's latency (for NCCL's
+/// fixed latency; other steps' routes carry it).
+fn cap_pod_flows(steps: &mut Steps, c: &Collective, topo: &Topology) {
+    if !topo.has_pods() {
+        return;
+    }
+    let per_node = by_node(&c.members, topo).iter().map(|(_, v)| v.len()).max().unwrap_or(1);
+    let siblings = (topo.devices_per_node as usize / per_node).max(1) as f64;
+    let own_caps = c.kind == CollectiveKind::AllToAll;
+    let matched = c.kind != CollectiveKind::AllToAll;
+    let hops = pod_hops(c, topo) as f64;
+    for step in steps.iter_mut() {
+        let per_flow = own_caps || step.chain;
+        let mut out: BTreeMap<(u32, u32), (f64, f64)> = BTreeMap::new();
+        let mut inn: BTreeMap<(u32, u32), (f64, f64)> = BTreeMap::new();
+        for f in &step.flows {
+            if topo.crosses_pods(f.source, f.target, matched) {
+                for (map, d) in [(&mut out, f.source), (&mut inn, f.target)] {
+                    let (key, rate) = topo.uplink(d).expect("a fabric");
+                    map.entry(key).or_insert((0.0, rate)).0 += 1.0;
+                }
+            }
+        }
+        if out.is_empty() {
+            continue;
+        }
+        let share = |d: u32, map: &BTreeMap<(u32, u32), (f64, f64)>| {
+            let (key, _) = topo.uplink(d).expect("a fabric");
+            map.get(&key).map_or(f64::INFINITY, |&(n, rate)| rate / (n * siblings))
+        };
+        let mut slowest = f64::INFINITY;
+        for f in step.flows.iter_mut() {
+            if !topo.crosses_pods(f.source, f.target, matched) {
+                continue;
+            }
+            let s = share(f.source, &out).min(share(f.target, &inn));
+            slowest = slowest.min(s);
+            if per_flow {
+                f.cap_bytes_per_s = f.cap_bytes_per_s.min(s);
+            }
+        }
+        if !per_flow {
+            for f in step.flows.iter_mut() {
+                f.cap_bytes_per_s = f.cap_bytes_per_s.min(slowest);
+            }
+        }
+        if let Some(lat) = step.latency_s.as_mut() {
+            *lat += hops * topo.pod_latency_s();
+        }
+    }
+}
+
+/// Network hops a collective takes one after another (NCCL's algorithm): a ring's steps, a
+/// tree's way up and down, an all-to-all's one exchange.
+fn pod_hops(c: &Collective, topo: &Topology) -> u32 {
+    let p = c.members.len() as u32;
+    let nodes = by_node(&c.members, topo).len() as u32;
+    match nccl_plan(c, topo).map(|plan| plan.algo) {
+        Some(Algo::P2p) => 1,
+        Some(Algo::Tree | Algo::Nvls) => 2 * nodes.next_power_of_two().trailing_zeros().max(1),
+        _ if c.kind == CollectiveKind::AllReduce => 2 * (p - 1),
+        _ => p.saturating_sub(1).max(1),
+    }
 }
 
 /// In a mesh node ([`Topology::is_mesh`]) a flow between two of the node's devices runs no

@@ -31,4 +31,6 @@ fn claim_slot<T>(items: &mut Vec<T>, free: &mut Vec<u32>, value: T) -> u32 {
 }
 
 #[cfg(test)]
+mod fabric_tests;
+#[cfg(test)]
 mod tests;

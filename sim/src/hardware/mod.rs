@@ -23,6 +23,7 @@
 //! Presets live in [`catalog`]; a scenario may also describe its own devices, nodes and links.
 
 pub mod catalog;
+pub mod fabric;
 pub mod kernels;
 pub mod nccl;
 pub mod nccl_p2p;
@@ -294,6 +295,9 @@ pub struct ClusterSpec {
     pub nodes: u32,
     /// Devices that differ from the node's (a heterogeneous cluster): ranges of device ids.
     pub overrides: Vec<DeviceOverride>,
+    /// The network above the nodes; `None`: one non-blocking switch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<fabric::Fabric>,
 }
 
 /// Devices `first..first + count` are `device` instead of the node's.
@@ -306,7 +310,7 @@ pub struct DeviceOverride {
 
 impl ClusterSpec {
     pub fn new(node: NodeSpec, nodes: u32) -> ClusterSpec {
-        ClusterSpec { node, nodes, overrides: Vec::new() }
+        ClusterSpec { node, nodes, overrides: Vec::new(), fabric: None }
     }
 
     /// Devices in the cluster; bounded when the scenario is read
@@ -364,6 +368,17 @@ pub struct Topology {
     sms: Vec<u32>,
     /// How NCCL sees the cluster (GPU clusters only): collectives run as NCCL runs them.
     nccl: Option<nccl::NcclSystem>,
+    /// The pods of `cluster.fabric`, if any.
+    pods: Option<Pods>,
+}
+
+/// `cluster.fabric` as the topology uses it (see [`fabric`]).
+#[derive(Clone, Debug)]
+struct Pods {
+    pod_nodes: u32,
+    rail: bool,
+    extra_latency_s: f64,
+    oversubscription: f64,
 }
 
 /// A route: at most two links, plus the summed latency.
@@ -431,7 +446,46 @@ impl Topology {
                 })
                 .collect(),
             nccl: nccl::NcclSystem::new(cluster),
+            pods: cluster.fabric.as_ref().map(|f| Pods {
+                pod_nodes: f.pod_nodes.max(1),
+                rail: f.rail_optimized,
+                extra_latency_s: f.extra_latency_s,
+                oversubscription: f.oversubscription.max(1.0),
+            }),
         }
+    }
+
+    /// Whether the cluster has a fabric of pods (`cluster.fabric`).
+    pub fn has_pods(&self) -> bool {
+        self.pods.is_some()
+    }
+
+    /// Whether a flow from `a` to `b` goes through the level above the pods: they sit in
+    /// different pods, or (rail-optimised) on different rails of two nodes, unless the
+    /// flow keeps to one rail whatever the devices' NICs (`rail_matched`: NCCL's rings).
+    pub fn crosses_pods(&self, a: u32, b: u32, rail_matched: bool) -> bool {
+        let Some(p) = &self.pods else { return false };
+        let (na, nb) = (self.node_of(a), self.node_of(b));
+        na != nb
+            && (na / p.pod_nodes != nb / p.pod_nodes || (p.rail && !rail_matched && self.nic_of(a) != self.nic_of(b)))
+    }
+
+    /// The uplinks a device's flows leave its pod by (rail-optimised: its rail's leaf's),
+    /// as (pod, rail), and their bandwidth to the level above: the NICs below them over the
+    /// oversubscription.
+    pub fn uplink(&self, device: u32) -> Option<((u32, u32), f64)> {
+        let p = self.pods.as_ref()?;
+        let node = self.node_of(device);
+        let pod = node / p.pod_nodes;
+        let nodes_in_pod = p.pod_nodes.min(self.nodes - pod * p.pod_nodes);
+        let (rail, nics) = if p.rail { (self.nic_of(device), 1) } else { (0, self.nics) };
+        let bytes_per_s = f64::from(nodes_in_pod * nics) * self.nic_bytes_per_s() / p.oversubscription;
+        Some(((pod, rail), bytes_per_s))
+    }
+
+    /// Latency the level above the pods adds to a flow that crosses it.
+    pub fn pod_latency_s(&self) -> f64 {
+        self.pods.as_ref().map_or(0.0, |p| p.extra_latency_s)
     }
 
     /// The topology as one of `share` devices that share each node's NVMe drives with
@@ -515,7 +569,8 @@ impl Topology {
             let inn = self.nic_out(self.node_of(target), self.nic_of(target)) + 1;
             (out, inn)
         };
-        Route { links: [a, b], len: 2, latency_s: self.latency_s[a as usize].max(self.latency_s[b as usize]) }
+        let above = if self.crosses_pods(source, target, false) { self.pod_latency_s() } else { 0.0 };
+        Route { links: [a, b], len: 2, latency_s: self.latency_s[a as usize].max(self.latency_s[b as usize]) + above }
     }
 
     /// The link that plays `link`'s part for the device that `map` sends each device to

@@ -5,6 +5,7 @@ use super::keys;
 use super::limits;
 use super::reader::{Obj, Result, invalid, show};
 use super::suggest::did_you_mean;
+use crate::hardware::fabric::{self, Fabric};
 use crate::hardware::{
     ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, IntraTopology, LinkSpec, NodeSpec, PeakFlops, Precision, Vendor,
     catalog,
@@ -222,6 +223,57 @@ fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
     Ok(n)
 }
 
+/// `cluster.fabric`: a preset's name, or an object (a preset's values overridden, or all
+/// given).
+fn parse_fabric(v: &Value, path: &str) -> Result<Fabric> {
+    let preset = |name: &str, at: &str| {
+        Fabric::preset(name).ok_or_else(|| {
+            let hint = did_you_mean(name, fabric::PRESETS.iter().copied());
+            invalid(at, format!("\"{name}\" is not a fabric preset{hint}; presets: {}", fabric::PRESETS.join(", ")))
+        })
+    };
+    if let Value::String(name) = v {
+        return preset(name, path);
+    }
+    let o = Obj::new(v, path)?;
+    o.only(keys::FABRIC)?;
+    let mut f = match o.string("preset")? {
+        Some(name) => preset(name, &o.key("preset"))?,
+        None => Fabric {
+            name: "custom".into(),
+            pod_nodes: o.req("pod_nodes", Obj::uint)?,
+            oversubscription: 1.0,
+            rail_optimized: false,
+            extra_latency_s: 0.0,
+        },
+    };
+    if let Some(n) = o.uint("pod_nodes")? {
+        f.pod_nodes = n;
+    }
+    if f.pod_nodes == 0 {
+        return Err(invalid(&o.key("pod_nodes"), "0; allowed: an integer >= 1 (nodes in one pod)"));
+    }
+    if let Some(r) = o.positive("oversubscription")? {
+        if !(1.0..=1024.0).contains(&r) {
+            return Err(invalid(
+                &o.key("oversubscription"),
+                format!("{r}; allowed: 1 (non-blocking) to 1024 (a pod's NIC bandwidth over its uplinks)"),
+            ));
+        }
+        f.oversubscription = r;
+    }
+    if let Some(b) = o.boolean("rail_optimized")? {
+        f.rail_optimized = b;
+    }
+    if let Some(l) = o.non_negative("extra_latency_s")? {
+        if l > 1e-3 {
+            return Err(invalid(&o.key("extra_latency_s"), format!("{l} s; allowed: 0 to 1e-3 s")));
+        }
+        f.extra_latency_s = l;
+    }
+    Ok(f)
+}
+
 pub(super) fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
     o.only(keys::CLUSTER)?;
     let node_v = o
@@ -241,6 +293,9 @@ pub(super) fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
         }
     }
     let mut cluster = ClusterSpec::new(node, nodes);
+    if let Some(v) = o.get("fabric") {
+        cluster.fabric = Some(parse_fabric(v, &o.key("fabric"))?);
+    }
     if let Some(v) = o.get("device_overrides") {
         let key = o.key("device_overrides");
         let items = v.as_array().ok_or_else(|| {

@@ -97,7 +97,10 @@ pub const NODE: &[&str] =
     &["name", "preset", "devices", "device", "intra_node", "intra_topology", "nics", "nic", "host_dram_bytes", "pcie"];
 
 /// `cluster`.
-pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "device_overrides"];
+pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "fabric", "device_overrides"];
+
+/// `cluster.fabric` (an object): pods of nodes and the level above them.
+pub const FABRIC: &[&str] = &["preset", "pod_nodes", "oversubscription", "rail_optimized", "extra_latency_s"];
 
 /// `cluster.device_overrides[]`: devices of another kind.
 pub const DEVICE_OVERRIDE: &[&str] = &["devices", "device"];
@@ -158,6 +161,7 @@ pub const SECTIONS: &[(&str, &[&str])] = &[
     ("workload.transformer.moe", MOE),
     ("workload.transformer.mla", MLA),
     ("cluster", CLUSTER),
+    ("cluster.fabric", FABRIC),
     ("node", NODE),
     ("device", DEVICE),
     ("device.peak_flops", PEAK_FLOPS),
