@@ -333,7 +333,7 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         0 => json!(*r.pick(&["dgx-superpod", "llama3-2024"])),
         _ => {
             let mut f = Map::new();
-            f.insert("pod_nodes".into(), json!(r.int(1, nodes.max(1) as u64 + 1)));
+            f.insert("pod_nodes".into(), json!(r.int(1, nodes.max(1) + 1)));
             opt(&mut f, r, 0.7, "oversubscription", |r| json!(*r.pick(&[1.0, 2.0, 3.0, 7.0, 64.0])));
             opt(&mut f, r, 0.4, "rail_optimized", |r| json!(r.chance(0.5)));
             opt(&mut f, r, 0.4, "extra_latency_s", |r| json!(*r.pick(&[0.0, 1e-7, 2e-6, 1e-4])));
