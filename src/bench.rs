@@ -1,6 +1,10 @@
 //! `trainsim bench`: how fast the simulator runs, on the headline GPT-3 175B scenario at
-//! 1024, 3072 and 8192 GPUs. Prints one line per case and, last, the 1024-GPU case as
-//! `events_per_s=N wall_s=T`.
+//! 1024, 3072 and 8192 GPUs. Prints one line per case, timing the whole simulation
+//! (`sim::try_simulate`: lowering, the cost model, the engine, the report), then a line with
+//! the same case's steps timed one by one, run again (`sim::lower_checked`,
+//! `sim::engine_inputs`, the engine, `sim::finish`), with the engine's own events per second.
+//! Last come the 1024-GPU case's engine alone, `engine_events_per_s=N engine_s=T lower_s=T`,
+//! and its whole simulation, `events_per_s=N wall_s=T`.
 
 use sim::scenario;
 use std::time::Instant;
@@ -66,12 +70,53 @@ pub fn run(full: bool, quick: bool) -> Result<(), String> {
                 }
                 Some(_) => {}
             }
+            let steps = time_steps(&s, r)?;
+            println!(
+                "    steps: lower_s={:.3} inputs_s={:.3} engine_s={:.3} report_s={:.3} engine_events_per_s={:.0}",
+                steps.lower_s,
+                steps.inputs_s,
+                steps.engine_s,
+                steps.report_s,
+                r.events as f64 / steps.engine_s
+            );
             if nodes == 128 && headline.is_none() {
-                headline = Some((r.events as f64 / wall_s, wall_s));
+                headline = Some((r.events as f64 / wall_s, wall_s, r.events as f64 / steps.engine_s, steps));
             }
         }
     }
-    let (eps, wall) = headline.expect("the 1024-GPU case ran");
+    let (eps, wall, engine_eps, steps) = headline.expect("the 1024-GPU case ran");
+    println!("engine_events_per_s={engine_eps:.0} engine_s={:.3} lower_s={:.3}", steps.engine_s, steps.lower_s);
     println!("events_per_s={eps:.0} wall_s={wall:.3}");
     Ok(())
+}
+
+/// Seconds each step of one simulation took.
+struct Steps {
+    lower_s: f64,
+    inputs_s: f64,
+    engine_s: f64,
+    report_s: f64,
+}
+
+/// Simulate `s` again step by step, timing each; the report must be `whole`'s (the case is a
+/// plan that `try_simulate` simulates in exactly these steps).
+fn time_steps(s: &scenario::Scenario, whole: &sim::report::Report) -> Result<Steps, String> {
+    let t0 = Instant::now();
+    let program = sim::lower_checked(s).map_err(|e| e.to_string())?;
+    let t1 = Instant::now();
+    let inputs = sim::engine_inputs(s, &program, false);
+    let t2 = Instant::now();
+    let result = inputs.run(&program).map_err(|e| e.to_string())?;
+    let t3 = Instant::now();
+    let out = sim::finish(s, program, result);
+    let t4 = Instant::now();
+    let r = &out.report;
+    if (r.events, r.iteration_s) != (whole.events, whole.iteration_s) {
+        return Err(format!(
+            "the step-by-step simulation disagrees with the whole one: {} events, {} s vs {} events, {} s",
+            r.events, r.iteration_s, whole.events, whole.iteration_s
+        ));
+    }
+    let s = |a: Instant, b: Instant| (b - a).as_secs_f64();
+    Ok(Steps { lower_s: s(t0, t1), inputs_s: s(t1, t2), engine_s: s(t2, t3), report_s: s(t3, t4) })
 }

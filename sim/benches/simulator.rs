@@ -28,13 +28,8 @@ fn gpt3_175b(c: &mut Criterion) {
     g.sample_size(10);
     g.bench_function("lower", |b| b.iter(|| black_box(sim::lower::lower(black_box(&s)).tasks.len())));
     let program = sim::lower::lower(&s);
-    let topo = sim::hardware::Topology::new(&s.cluster);
-    let op_ns = sim::op_durations_ns(&s, &program, None);
-    let host = sim::host_issue_ns(&s, &program);
-    let opts = sim::run_options(&s, false);
-    g.bench_function("engine", |b| {
-        b.iter(|| black_box(sim::engine::run(&program, &topo, &op_ns, &host, opts).expect("runs").iteration_ns))
-    });
+    let inputs = sim::engine_inputs(&s, &program, false);
+    g.bench_function("engine", |b| b.iter(|| black_box(inputs.run(&program).expect("runs").iteration_ns)));
     g.finish();
 }
 

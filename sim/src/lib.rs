@@ -380,21 +380,60 @@ pub fn run_options(s: &scenario::Scenario, record: bool) -> RunOptions {
 }
 
 fn simulate_once(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError> {
+    let program = lower_checked(s)?;
+    let inputs = engine_inputs(s, &program, record);
+    let result = inputs.run(&program)?;
+    Ok(finish(s, program, result))
+}
+
+/// A plan with no policy, token slicing or 2BW (those simulate more than once) is simulated in
+/// four steps, which `trainsim bench` times one by one: [`lower_checked`], [`engine_inputs`],
+/// [`EngineInputs::run`], [`finish`]. [`try_simulate`] takes exactly these steps for such a
+/// plan, then checks the report's invariants.
+///
+/// Step one: the plan's program, or `TooLarge` past `lower::size::MAX_TASKS`.
+pub fn lower_checked(s: &scenario::Scenario) -> Result<lower::Program, SimError> {
     let size = lower::size::estimate(s, None);
     if size.too_large() {
         let (key, message) = size.explain();
         return Err(SimError::TooLarge { key, message });
     }
-    let program = lower::lower(s);
-    let topo = Topology::new(&s.cluster).with_nvme_share(program.nvme_share);
-    let op_ns = op_durations_ns(s, &program, None);
-    let host_ns = host_issue_ns(s, &program);
-    let mut result = engine::run(&program, &topo, &op_ns, &host_ns, run_options(s, record)).map_err(SimError::Run)?;
+    Ok(lower::lower(s))
+}
+
+/// What the engine needs besides the program: the cluster's topology and the cost model's
+/// durations (see [`lower_checked`]).
+pub struct EngineInputs {
+    pub topology: Topology,
+    pub op_ns: Vec<u64>,
+    pub host_ns: engine::HostCosts,
+    pub options: RunOptions,
+}
+
+/// Step two: the engine's inputs for the scenario's program.
+pub fn engine_inputs(s: &scenario::Scenario, program: &lower::Program, record: bool) -> EngineInputs {
+    EngineInputs {
+        topology: Topology::new(&s.cluster).with_nvme_share(program.nvme_share),
+        op_ns: op_durations_ns(s, program, None),
+        host_ns: host_issue_ns(s, program),
+        options: run_options(s, record),
+    }
+}
+
+impl EngineInputs {
+    /// Step three: the engine's run of the program.
+    pub fn run(&self, program: &lower::Program) -> Result<engine::RunResult, SimError> {
+        engine::run(program, &self.topology, &self.op_ns, &self.host_ns, self.options).map_err(SimError::Run)
+    }
+}
+
+/// Step four: the report and timeline of the run.
+pub fn finish(s: &scenario::Scenario, program: lower::Program, mut result: engine::RunResult) -> Simulation {
     let report = report::build(s, &program, &result);
     let mut timeline = std::mem::take(&mut result.timeline);
     timeline.static_hbm = program.static_memory.clone();
     timeline.static_host = program.host_memory.clone();
     timeline.hbm_capacity_bytes = s.cluster.node.device.hbm_bytes;
     timeline.host_capacity_bytes = s.cluster.node.host.dram_bytes / s.cluster.node.devices as f64;
-    Ok(Simulation { report, program, timeline })
+    Simulation { report, program, timeline }
 }

@@ -200,15 +200,18 @@ impl Builder {
     /// Puts task `id` at the end of stream `s`.
     fn place(&mut self, id: u32, s: u32) {
         self.p.streams[s as usize].push(id);
+        if Program::stream_kind(s) != StreamKind::Compute {
+            return;
+        }
         if let Some(held) = self.held_sends.as_mut()
-            && Program::stream_kind(s) == StreamKind::Compute
+            && !held[s as usize].is_empty()
         {
             for send in held[s as usize].drain(..) {
                 self.p.deps.push((send, id));
             }
         }
         if let Some(held) = self.held_tp.get_mut(s as usize)
-            && Program::stream_kind(s) == StreamKind::Compute
+            && !held.is_empty()
         {
             for c in held.drain(..) {
                 self.p.deps.push((c, id));

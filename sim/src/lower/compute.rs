@@ -66,9 +66,9 @@ pub(super) fn emit_block(
                 if let Some(kind) = kind {
                     let near =
                         (i > 0 && is_gemm(blk.ops.get(walk(i - 1))), i + 1 < n && is_gemm(blk.ops.get(walk(i + 1))));
-                    let at = (layer, phase, chunk, mb);
-                    if !overlap.collective(b, ctx, kind, *axis, near, (name, *bytes), at) {
-                        collective_on_compute(b, ctx, kind, (*axis, *root), name, *bytes, layer, phase, chunk, mb);
+                    let label = layer_label(b, layer, j, name, phase, chunk);
+                    if !overlap.collective(b, ctx, kind, *axis, near, (name, *bytes, label), mb) {
+                        collective_on_compute(b, ctx, kind, (*axis, *root), *bytes, label, mb);
                     }
                 }
             }
@@ -114,21 +114,13 @@ pub(super) fn emit_recompute(
                 last = f + ctx.streams.len() as u32 - 1;
             }
             LayerOp::Comm { name, bytes, axis, forward: Some(kind), root, .. } => {
+                if selective_only {
+                    continue;
+                }
                 let near = (j > 0 && is_gemm(blk.ops.get(j - 1)), is_gemm(blk.ops.get(j + 1)));
-                let at = (layer, Phase::Recompute, chunk, mb);
-                if !selective_only && !overlap.collective(b, ctx, *kind, *axis, near, (name, *bytes), at) {
-                    collective_on_compute(
-                        b,
-                        ctx,
-                        *kind,
-                        (*axis, *root),
-                        name,
-                        *bytes,
-                        layer,
-                        Phase::Recompute,
-                        chunk,
-                        mb,
-                    );
+                let label = layer_label(b, layer, j, name, Phase::Recompute, chunk);
+                if !overlap.collective(b, ctx, *kind, *axis, near, (name, *bytes, label), mb) {
+                    collective_on_compute(b, ctx, *kind, (*axis, *root), *bytes, label, mb);
                 }
             }
             LayerOp::Comm { .. } => {}
@@ -137,6 +129,8 @@ pub(super) fn emit_recompute(
     (first, last)
 }
 
+/// The label of block op `j` of `layer` in `phase`, interned once per (layer, op, phase): a
+/// layer's ops and collectives are labelled in every micro-batch.
 fn layer_label(b: &mut Builder, layer: i32, j: usize, name: &'static str, phase: Phase, chunk: u32) -> u32 {
     let ph = PH.iter().position(|p| *p == phase).expect("layer phase");
     if layer >= 0 {

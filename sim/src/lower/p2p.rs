@@ -91,18 +91,8 @@ pub(super) fn receive(
     if !scatter_gather(lw) {
         return NONE;
     }
-    collective_on_compute(
-        b,
-        ctx,
-        CollectiveKind::AllGather,
-        (Axis::Tensor, 0),
-        "recv_allgather",
-        boundary_bytes,
-        -1,
-        phase,
-        chunk,
-        mb,
-    );
+    let label = b.label(Label { op: "recv_allgather", layer: -1, phase, chunk });
+    collective_on_compute(b, ctx, CollectiveKind::AllGather, (Axis::Tensor, 0), boundary_bytes, label, mb);
     (b.p.tasks.len() - 1) as u32
 }
 

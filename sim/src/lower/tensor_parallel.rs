@@ -6,25 +6,20 @@
 use super::builder::{Builder, StepCtx};
 use super::context_parallel::{Beside, cp_collective};
 use super::program::*;
-use crate::report::timeline::{Label, Phase};
 use crate::workload::{Axis, LayerOp, OpClass};
 
 /// A collective of `bytes` among the group's devices along `axis` (the whole group, or each
 /// line of the tensor-parallel grid along one dimension, rooted at `root`), on their compute
-/// streams.
+/// streams, its tasks labelled `label`.
 pub(super) fn collective_on_compute(
     b: &mut Builder,
     ctx: &StepCtx,
     kind: CollectiveKind,
     (axis, root): (Axis, u32),
-    name: &'static str,
     bytes: f64,
-    layer: i32,
-    phase: Phase,
-    chunk: u32,
+    label: u32,
     mb: u32,
 ) {
-    let label = b.label(Label { op: name, layer, phase, chunk });
     if axis == Axis::Expert {
         super::expert_parallel::ep_collective(b, ctx, kind, label, bytes, mb);
         return;
@@ -117,8 +112,8 @@ impl TpOverlap {
     }
 
     /// Lowers the collective overlapped with its neighbouring GEMM where the framework does
-    /// that (see [`TpOverlap`]); `false` when it is not overlapped (the caller lowers it on the
-    /// compute streams).
+    /// that (see [`TpOverlap`]), its tasks labelled `label`; `false` when it is not overlapped
+    /// (the caller lowers it on the compute streams).
     pub(super) fn collective(
         &mut self,
         b: &mut Builder,
@@ -126,8 +121,8 @@ impl TpOverlap {
         kind: CollectiveKind,
         axis: Axis,
         (prev_gemm, next_gemm): (bool, bool),
-        (name, bytes): (&'static str, f64),
-        (layer, phase, chunk, mb): (i32, Phase, u32, u32),
+        (name, bytes, label): (&'static str, f64, u32),
+        mb: u32,
     ) -> bool {
         if axis == Axis::Context {
             let beside =
@@ -142,7 +137,6 @@ impl TpOverlap {
         if ctx.tp_streams.is_empty() || axis != Axis::Tensor || name.starts_with("ep_") {
             return false;
         }
-        let label = b.label(Label { op: name, layer, phase, chunk });
         match kind {
             CollectiveKind::AllGather if next_gemm => {
                 let id = b.collective_id(kind, &ctx.group, bytes);
