@@ -21,7 +21,6 @@
 
 use super::builder::{Builder, Shared, StepCtx};
 use super::program::*;
-use crate::report::timeline::{Label, Phase};
 
 /// Where a ring collective goes relative to the attention kernel it serves.
 pub(super) enum Beside {
@@ -33,18 +32,18 @@ pub(super) enum Beside {
     Previous { tails: Vec<u32> },
 }
 
-/// Lowers one context-parallel collective of `bytes` for every lowered tensor rank.
+/// Lowers one context-parallel collective of `bytes` for every lowered tensor rank, its tasks
+/// labelled `label`.
 /// Returns, for [`Beside::Next`], the (compute stream, task) pairs the task after the next
 /// compute op must wait for.
 pub(super) fn cp_collective(
     b: &mut Builder,
     ctx: &StepCtx,
     kind: CollectiveKind,
-    (name, bytes): (&'static str, f64),
-    (layer, phase, chunk, mb): (i32, Phase, u32, u32),
+    bytes: f64,
+    (label, mb): (u32, u32),
     beside: &Beside,
 ) -> Vec<(u32, u32)> {
-    let label = b.label(Label { op: name, layer, phase, chunk });
     let mut after_next = Vec::new();
     for (x, members) in ctx.cp_members.iter().enumerate() {
         let x32 = x as u32;

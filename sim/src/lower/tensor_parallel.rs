@@ -6,6 +6,7 @@
 use super::builder::{Builder, StepCtx};
 use super::context_parallel::{Beside, cp_collective};
 use super::program::*;
+use crate::report::timeline::Phase;
 use crate::workload::{Axis, LayerOp, OpClass};
 
 /// A collective of `bytes` among the group's devices along `axis` (the whole group, or each
@@ -125,9 +126,9 @@ impl TpOverlap {
         mb: u32,
     ) -> bool {
         if axis == Axis::Context {
-            let beside =
-                if phase == Phase::Backward { Beside::Previous { tails: self.tails.clone() } } else { Beside::Next };
-            let pairs = cp_collective(b, ctx, kind, (name, bytes), (layer, phase, chunk, mb), &beside);
+            let backward = b.p.labels[label as usize].phase == Phase::Backward;
+            let beside = if backward { Beside::Previous { tails: self.tails.clone() } } else { Beside::Next };
+            let pairs = cp_collective(b, ctx, kind, bytes, (label, mb), &beside);
             self.after_next.extend(pairs);
             return true;
         }
