@@ -32,6 +32,8 @@ mod breakdown;
 mod report;
 // One tensor rank per group and one replica simulated and mirrored: the full simulation's report.
 mod symmetry;
+// Per-kernel time variability: collectives wait for their slowest member, seeded.
+mod variability;
 // Compute kernels (fused attention, GEMM shapes) against published microbenchmarks.
 mod kernels;
 // Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.

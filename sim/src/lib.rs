@@ -376,6 +376,8 @@ pub fn run_options(s: &scenario::Scenario, record: bool) -> RunOptions {
         network: s.options.network,
         record,
         collective_launch_ns: duration_ns(s.cluster.node.device.kernel_launch_s),
+        kernel_jitter: s.options.kernel_jitter,
+        seed: s.options.seed,
     }
 }
 

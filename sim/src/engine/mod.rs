@@ -10,6 +10,7 @@ mod attribution;
 pub mod collective;
 mod contention;
 mod expanded;
+mod jitter;
 pub mod lone;
 pub mod queue;
 pub mod run;

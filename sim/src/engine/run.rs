@@ -16,6 +16,10 @@ pub struct RunOptions {
     pub record: bool,
     /// Fixed cost of starting a collective or transfer (its kernel launch).
     pub collective_launch_ns: u64,
+    /// Relative standard deviation of each kernel's time (`simulation.kernel_jitter`; 0:
+    /// none) and the seed of its draws (see `engine::jitter`).
+    pub kernel_jitter: f64,
+    pub seed: u64,
 }
 
 /// The latest time the engine's clock counts: 2^62 ns, about 146 years. A run that would go
@@ -171,6 +175,8 @@ struct Engine<'a> {
     settle_queued: bool,
     /// SMs that overlapping collectives take from compute kernels.
     sm: Contention,
+    /// Per-kernel variability: each collective waits for its slowest member.
+    jitter: Option<super::jitter::Jitter>,
 }
 
 /// Run a program. `op_ns[i]` is the duration of `Program::ops[i]` on its device.
@@ -261,6 +267,7 @@ pub fn run(
         overflow: false,
         sm: Contention::new(p.devices.iter().map(|&d| topo.sms(d)).collect()),
         settle_queued: false,
+        jitter: super::jitter::Jitter::new(opts.kernel_jitter, opts.seed, nd),
     };
     e.res.timeline.devices = p.devices.clone();
     e.res.timeline.stages = p.stages.clone();
@@ -555,6 +562,9 @@ impl<'a> Engine<'a> {
         match task.kind {
             TaskKind::Compute => {
                 let d = Program::stream_device(task.stream) as usize;
+                if let Some(j) = self.jitter.as_mut() {
+                    j.kernel_done(d, self.op_ns[task.payload as usize]);
+                }
                 let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize]);
                 let end = self.after(now, ns);
                 self.q.push(end, Event { kind: TASK_END, id: t, version: version & VERSION_MASK });
@@ -571,7 +581,14 @@ impl<'a> Engine<'a> {
                 }
                 let a = Active { task: t, collective, step: 0, pending: 0 };
                 let slot = super::claim_slot(&mut self.active, &mut self.free_active, a);
-                let lat = self.step_latency(slot);
+                let mut lat = self.step_latency(slot);
+                if collective != NONE && self.jitter.is_some() {
+                    let members = self.p.collectives[collective as usize].members.len();
+                    let mut streams = Vec::new();
+                    self.for_streams(t, |_, s| streams.push(s));
+                    let j = self.jitter.as_mut().expect("checked");
+                    lat = lat.saturating_add(j.wait_ns(streams.into_iter(), members));
+                }
                 let at = self.after(now, self.opts.collective_launch_ns.saturating_add(lat));
                 self.q.push(at, Event { kind: STEP_START, id: slot, version: 0 });
             }

@@ -33,7 +33,7 @@ pub const RUN_VARIABILITY: &[&str] = &["iteration_jitter", "slow_node_probabilit
 
 /// `simulation`: how the engine models the run.
 pub const SIMULATION: &[&str] =
-    &["network", "symmetry", "framework_overhead_bytes", "host_op_s", "memory_headroom", "device_variability"];
+    &["network", "symmetry", "framework_overhead_bytes", "host_op_s", "memory_headroom", "device_variability", "kernel_jitter", "seed"];
 
 /// `workload`: exactly one of `preset`, `transformer`, `hf_config`.
 pub const WORKLOAD: &[&str] = &["preset", "transformer", "hf_config", "name"];

@@ -25,6 +25,11 @@ pub struct SimOptions {
     /// Relative standard deviation of a device's speed among devices of one model; `None`:
     /// the device kind's default (see [`SimOptions::device_variability`]).
     pub device_variability: Option<f64>,
+    /// Relative standard deviation of each kernel's time, launch to launch (0: none); each
+    /// collective then waits for its slowest member (`engine::jitter`).
+    pub kernel_jitter: f64,
+    /// Seed of the kernel-time draws: the same seed gives the same run.
+    pub seed: u64,
     /// Simulate one replica even where that is not exact (several replicas share a node, so
     /// their traffic through its NICs is left out): for searches that probe only the memory
     /// peak and confirm their answer on the scenario itself. Not a scenario key.
@@ -47,6 +52,8 @@ impl Default for SimOptions {
             host_op_s: None,
             memory_headroom: None,
             device_variability: None,
+            kernel_jitter: 0.0,
+            seed: 0,
             approximate_symmetry: false,
             fold_node_peers: true,
         }
@@ -168,6 +175,20 @@ pub(super) fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
         }
         if let Some(h) = o.non_negative("host_op_s")? {
             opts.host_op_s = Some(h);
+        }
+        if let Some(j) = o.non_negative("kernel_jitter")? {
+            if j > 1.0 {
+                return Err(invalid(
+                    &o.key("kernel_jitter"),
+                    format!("{j}: expected a relative standard deviation of a kernel's time in [0, 1]"),
+                ));
+            }
+            opts.kernel_jitter = j;
+        }
+        if let Some(v) = o.get("seed") {
+            opts.seed = v.as_u64().ok_or_else(|| {
+                invalid(&o.key("seed"), format!("expected an integer >= 0, got {}", super::reader::show(v)))
+            })?;
         }
         if let Some(n) = o.choice("network", &crate::network::NetworkKind::NAMES, crate::network::NetworkKind::parse)? {
             opts.network = n;
