@@ -617,6 +617,8 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut o, r, 0.5, "symmetry", |r| json!(r.chance(0.5)));
         opt(&mut o, r, 0.3, "framework_overhead_bytes", |r| json!(*r.pick(&[0.0, 1.0, 5e8, 1e15])));
         opt(&mut o, r, 0.3, "host_op_s", |r| json!(*r.pick(&[0.0, 1e-9, 1e-5, 1.0])));
+        opt(&mut o, r, 0.25, "kernel_jitter", |r| json!(*r.pick(&[0.0, 0.01, 0.1, 1.0])));
+        opt(&mut o, r, 0.2, "seed", |r| json!(r.int(0, 1000)));
         root.insert("simulation".into(), Value::Object(o));
     }
     s.value = Value::Object(root);
