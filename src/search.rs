@@ -59,6 +59,37 @@ pub struct SearchArgs {
     /// Seeded runs of failures and checkpoints per GPU count for --deadline-days.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100000))]
     pub runs: u32,
+    /// Framework profiles to search as well ("all", or a list: megatron-core,deepspeed);
+    /// without it each plan runs under the scenario's training.framework, or the profile
+    /// the reader picks for it.
+    #[arg(long, value_delimiter = ',', value_name = "PROFILES")]
+    pub frameworks: Vec<String>,
+}
+
+/// `--frameworks` as profile names (checked), against a scenario that names none.
+fn frameworks(a: &SearchArgs, input: &SearchInput) -> Result<Vec<&'static str>, String> {
+    if a.frameworks.is_empty() {
+        return Ok(Vec::new());
+    }
+    if input.training.framework.is_some() {
+        return Err("--frameworks searches training.framework, which the scenario gives: leave one out".into());
+    }
+    let mut out: Vec<&'static str> = Vec::new();
+    for f in &a.frameworks {
+        if f == "all" {
+            out.extend(sim::framework::NAMES);
+            continue;
+        }
+        match sim::framework::NAMES.iter().find(|n| **n == f.as_str()) {
+            Some(n) => out.push(n),
+            None => {
+                return Err(format!("--frameworks: \"{f}\" is not one of: all, {}", sim::framework::NAMES.join(", ")));
+            }
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    out.retain(|n| seen.insert(*n));
+    Ok(out)
 }
 
 /// One GPU count's whole run at its best plan, for --deadline-days.
@@ -73,7 +104,7 @@ struct DeadlineRow {
 /// The whole run of `tokens` at `r`'s best plan: the quantile `confidence` of its wall days.
 fn whole_run_at(a: &SearchArgs, r: &Run, tokens: f64) -> Result<Option<DeadlineRow>, String> {
     let Some(b) = r.outcome.best.as_ref() else { return Ok(None) };
-    let mut file = r.input.scenario_file(b.micro_batch, &b.plan);
+    let mut file = r.input.scenario_file(b.micro_batch, &b.plan, b.framework);
     let mut run = file.get("run").and_then(Value::as_object).cloned().unwrap_or_default();
     for k in ["dataset_samples", "epochs", "iterations"] {
         run.remove(k);
@@ -147,7 +178,8 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
     }
     let text = std::fs::read_to_string(&a.scenario)
         .map_err(|e| format!("cannot read scenario {}: {e}", a.scenario.display()))?;
-    let base = read_input(&a.scenario, &text)?;
+    let mut base = read_input(&a.scenario, &text)?;
+    base.frameworks = frameworks(a, &base)?;
     let mut counts = if a.gpus.is_empty() { vec![base.cluster.device_count()] } else { a.gpus.clone() };
     if a.tokens.is_some() {
         // The smallest count that meets the deadline: in increasing order, stopping there.
@@ -162,7 +194,13 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
     let opts = search::Options { top: a.top as usize, prune: !a.exhaustive };
     let mut runs = Vec::new();
     for &g in &counts {
-        let input = if a.gpus.is_empty() { base.clone() } else { at_gpus(&a.scenario, &base, g)? };
+        let input = if a.gpus.is_empty() {
+            base.clone()
+        } else {
+            let mut at = at_gpus(&a.scenario, &base, g)?;
+            at.frameworks = base.frameworks.clone();
+            at
+        };
         let bar = crate::outputs::spinner(format!("searching plans on {g} GPUs"));
         let started = Instant::now();
         let show = |p: &search::Progress| {
@@ -197,7 +235,7 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
         .filter(|(r, _)| a.tokens.is_none() || Some(r.gpus) == met)
         .min_by(|x, y| x.1.iteration_s.total_cmp(&y.1.iteration_s).then(x.0.gpus.cmp(&y.0.gpus)));
     if let (Some(w), Some((r, b))) = (&a.write, best) {
-        let file = r.input.scenario_file(b.micro_batch, &b.plan);
+        let file = r.input.scenario_file(b.micro_batch, &b.plan, b.framework);
         let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())? + "\n";
         std::fs::write(w, text).map_err(|e| format!("--write {}: {e}", w.display()))?;
     }
@@ -259,19 +297,33 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
 }
 
 fn entry(e: &Evaluated) -> Value {
-    json!({
-        "plan": e.plan,
-        "micro_batch": e.micro_batch,
-        "iteration_s": e.iteration_s,
-        "peak_memory_bytes": e.peak_memory_bytes,
-        "memory_headroom_bytes": e.memory_headroom_bytes,
-        "fits": e.fits,
-        "mfu": e.mfu,
-    })
+    with_framework(
+        e,
+        json!({
+            "plan": e.plan,
+            "micro_batch": e.micro_batch,
+            "iteration_s": e.iteration_s,
+            "peak_memory_bytes": e.peak_memory_bytes,
+            "memory_headroom_bytes": e.memory_headroom_bytes,
+            "fits": e.fits,
+            "mfu": e.mfu,
+        }),
+    )
 }
 
 fn point(e: &Evaluated) -> Value {
-    json!({"plan": e.plan, "micro_batch": e.micro_batch, "iteration_s": e.iteration_s, "peak_memory_bytes": e.peak_memory_bytes})
+    with_framework(
+        e,
+        json!({"plan": e.plan, "micro_batch": e.micro_batch, "iteration_s": e.iteration_s, "peak_memory_bytes": e.peak_memory_bytes}),
+    )
+}
+
+/// An entry with its searched framework profile (`--frameworks`), if any.
+fn with_framework(e: &Evaluated, mut v: Value) -> Value {
+    if let (Some(f), Some(o)) = (e.framework, v.as_object_mut()) {
+        o.insert("framework".into(), json!(f));
+    }
+    v
 }
 
 /// Dollars per iteration and per million tokens of the best plan at `gpus`.
@@ -365,8 +417,9 @@ pub fn describe(e: &Evaluated) -> String {
     let part = p.get("partition").map(|_| format!(" {}", s("partition"))).unwrap_or_default();
     let ep = p.get("ep").map(|_| format!(" ep{}", s("ep"))).unwrap_or_default();
     let cp = p.get("cp").map(|_| format!(" cp{}", s("cp"))).unwrap_or_default();
+    let fw = e.framework.map(|f| format!(" [{f}]")).unwrap_or_default();
     format!(
-        "dp{}{cp}{ep} tp{}({}{sp}) pp{} mb{} {}{v} rc={} z{} off={}{part} {}",
+        "dp{}{cp}{ep} tp{}({}{sp}) pp{} mb{} {}{v} rc={} z{} off={}{part} {}{fw}",
         s("dp"),
         s("tp"),
         s("tp_mode"),

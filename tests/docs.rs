@@ -285,6 +285,15 @@ fn report_docs_list_every_key_the_commands_print() {
     // Two experts: the search chooses the expert-parallel degree too.
     tiny_search["workload"]["transformer"]["moe"] = serde_json::json!({"experts": 2, "top_k": 1, "expert_ffn": 128});
     let moe = searched.write("moe.json", &tiny_search.to_string());
+    // Long sequences on GPUs with fused attention: the search chooses context parallelism,
+    // and with --frameworks the profile.
+    let long = serde_json::json!({
+        "workload": {"transformer": {"layers": 2, "hidden": 256, "heads": 4, "vocab": 512}},
+        "cluster": {"node": {"preset": "dgx-h100", "devices": 2}, "nodes": 1},
+        "training": {"global_batch": 2, "seq_len": 8192, "attention": "flash"},
+        "plan": {"pp": 1, "tp": 1}
+    });
+    let long = searched.write("long.json", &long.to_string());
     check_report_section(
         &docs,
         "search --json",
@@ -304,6 +313,17 @@ fn report_docs_list_every_key_the_commands_print() {
                 &"--json",
             ]),
             json_of(&[&"search", &moe, &"--gpus", &"2,4", &"--top", &"20", &"--json"]),
+            json_of(&[
+                &"search",
+                &long,
+                &"--gpus",
+                &"2,4",
+                &"--frameworks",
+                &"megatron-core,deepspeed",
+                &"--top",
+                &"20",
+                &"--json",
+            ]),
         ],
     );
     let tmp = TempDir::new("docs-replay");

@@ -169,3 +169,31 @@ fn deadline_search_finds_the_smallest_gpu_count_that_meets_it() {
     let o = run(&[&"search", &scenario, &"--tokens", &tokens, &"--deadline-days", &"1e-6", &"--json"]);
     assert!(!o.status.success() && stderr(&o).contains("meets the deadline"), "{}", stderr(&o));
 }
+
+/// `--frameworks`: the written best plan names its profile and simulates to the searched
+/// numbers; a scenario that names a framework, or an unknown profile, is a clear error.
+#[test]
+fn searched_framework_profiles_are_written_and_checked() {
+    let tmp = TempDir::new("search-frameworks");
+    let scenario = tmp.write("s.json", &with_plan(r#"{"tp": 2, "pp": 1, "offload": "none"}"#));
+    let best = tmp.path().join("best.json");
+    let v = search_json(&[&scenario, &"--frameworks", &"megatron-core,deepspeed", &"--write", &best]);
+    let b = &v["best"];
+    let f = b["framework"].as_str().expect("a framework");
+    assert!(f == "megatron-core" || f == "deepspeed", "{f}");
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&best).unwrap()).unwrap();
+    assert_eq!(written["training"]["framework"], f);
+    let o = run(&[&"simulate", &best, &"--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(r["iteration_s"], b["iteration_s"]);
+    let mut named: Value = serde_json::from_str(&with_plan(r#"{"tp": 2}"#)).unwrap();
+    named["training"]["framework"] = serde_json::json!("deepspeed");
+    let named = tmp.write("named.json", &named.to_string());
+    let o = run(&[&"search", &named, &"--frameworks", &"all"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--frameworks searches training.framework"), "{}", stderr(&o));
+    let o = run(&[&"search", &scenario, &"--frameworks", &"megatron"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("\"megatron\" is not one of: all, megatron-lm-2021"), "{}", stderr(&o));
+}

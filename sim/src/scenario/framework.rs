@@ -36,6 +36,13 @@ fn name_of(v: &Value, path: &str) -> Result<String> {
     Ok(name.to_string())
 }
 
+impl FrameworkSpec {
+    /// A profile by name, none of its knobs overridden (the search's framework dimension).
+    pub fn named(name: &str) -> FrameworkSpec {
+        FrameworkSpec { name: name.to_string(), ..FrameworkSpec::default() }
+    }
+}
+
 /// Read `training.framework` (absent: `None`).
 pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
     let Some(v) = o.get("framework") else { return Ok(None) };

@@ -32,8 +32,16 @@ pub const RUN_CHECKPOINT: &[&str] = &["interval_s", "storage_bytes_per_s_per_nod
 pub const RUN_VARIABILITY: &[&str] = &["iteration_jitter", "slow_node_probability", "slow_node_slowdown"];
 
 /// `simulation`: how the engine models the run.
-pub const SIMULATION: &[&str] =
-    &["network", "symmetry", "framework_overhead_bytes", "host_op_s", "memory_headroom", "device_variability", "kernel_jitter", "seed"];
+pub const SIMULATION: &[&str] = &[
+    "network",
+    "symmetry",
+    "framework_overhead_bytes",
+    "host_op_s",
+    "memory_headroom",
+    "device_variability",
+    "kernel_jitter",
+    "seed",
+];
 
 /// `workload`: exactly one of `preset`, `transformer`, `hf_config`.
 pub const WORKLOAD: &[&str] = &["preset", "transformer", "hf_config", "name"];

@@ -46,6 +46,9 @@ pub struct SearchInput {
     pub fixed_micro_batch: Option<u32>,
     /// The file as read, to write a complete scenario with a chosen plan.
     pub raw: Value,
+    /// Framework profiles to search (`trainsim search --frameworks`); empty: each plan under
+    /// the scenario's `training.framework`, or the profile its reader picks.
+    pub frameworks: Vec<&'static str>,
 }
 
 /// Read a scenario for search: `plan` and `training.micro_batch` may be left out.
@@ -90,6 +93,7 @@ pub fn parse_for_search(text: &str, load: &dyn Fn(&str) -> std::result::Result<S
         fixed_plan,
         fixed_micro_batch,
         raw: v.clone(),
+        frameworks: Vec::new(),
     })
 }
 
@@ -97,8 +101,16 @@ impl SearchInput {
     /// The scenario with this micro-batch size and `plan` object, checked as `simulate`
     /// checks a file (the same errors, with the same key paths).
     pub fn with_plan(&self, micro_batch: u32, plan_value: &Value) -> Result<Scenario> {
+        self.with_choice(micro_batch, plan_value, None)
+    }
+
+    /// [`SearchInput::with_plan`] under `framework` (a profile's name) when given.
+    pub fn with_choice(&self, micro_batch: u32, plan_value: &Value, framework: Option<&str>) -> Result<Scenario> {
         let mut defaults = self.defaults.clone();
         let mut training = self.training.clone();
+        if let Some(name) = framework {
+            training.framework = Some(super::framework::FrameworkSpec::named(name));
+        }
         if micro_batch > training.global_batch {
             return Err(invalid(
                 "training.micro_batch",
@@ -128,11 +140,14 @@ impl SearchInput {
 
     /// The scenario file with `micro_batch` and `plan` in place of the given ones: what
     /// `trainsim simulate` reads back as [`SearchInput::with_plan`]'s scenario.
-    pub fn scenario_file(&self, micro_batch: u32, plan_value: &Value) -> Value {
+    pub fn scenario_file(&self, micro_batch: u32, plan_value: &Value, framework: Option<&str>) -> Value {
         let mut v = self.raw.clone();
         if let Some(root) = v.as_object_mut() {
             if let Some(Value::Object(t)) = root.get_mut("training") {
                 t.insert("micro_batch".into(), Value::from(micro_batch));
+                if let Some(name) = framework {
+                    t.insert("framework".into(), Value::from(name));
+                }
             }
             root.insert("plan".into(), plan_value.clone());
         }

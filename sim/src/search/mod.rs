@@ -50,6 +50,10 @@ pub struct Evaluated {
     pub plan: Value,
     /// The scenario's `training.micro_batch`.
     pub micro_batch: u32,
+    /// The framework profile searched (`--frameworks`), if any: the scenario's
+    /// `training.framework`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub framework: Option<&'static str>,
     pub iteration_s: f64,
     pub peak_memory_bytes: f64,
     pub fits: bool,
@@ -130,7 +134,7 @@ fn front(sorted: &[Evaluated]) -> Vec<Evaluated> {
 /// partition under the simulator's own memory, which a bound cannot foresee; the search counts
 /// such a plan as not fitting (README, "Plan search").
 fn scenario_of(input: &SearchInput, c: &space::Candidate) -> Result<Scenario, ScenarioError> {
-    let mut s = input.with_plan(c.micro_batch, &c.plan)?;
+    let mut s = input.with_choice(c.micro_batch, &c.plan, c.framework)?;
     if s.plan.partition_policy == Some(crate::plan::PartitionPolicy::Balanced) {
         if let Ok(parts) = crate::partition::resolve(&s) {
             s.plan.partition = parts;
@@ -179,6 +183,7 @@ fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds) -> Opti
         index,
         plan: c.plan.clone(),
         micro_batch: c.micro_batch,
+        framework: c.framework,
         iteration_s: r.iteration_s,
         peak_memory_bytes: r.peak_memory_bytes,
         fits: r.fits,
@@ -265,6 +270,8 @@ pub fn search(
                 memo[key].as_ref().map(|e| Evaluated {
                     index: *i,
                     plan: candidates[*i].plan.clone(),
+                    micro_batch: candidates[*i].micro_batch,
+                    framework: candidates[*i].framework,
                     bounds: *b,
                     ..e.clone()
                 })

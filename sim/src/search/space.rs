@@ -21,6 +21,8 @@
 //! - `cp`: powers of two that leave each rank at least 4,096 tokens of a sequence
 //!   ([`MIN_TOKENS_PER_CP_RANK`]), split into `2 x cp` chunks and over `tp`; 1 for short
 //!   sequences, nets and materialised attention. `dp` is then `devices / (tp x pp x cp)`.
+//! - `training.framework`: the profiles of `SearchInput::frameworks` (`--frameworks`),
+//!   outermost, when given; otherwise the scenario's, or the one the reader picks per plan.
 //! - `ep` (mixture-of-experts workloads only): every divisor of `dp x cp` that divides the routed
 //!   experts, where the reader models it (ZeRO 0-2, no offload, sequence parallelism with
 //!   `tp` > 1); 1 otherwise.
@@ -34,6 +36,8 @@ use serde_json::{Map, Value, json};
 pub struct Candidate {
     pub micro_batch: u32,
     pub plan: Value,
+    /// The framework profile searched (`SearchInput::frameworks`), if any.
+    pub framework: Option<&'static str>,
 }
 
 /// The largest micro-batch size enumerated (unless given).
@@ -60,8 +64,13 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
             Some(v) => v.as_u64().and_then(|x| u32::try_from(x).ok()).filter(|&x| x >= 1).map(Some).ok_or(()),
         }
     };
-    let as_given =
-        || vec![Candidate { micro_batch: input.fixed_micro_batch.unwrap_or(1), plan: Value::Object(fixed.clone()) }];
+    let as_given = || {
+        vec![Candidate {
+            micro_batch: input.fixed_micro_batch.unwrap_or(1),
+            plan: Value::Object(fixed.clone()),
+            framework: None,
+        }]
+    };
     let (Ok(f_dp), Ok(f_tp), Ok(f_pp), Ok(f_v)) = (uint("dp"), uint("tp"), uint("pp"), uint("virtual_stages")) else {
         return as_given();
     };
@@ -140,7 +149,11 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
                     if mb == 0 || !per_replica.is_multiple_of(mb) {
                         if input.fixed_micro_batch.is_some() {
                             // Let the reader say why.
-                            out.push(Candidate { micro_batch: mb, plan: Value::Object(fixed.clone()) });
+                            out.push(Candidate {
+                                micro_batch: mb,
+                                plan: Value::Object(fixed.clone()),
+                                framework: None,
+                            });
                         }
                         continue;
                     }
@@ -222,7 +235,15 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
     if out.is_empty() {
         return as_given();
     }
-    out
+    // The framework profiles searched, outermost: every plan under each.
+    if input.frameworks.is_empty() {
+        return out;
+    }
+    input
+        .frameworks
+        .iter()
+        .flat_map(|&f| out.iter().map(move |c| Candidate { framework: Some(f), ..c.clone() }))
+        .collect()
 }
 
 /// The shortest share of a sequence a context-parallel rank is searched with (unless `cp` is
@@ -266,7 +287,7 @@ fn candidate(fixed: &Map<String, Value>, micro_batch: u32, dims: [(&str, Value);
     for (k, v) in fixed {
         p.insert(k.clone(), v.clone());
     }
-    Candidate { micro_batch, plan: Value::Object(p) }
+    Candidate { micro_batch, plan: Value::Object(p), framework: None }
 }
 
 /// (schedule, virtual stages) pairs for `pp` stages and `m` micro-batches.

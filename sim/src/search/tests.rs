@@ -231,3 +231,29 @@ fn context_parallelism_is_searched_for_long_sequences() {
     // Short sequences: no context parallelism.
     assert!(space::enumerate(&small("{}")).iter().all(|c| c.plan.get("cp").is_none()));
 }
+
+/// With `--frameworks` every plan is searched under each profile (outermost), each simulated
+/// under its own, and the pruned search still finds the exhaustive one's best, top and front.
+#[test]
+fn framework_profiles_are_searched_when_asked() {
+    let mut inp = small(r#"{"rank_order": "tp-dp-pp", "offload": "none", "tp": 2, "recompute": "full"}"#);
+    let plain = space::enumerate(&inp).len();
+    inp.frameworks = vec!["megatron-core", "deepspeed"];
+    let space = space::enumerate(&inp);
+    assert_eq!(space.len(), 2 * plain);
+    assert!(space[..plain].iter().all(|c| c.framework == Some("megatron-core")));
+    assert!(space[plain..].iter().all(|c| c.framework == Some("deepspeed")));
+    let s = scenario_of(&inp, &space[plain]).unwrap();
+    assert_eq!(s.plan.framework.name, "deepspeed");
+    let all = search(&inp, Options { top: 3, prune: false }, &none).unwrap();
+    let pruned = search(&inp, Options { top: 3, prune: true }, &none).unwrap();
+    assert_eq!(indices(&pruned.top), indices(&all.top));
+    assert_eq!(indices(&pruned.pareto), indices(&all.pareto));
+    let best = all.best.expect("a plan fits");
+    assert!(best.framework.is_some());
+    // Both profiles were simulated.
+    let times = |f: &str| -> Vec<f64> {
+        all.simulated.iter().filter(|e| e.framework == Some(f)).map(|e| e.iteration_s).collect()
+    };
+    assert!(!times("megatron-core").is_empty() && !times("deepspeed").is_empty());
+}
