@@ -115,6 +115,7 @@ fn bad_run_sections_are_refused_with_their_key() {
             "run.variability.slow_node_probability",
         ),
         (json!({"tokens": -1}), "run.tokens"),
+        (json!({"tokens": 1e9, "variability": {"kernel_jitter": 2.0}}), "run.variability.kernel_jitter"),
         (json!({"tokens": 1e9, "sed": 1}), "run"),
     ] {
         let (ok, _, err) = train_run(&dir, &whole(run.clone()), &[]);
@@ -140,4 +141,24 @@ fn bad_run_sections_are_refused_with_their_key() {
     assert!(!ok && err.contains("would not finish"), "{err}");
     let (ok, _, err) = train_run(&dir, &whole(json!({"tokens": 1e9})), &["--runs", "0"]);
     assert!(!ok && err.contains("--runs"), "{err}");
+}
+
+/// `run.variability.kernel_jitter` is the engine's per-kernel spread for the run's iterations:
+/// each of the pipeline's collectives waits for its slowest member, so the iteration (and the
+/// run) is longer; the run's seed draws it, the same seed the same run. Given again under
+/// `simulation` with another value it is refused.
+#[test]
+fn per_kernel_jitter_lengthens_the_run_s_iterations() {
+    let dir = TempDir::new("whole-jitter");
+    let plain = train_run(&dir, &whole(json!({"tokens": 1e9})), &[]);
+    let jitter = |seed: u64| whole(json!({"tokens": 1e9, "seed": seed, "variability": {"kernel_jitter": 0.05}}));
+    let (a, b) = (train_run(&dir, &jitter(3), &[]), train_run(&dir, &jitter(3), &[]));
+    assert!(plain.0 && a.0, "{} {}", plain.2, a.2);
+    let it = |r: &Value| num(r, "/epochs/0/iteration_s");
+    assert!(it(&a.1) > it(&plain.1), "{} s vs {} s", it(&a.1), it(&plain.1));
+    assert_eq!(a.1, b.1);
+    let mut both: Value = serde_json::from_str(&jitter(3)).expect("json");
+    both["simulation"] = json!({"kernel_jitter": 0.01});
+    let (ok, _, err) = train_run(&dir, &both.to_string(), &[]);
+    assert!(!ok && err.contains("give the per-kernel spread once"), "{err}");
 }

@@ -29,7 +29,8 @@ pub const RUN_FAILURES: &[&str] = &["preset", "gpu", "hbm", "nic", "switch", "ho
 pub const RUN_CHECKPOINT: &[&str] = &["interval_s", "storage_bytes_per_s_per_node", "async"];
 
 /// `run.variability`.
-pub const RUN_VARIABILITY: &[&str] = &["iteration_jitter", "slow_node_probability", "slow_node_slowdown"];
+pub const RUN_VARIABILITY: &[&str] =
+    &["iteration_jitter", "kernel_jitter", "slow_node_probability", "slow_node_slowdown"];
 
 /// `simulation`: how the engine models the run.
 pub const SIMULATION: &[&str] = &[

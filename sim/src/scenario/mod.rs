@@ -168,7 +168,10 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
         run::check_elastic(&plan_obj, &plan, &cluster)?;
     }
     let notes = checks::plan_notes(&plan, &cluster);
-    let options = options::parse_options(root.obj("simulation")?)?;
+    let mut options = options::parse_options(root.obj("simulation")?)?;
+    if let Some(r) = &run {
+        run::share_kernel_jitter(r, &mut options)?;
+    }
     option_defaults(&options, &cluster, &mut defaults);
     let scenario = Scenario {
         name,

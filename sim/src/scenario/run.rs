@@ -54,6 +54,9 @@ pub struct CheckpointSpec {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunVariability {
     pub iteration_jitter: f64,
+    /// Per-kernel spread of the run's simulated iterations: `simulation.kernel_jitter`, given
+    /// here (the scenario reader moves it there, seeded by the run's seed).
+    pub kernel_jitter: Option<f64>,
     pub slow_node_probability: f64,
     pub slow_node_slowdown: f64,
 }
@@ -160,12 +163,21 @@ pub(super) fn parse_run(root: &Obj, defaults: &mut Vec<String>) -> Result<Option
         }
     };
     let variability = match r.obj("variability")? {
-        None => RunVariability { iteration_jitter: 0.0, slow_node_probability: 0.0, slow_node_slowdown: 0.0 },
+        None => RunVariability {
+            iteration_jitter: 0.0,
+            kernel_jitter: None,
+            slow_node_probability: 0.0,
+            slow_node_slowdown: 0.0,
+        },
         Some(v) => {
             v.only(keys::RUN_VARIABILITY)?;
             let jitter = v.non_negative("iteration_jitter")?.unwrap_or(0.0);
             if jitter > 1.0 {
                 return Err(invalid(&v.key("iteration_jitter"), format!("{jitter}; allowed: 0 to 1")));
+            }
+            let kernel_jitter = v.non_negative("kernel_jitter")?;
+            if let Some(k) = kernel_jitter.filter(|&k| k > 1.0) {
+                return Err(invalid(&v.key("kernel_jitter"), format!("{k}; allowed: 0 to 1")));
             }
             let p = v.non_negative("slow_node_probability")?.unwrap_or(0.0);
             if p > 1.0 {
@@ -175,7 +187,12 @@ pub(super) fn parse_run(root: &Obj, defaults: &mut Vec<String>) -> Result<Option
             if slowdown > 100.0 {
                 return Err(invalid(&v.key("slow_node_slowdown"), format!("{slowdown}; allowed: 0 to 100")));
             }
-            RunVariability { iteration_jitter: jitter, slow_node_probability: p, slow_node_slowdown: slowdown }
+            RunVariability {
+                iteration_jitter: jitter,
+                kernel_jitter,
+                slow_node_probability: p,
+                slow_node_slowdown: slowdown,
+            }
         }
     };
     let restart_s = match r.non_negative("restart_s")? {
@@ -383,6 +400,24 @@ pub(super) fn check_elastic(o: &Obj, plan: &Plan, c: &ClusterSpec) -> Result<()>
                 plan.cp
             ),
         ));
+    }
+    Ok(())
+}
+
+/// `run.variability.kernel_jitter` is the engine's per-kernel spread for the run's simulated
+/// iterations (`simulation.kernel_jitter`, one mechanism: `engine::jitter`), drawn from the
+/// run's seed unless `simulation.seed` is given. Both keys, with different spreads, are refused.
+pub(super) fn share_kernel_jitter(r: &RunSpec, options: &mut super::SimOptions) -> Result<()> {
+    let Some(k) = r.variability.kernel_jitter else { return Ok(()) };
+    if options.kernel_jitter > 0.0 && options.kernel_jitter != k {
+        return Err(invalid(
+            "run.variability.kernel_jitter",
+            format!("{k} but simulation.kernel_jitter is {}: give the per-kernel spread once", options.kernel_jitter),
+        ));
+    }
+    options.kernel_jitter = k;
+    if options.seed == 0 {
+        options.seed = r.seed;
     }
     Ok(())
 }
