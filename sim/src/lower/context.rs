@@ -241,23 +241,18 @@ impl Stage {
         let lowered = &group[..b.ranks as usize];
         let class = lw.s.cluster.class_of(group[0]);
         b.class = class;
-        let tp_streams = if plan.tp_overlap() {
+        // The lowered ranks' tensor-parallel communication streams, where something runs there.
+        let comm_streams = |on: bool| -> Vec<u32> {
+            if !on {
+                return Vec::new();
+            }
             lowered
                 .iter()
                 .map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::TensorParallel))
                 .collect()
-        } else {
-            Vec::new()
         };
+        let (tp_streams, cp_streams) = (comm_streams(plan.tp_overlap()), comm_streams(plan.cp > 1));
         let tp_sm_share = tp_sm_share(lw.s.cluster.class(class).compute_units);
-        let cp_streams = if plan.cp > 1 {
-            lowered
-                .iter()
-                .map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::TensorParallel))
-                .collect()
-        } else {
-            Vec::new()
-        };
         let ctx = StepCtx {
             streams: b.compute_streams(lowered),
             dims: plan.tp_mode.dims(lw.t),
