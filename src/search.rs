@@ -67,29 +67,8 @@ pub struct SearchArgs {
 }
 
 /// `--frameworks` as profile names (checked), against a scenario that names none.
-fn frameworks(a: &SearchArgs, input: &SearchInput) -> Result<Vec<&'static str>, String> {
-    if a.frameworks.is_empty() {
-        return Ok(Vec::new());
-    }
-    if input.training.framework.is_some() {
-        return Err("--frameworks searches training.framework, which the scenario gives: leave one out".into());
-    }
-    let mut out: Vec<&'static str> = Vec::new();
-    for f in &a.frameworks {
-        if f == "all" {
-            out.extend(sim::framework::NAMES);
-            continue;
-        }
-        match sim::framework::NAMES.iter().find(|n| **n == f.as_str()) {
-            Some(n) => out.push(n),
-            None => {
-                return Err(format!("--frameworks: \"{f}\" is not one of: all, {}", sim::framework::NAMES.join(", ")));
-            }
-        }
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    out.retain(|n| seen.insert(*n));
-    Ok(out)
+fn frameworks(a: &SearchArgs, input: &mut SearchInput) -> Result<(), String> {
+    input.search_frameworks(&a.frameworks).map_err(|e| format!("--frameworks: {e}"))
 }
 
 /// One GPU count's whole run at its best plan, for --deadline-days.
@@ -179,7 +158,7 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&a.scenario)
         .map_err(|e| format!("cannot read scenario {}: {e}", a.scenario.display()))?;
     let mut base = read_input(&a.scenario, &text)?;
-    base.frameworks = frameworks(a, &base)?;
+    frameworks(a, &mut base)?;
     let mut counts = if a.gpus.is_empty() { vec![base.cluster.device_count()] } else { a.gpus.clone() };
     if a.tokens.is_some() {
         // The smallest count that meets the deadline: in increasing order, stopping there.

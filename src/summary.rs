@@ -195,19 +195,7 @@ pub fn presets(json: bool) {
     let fabrics: Vec<sim::hardware::fabric::Fabric> =
         sim::hardware::fabric::PRESETS.iter().filter_map(|n| sim::hardware::fabric::Fabric::preset(n)).collect();
     if json {
-        let v = serde_json::json!({
-            "devices": devices,
-            "links": links,
-            "nodes": nodes,
-            "fabrics": fabrics,
-            "workloads": workloads.iter().map(|p| serde_json::json!({
-                "name": p.name, "parameters": p.config.parameters(), "published_parameters": p.published_parameters,
-                "active_parameters": p.config.moe.is_some().then(|| p.config.active_parameters()),
-                "published_active_parameters": p.published_active_parameters, "config": p.config,
-            })).chain(sim::workload::catalog::nets().into_iter().map(|(name, published, net)| serde_json::json!({
-                "name": name, "parameters": net.parameters(), "published_parameters": published, "layers": net.layers.len(),
-            }))).collect::<Vec<_>>(),
-        });
+        let v = sim::presets_json();
         println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
         return;
     }

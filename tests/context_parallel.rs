@@ -111,3 +111,18 @@ fn what_is_not_modelled_is_refused_with_the_reason() {
     zero["plan"]["cp"] = json!(0);
     assert!(refusal(&zero).contains("plan.cp"), "{}", refusal(&zero));
 }
+
+/// A whole run of a context-parallel plan: its iterations are the plan's simulated iteration
+/// (train-run's epochs keep every device, each replica's context-parallel ranks included).
+#[test]
+fn a_whole_run_keeps_the_context_parallel_plan() {
+    let mut v = cp_scenario(2, Some(4));
+    v["run"] = json!({"tokens": 1e9});
+    let dir = crate::util::TempDir::new("cp-run");
+    let f = dir.write("run.json", &v.to_string());
+    let o = crate::util::run_cli(&["train-run", f.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", crate::util::stderr(&o));
+    let r: Value = serde_json::from_str(&crate::util::stdout(&o)).unwrap();
+    let it = r["epochs"][0]["iteration_s"].as_f64().unwrap();
+    assert_eq!(it, report(&cp_scenario(2, Some(4)))["iteration_s"].as_f64().unwrap());
+}

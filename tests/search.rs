@@ -192,7 +192,7 @@ fn searched_framework_profiles_are_written_and_checked() {
     let named = tmp.write("named.json", &named.to_string());
     let o = run(&[&"search", &named, &"--frameworks", &"all"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--frameworks searches training.framework"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("searches training.framework, which the scenario gives"), "{}", stderr(&o));
     let o = run(&[&"search", &scenario, &"--frameworks", &"megatron"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("\"megatron\" is not one of: all, megatron-lm-2021"), "{}", stderr(&o));

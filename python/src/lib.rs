@@ -251,42 +251,34 @@ fn _capacity_json(
 /// The built-in presets (`trainsim presets --json`): devices, links, nodes, workloads.
 #[pyfunction]
 fn _presets_json() -> PyResult<String> {
-    use sim::hardware::catalog;
-    let workloads = sim::workload::catalog::presets()
-        .iter()
-        .map(|p| {
-            serde_json::json!({
-                "name": p.name, "parameters": p.config.parameters(),
-                "published_parameters": p.published_parameters,
-                "active_parameters": p.config.moe.is_some().then(|| p.config.active_parameters()),
-                "published_active_parameters": p.published_active_parameters, "config": p.config,
-            })
-        })
-        .chain(sim::workload::catalog::nets().into_iter().map(|(name, published, net)| {
-            serde_json::json!({
-                "name": name, "parameters": net.parameters(), "published_parameters": published,
-                "layers": net.layers.len(),
-            })
-        }))
-        .collect::<Vec<_>>();
-    let v = serde_json::json!({
-        "devices": catalog::devices(),
-        "links": catalog::links(),
-        "nodes": catalog::nodes(),
-        "workloads": workloads,
-    });
+    let v = sim::presets_json();
     Ok(to_json(&v)?)
 }
 
 /// Rank plans for a scenario (`trainsim search`): `scenario_json` is the scenario's JSON text
 /// (its `plan` and `training.micro_batch` may be missing; plan keys given stay fixed),
 /// `options_json` an object with `top`, `gpus` (a list of device counts; default the
-/// cluster's) and `base_dir`. One count: `{gpus, best, top, pareto, progress}`; several:
+/// cluster's), `frameworks` (profiles to search too: a list of names, or `"all"`) and
+/// `base_dir`; any other key is refused. One count: `{gpus, best, top, pareto, progress}`; several:
 /// `{by_gpus: [that, ...], best}` (the fastest best).
+/// The keys `_search_json`'s options may hold.
+const SEARCH_OPTIONS: [&str; 4] = ["top", "gpus", "frameworks", "base_dir"];
+
 #[pyfunction]
 fn _search_json(py: Python<'_>, scenario_json: String, options_json: String) -> PyResult<String> {
     let options: serde_json::Value = serde_json::from_str(&options_json)
         .map_err(|e| Error::Invalid(format!("search options: not valid JSON: {e}")))?;
+    if let Some(k) = options.as_object().and_then(|o| o.keys().find(|k| !SEARCH_OPTIONS.contains(&k.as_str()))) {
+        return Err(Error::Invalid(format!("search: unknown option {k:?}; allowed: {}", SEARCH_OPTIONS.join(", "))).into());
+    }
+    let frameworks: Vec<String> = match options.get("frameworks") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(f) => f
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_str().map(String::from)).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| Error::Invalid(format!("frameworks: expected profile names, got {f}")))?,
+    };
     let base = options.get("base_dir").and_then(|b| b.as_str()).map(PathBuf::from).unwrap_or_default();
     let top = options.get("top").and_then(serde_json::Value::as_u64).unwrap_or(10).clamp(1, 1000) as usize;
     let gpus: Vec<u64> = match options.get("gpus") {
@@ -309,7 +301,7 @@ fn _search_json(py: Python<'_>, scenario_json: String, options_json: String) -> 
         let counts: Vec<Option<u64>> = if gpus.is_empty() { vec![None] } else { gpus.iter().map(|&g| Some(g)).collect() };
         let mut runs = Vec::new();
         for g in counts {
-            let input = match g {
+            let mut input = match g {
                 None => first.clone(),
                 Some(g) => {
                     if g == 0 || !g.is_multiple_of(per_node) {
@@ -324,6 +316,7 @@ fn _search_json(py: Python<'_>, scenario_json: String, options_json: String) -> 
                     scenario::parse_for_search(&raw.to_string(), &load).map_err(|e| Error::Invalid(e.to_string()))?
                 }
             };
+            input.search_frameworks(&frameworks).map_err(|e| Error::Invalid(format!("frameworks: {e}")))?;
             let o = sim::search::search(&input, sim::search::Options { top, prune: true }, &|_| {})
                 .map_err(|e| Error::Invalid(e.to_string()))?;
             runs.push(serde_json::json!({

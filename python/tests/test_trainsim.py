@@ -179,6 +179,16 @@ def test_search_equals_the_cli_and_validates(cli, tmp_path):
     assert len(trainsim.to_dataframe(result)) == len(result["top"])
     several = trainsim.search(space, gpus=[8, 16], top=2)
     assert [r["gpus"] for r in several["by_gpus"]] == [8, 16]
+    # Framework profiles searched too, as `--frameworks` does; unknown options and names refused.
+    profiles = trainsim.search(space, top=3, frameworks=["megatron-core", "deepspeed"])
+    assert profiles["best"]["framework"] in ("megatron-core", "deepspeed")
+    rc, stdout, stderr = cli("search", str(f), "--top", "3", "--frameworks", "megatron-core,deepspeed", "--json")
+    assert rc == 0, stderr
+    assert profiles["best"]["iteration_s"] == json.loads(stdout)["best"]["iteration_s"]
+    with pytest.raises(ValueError, match="frameworks"):
+        trainsim.search(space, frameworks=["megatron"])
+    with pytest.raises(ValueError, match="unknown option"):
+        trainsim.search(space, framework="deepspeed")
 
 
 def test_to_dataframe_one_row_per_report():

@@ -210,7 +210,9 @@ def search(
         gpus: the device count, or counts, to search over (default: the scenario's cluster).
         top: how many ranked plans to return.
         base_dir: see :func:`simulate`.
-        **options: further search options, passed to the search as they are.
+        **options: further search options: ``frameworks``, a list of framework profiles
+            to search too (or ``"all"``), as ``trainsim search --frameworks``; any other
+            name is refused.
 
     Returns:
         The search result as a dict (its ranked plans, each with its report);

@@ -111,6 +111,27 @@ const DDP: &str = "pytorch/pytorch v2.1 (2023), torch.nn.parallel.DistributedDat
 /// PyTorch DDP's default bucket (`bucket_cap_mb=25`).
 const DDP_BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
 
+/// Profile names from a list (`trainsim search --frameworks`, the Python package's
+/// `search(frameworks=...)`): each one of [`NAMES`], or `all` for every one; in the order given,
+/// each once.
+pub fn parse_names<S: AsRef<str>>(list: &[S]) -> Result<Vec<&'static str>, String> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for item in list {
+        let f = item.as_ref();
+        if f == "all" {
+            out.extend(NAMES);
+            continue;
+        }
+        match NAMES.iter().find(|n| **n == f) {
+            Some(n) => out.push(n),
+            None => return Err(format!("\"{f}\" is not one of: all, {}", NAMES.join(", "))),
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    out.retain(|n| seen.insert(*n));
+    Ok(out)
+}
+
 /// The profile named `name` (one of [`NAMES`]).
 pub fn profile(name: &str) -> Option<Framework> {
     let all_fused = Fused {

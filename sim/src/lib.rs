@@ -439,3 +439,36 @@ pub fn finish(s: &scenario::Scenario, program: lower::Program, mut result: engin
     timeline.host_capacity_bytes = s.cluster.node.host.dram_bytes / s.cluster.node.devices as f64;
     Simulation { report, program, timeline }
 }
+
+/// Every built-in preset as one JSON value (`trainsim presets --json`, the Python package's
+/// `presets()`): devices, links, nodes, fabrics and workloads, each workload with its
+/// parameters beside the published count.
+pub fn presets_json() -> serde_json::Value {
+    use hardware::catalog;
+    let workloads = workload::catalog::presets()
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "name": p.name, "parameters": p.config.parameters(),
+                "published_parameters": p.published_parameters,
+                "active_parameters": p.config.moe.is_some().then(|| p.config.active_parameters()),
+                "published_active_parameters": p.published_active_parameters, "config": p.config,
+            })
+        })
+        .chain(workload::catalog::nets().into_iter().map(|(name, published, net)| {
+            serde_json::json!({
+                "name": name, "parameters": net.parameters(), "published_parameters": published,
+                "layers": net.layers.len(),
+            })
+        }))
+        .collect::<Vec<_>>();
+    let fabrics: Vec<hardware::fabric::Fabric> =
+        hardware::fabric::PRESETS.iter().filter_map(|n| hardware::fabric::Fabric::preset(n)).collect();
+    serde_json::json!({
+        "devices": catalog::devices(),
+        "links": catalog::links(),
+        "nodes": catalog::nodes(),
+        "fabrics": fabrics,
+        "workloads": workloads,
+    })
+}

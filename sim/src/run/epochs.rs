@@ -170,8 +170,9 @@ fn epoch_scenario(s: &Scenario, f: u32, k: u32, r: u32) -> Scenario {
     if f > 0 || k != k0 {
         es.plan.partition = crate::plan::Plan::uniform_partition(layers - f, k);
     }
-    // The devices in use: all with AutoDP, else the pipelines that exist.
-    es.cluster.node.devices = (r * k * s.plan.tp).div_ceil(s.cluster.nodes);
+    // The devices in use: all with AutoDP, else the pipelines that exist (each replica's
+    // context-parallel ranks included; freezing, which changes them, is refused with cp).
+    es.cluster.node.devices = (r * s.plan.cp * k * s.plan.tp).div_ceil(s.cluster.nodes);
     es
 }
 

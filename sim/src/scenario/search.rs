@@ -104,6 +104,21 @@ impl SearchInput {
         self.with_choice(micro_batch, plan_value, None)
     }
 
+    /// Search the framework profiles `list` too (names, or `all`: see
+    /// [`crate::framework::parse_names`]); an empty list searches none. Refused when the
+    /// scenario names its framework (`training.framework` would be both fixed and searched).
+    pub fn search_frameworks<S: AsRef<str>>(&mut self, list: &[S]) -> std::result::Result<(), String> {
+        if list.is_empty() {
+            self.frameworks.clear();
+            return Ok(());
+        }
+        if self.training.framework.is_some() {
+            return Err("it searches training.framework, which the scenario gives: leave one out".into());
+        }
+        self.frameworks = crate::framework::parse_names(list)?;
+        Ok(())
+    }
+
     /// [`SearchInput::with_plan`] under `framework` (a profile's name) when given.
     pub fn with_choice(&self, micro_batch: u32, plan_value: &Value, framework: Option<&str>) -> Result<Scenario> {
         let mut defaults = self.defaults.clone();
