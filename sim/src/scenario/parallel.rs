@@ -164,12 +164,14 @@ pub(super) fn parse_cp(
 
 /// Context parallelism runs inside the fused attention kernel (Transformer Engine's
 /// `AttnFuncWithCPAndKVP2P`; torchtitan's ring attention over SDPA's flash kernel).
-pub(super) fn check_cp_attention(o: &Obj, cp: u32, attention: Attention) -> Result<()> {
+/// `defaulted_by`: the framework whose default the attention is, when the scenario gave none.
+pub(super) fn check_cp_attention(o: &Obj, cp: u32, attention: Attention, defaulted_by: Option<&str>) -> Result<()> {
     if cp > 1 && attention == Attention::Naive {
+        let whose = defaulted_by.map(|f| format!(" ({f}'s default)")).unwrap_or_default();
         return Err(invalid(
             &o.key("cp"),
             format!(
-                "{cp} needs fused attention (its ring runs inside the fused kernel); training.attention is \"naive\"; allowed: cp = 1, or training.attention \"flash\" or a kernel generation"
+                "{cp} needs fused attention (its ring runs inside the fused kernel); training.attention is \"naive\"{whose}; allowed: cp = 1, or training.attention \"flash\" or a kernel generation"
             ),
         ));
     }

@@ -207,7 +207,7 @@ pub(super) fn parse_plan(
             crate::hardware::kernels::Attention::parse(name).expect("a known attention")
         }
     };
-    check_cp_attention(o, cp, attention)?;
+    check_cp_attention(o, cp, attention, t.attention.is_none().then_some(framework.name.as_str()))?;
     let bucket_bytes = match o.positive("bucket_bytes")? {
         Some(b) => b,
         None => {
