@@ -80,6 +80,8 @@ pub fn load_profile(path: &Path) -> Result<MeasuredRates, String> {
         launch_s: num("/launch_s")?,
         link_bytes_per_s: num("/link/bytes_per_s").ok(),
         link_latency_s: num("/link/latency_s").ok(),
+        // Profiles from before session 16 have none.
+        kernel_jitter: num("/kernel_jitter").ok(),
         memory_op_bytes_per_s: v["memory_ops"]
             .as_array()
             .map(|a| {
@@ -264,7 +266,7 @@ pub fn calibrate_cmd(backend: &str, out: &Path, quick: bool) -> Result<(), Strin
     std::fs::write(out.join("README.md"), profile_readme(&profile, quick))
         .map_err(|e| format!("cannot write README in {}: {e}", out.display()))?;
     println!(
-        "profile: {} (GEMM {:.1} GFLOP/s [{:.1}, {:.1}], memory {:.1} GB/s, launch {:.2} us, link {:.1} GB/s + {:.1} us)",
+        "profile: {} (GEMM {:.1} GFLOP/s [{:.1}, {:.1}], memory {:.1} GB/s, launch {:.2} us, link {:.1} GB/s + {:.1} us, kernel spread {:.1}%)",
         file.display(),
         profile.gemm.flops_per_s / 1e9,
         profile.gemm.flops_per_s_ci95[0] / 1e9,
@@ -272,7 +274,8 @@ pub fn calibrate_cmd(backend: &str, out: &Path, quick: bool) -> Result<(), Strin
         profile.memory.bytes_per_s / 1e9,
         profile.launch_s * 1e6,
         profile.link.bytes_per_s / 1e9,
-        profile.link.latency_s * 1e6
+        profile.link.latency_s * 1e6,
+        profile.kernel_jitter * 100.0
     );
     Ok(())
 }
@@ -306,7 +309,8 @@ fn profile_readme(p: &Profile, quick: bool) -> String {
          | parameter | value | 95% interval |\n|---|---|---|\n\
          | large-GEMM rate | {:.2} GFLOP/s | [{:.2}, {:.2}] |\n| GEMM overhead | {:.2} us | |\n\
          | streaming memory bandwidth | {:.2} GB/s | [{:.2}, {:.2}] |\n| op launch overhead | {:.2} us | |\n\
-         | device-to-device link | {:.2} GB/s, {:.2} us latency | [{:.2}, {:.2}] GB/s |\n\n\
+         | device-to-device link | {:.2} GB/s, {:.2} us latency | [{:.2}, {:.2}] GB/s |\n\
+         | kernel time spread, launch to launch | {:.1}% (robust relative standard deviation of 31 runs of one GEMM; `simulation.kernel_jitter`) | |\n\n\
          `profile.json` holds every measured point. Use it with `trainsim simulate --profile` or `trainsim validate --profile`.\n",
         p.backend,
         p.device,
@@ -326,6 +330,7 @@ fn profile_readme(p: &Profile, quick: bool) -> String {
         p.link.latency_s * 1e6,
         p.link.bytes_per_s_ci95[0] / 1e9,
         p.link.bytes_per_s_ci95[1] / 1e9,
+        p.kernel_jitter * 100.0,
     )
 }
 

@@ -88,6 +88,17 @@ fn calibrate_then_validate_writes_a_profile_and_compares() {
     let ci = v["gemm"]["flops_per_s_ci95"].as_array().expect("interval");
     assert!(rate > 1e8 && ci[0].as_f64().expect("lo") <= rate && rate <= ci[1].as_f64().expect("hi"));
     assert!(dir.path().join("README.md").exists());
+    // The launch-to-launch spread of a kernel, which a calibrated simulation takes as its
+    // kernel_jitter (and says so) unless the scenario gives one.
+    let spread = v["kernel_jitter"].as_f64().expect("kernel_jitter");
+    assert!((0.0..1.0).contains(&spread), "{spread}");
+    let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/experiments/executor/pp2-1f1b-m4.json");
+    let out = run_cli(&["simulate", tiny, "--profile", profile.to_str().expect("utf-8"), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sim: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let noted =
+        sim["notes"].as_array().expect("notes").iter().any(|n| n.as_str().unwrap_or("").contains("kernel_jitter"));
+    assert_eq!(noted, spread > 0.0, "{}", sim["notes"]);
     let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/experiments/executor/pp2-1f1b-m4.json");
     let out = run_cli(&[
         "validate",

@@ -106,6 +106,25 @@ pub struct Profile {
     pub memory_ops: Vec<OpRate>,
     pub launch_s: f64,
     pub link: BandwidthFit,
+    /// Launch-to-launch spread of one kernel's time: the robust relative standard deviation
+    /// (1.4826 x the median absolute deviation over the median) of [`SPREAD_RUNS`] runs of a
+    /// mid-size GEMM after a warm-up, the median over the devices measured. What the
+    /// simulator's `simulation.kernel_jitter` is (a calibrated scenario takes it).
+    pub kernel_jitter: f64,
+}
+
+/// Timed runs of one GEMM for [`Profile::kernel_jitter`].
+pub const SPREAD_RUNS: usize = 31;
+
+/// Robust relative spread of `v`: 1.4826 x the median absolute deviation over the median (the
+/// standard deviation over the mean for normal draws, unmoved by a few outliers).
+pub fn robust_spread(v: &[f64]) -> f64 {
+    let m = median(v);
+    if m <= 0.0 {
+        return 0.0;
+    }
+    let dev: Vec<f64> = v.iter().map(|x| (x - m).abs()).collect();
+    1.4826 * median(&dev) / m
 }
 
 /// The simulator's K-loop efficiency term (see sim::cost): prologue and epilogue of two
@@ -175,6 +194,7 @@ struct Raw {
     memory: Vec<SizePoint>,
     ops: Vec<(String, f64)>,
     launch_s: f64,
+    spread: f64,
 }
 
 /// The op names whose kernels differ on a backend, each measured as a streaming op of its
@@ -219,7 +239,11 @@ fn measure(dev: &mut dyn Device, quick: bool, progress: &(dyn Fn(&str) + Sync)) 
     }
     progress("launch overhead");
     let launch_s = time(dev, &stream_op(64.0), &ctx, 31)?;
-    Ok(Raw { gemm, memory, ops, launch_s })
+    progress("kernel time spread");
+    let probe = gemm_op(1.0, 256.0, 256.0, 256.0);
+    dev.run_op(&probe, &ctx)?;
+    let runs: Vec<f64> = (0..SPREAD_RUNS).map(|_| dev.run_op(&probe, &ctx)).collect::<Result<_>>()?;
+    Ok(Raw { gemm, memory, ops, launch_s, spread: robust_spread(&runs) })
 }
 
 /// Run the microbenchmarks on every device in `devs` at once (devices of a training step
@@ -277,6 +301,7 @@ pub fn calibrate(
         .map(|i| OpRate { name: first.ops[i].0.clone(), bytes_per_s: med(&|r| r.ops[i].1) })
         .collect();
     let launch_s = med(&|r| r.launch_s);
+    let kernel_jitter = med(&|r| r.spread).min(1.0);
     // Copies between two threads: the CPU devices' link.
     let reps = if quick { 3 } else { 7 };
     let mut link_points = Vec::new();
@@ -298,6 +323,7 @@ pub fn calibrate(
         memory,
         memory_ops,
         launch_s,
+        kernel_jitter,
         link,
     })
 }

@@ -79,6 +79,9 @@ pub struct MeasuredRates {
     pub link_latency_s: Option<f64>,
     /// Streaming rate of each kind of memory-bound op (see `cost::memory_kernel`).
     pub memory_op_bytes_per_s: Vec<(String, f64)>,
+    /// Launch-to-launch spread of a kernel's time (a relative standard deviation), if the
+    /// profile measured one: the scenario's `simulation.kernel_jitter` unless it gives one.
+    pub kernel_jitter: Option<f64>,
     /// The device the profile was measured on, as the backend named it (e.g. "cpu thread 0",
     /// "cuda:0 (NVIDIA A100-SXM4-80GB, sm_80, 79 GiB)"), and its kind.
     pub device: String,
@@ -127,6 +130,13 @@ impl Scenario {
         d.mem_efficiency = m.mem_bytes_per_s / d.mem_bandwidth_bytes_per_s;
         d.kernel_launch_s = m.launch_s;
         self.op_rates = m.memory_op_bytes_per_s.clone();
+        if let Some(j) = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter == 0.0) {
+            self.options.kernel_jitter = j.min(1.0);
+            self.notes.push(format!(
+                "simulation.kernel_jitter = {:.4} from the profile (the spread of repeated runs of one GEMM on {})",
+                self.options.kernel_jitter, m.device
+            ));
+        }
         d.source = format!("{} (calibrated)", d.source);
         if let (Some(bw), Some(lat), Some(link)) =
             (m.link_bytes_per_s, m.link_latency_s, self.cluster.node.intra_node.as_mut())

@@ -1,5 +1,6 @@
 //! Error messages of the scenario parser: misspelled keys, presets and values get a
-//! "did you mean" suggestion; names far from every candidate get none.
+//! "did you mean" suggestion; names far from every candidate get none. Also what a
+//! calibration profile changes in a scenario.
 
 use super::parse;
 use serde_json::{Value, json};
@@ -128,4 +129,33 @@ fn expected_maximum_of_normal_draws() {
         let got = super::expected_max_std_normal(n);
         assert!((got - want).abs() < 1e-3, "n = {n}: {got} vs {want}");
     }
+}
+
+/// A calibration profile's measured kernel spread becomes the scenario's kernel jitter, with a
+/// note; a spread the scenario gives is kept; a profile without one changes nothing.
+#[test]
+fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
+    let rates = |kernel_jitter| super::MeasuredRates {
+        gemm_flops_per_s: 1e12,
+        mem_bytes_per_s: 1e11,
+        launch_s: 1e-6,
+        link_bytes_per_s: None,
+        link_latency_s: None,
+        memory_op_bytes_per_s: Vec::new(),
+        kernel_jitter,
+        device: "cpu thread 0".into(),
+        device_kind: crate::hardware::DeviceKind::Cpu,
+    };
+    let mut s = parse(&base().to_string(), &|_| Err("no files".into())).expect("valid");
+    s.calibrate(&rates(Some(0.02)));
+    assert_eq!(s.options.kernel_jitter, 0.02);
+    assert!(s.notes.iter().any(|n| n.contains("simulation.kernel_jitter = 0.0200")), "{:?}", s.notes);
+    let mut given = base();
+    given["simulation"] = json!({"kernel_jitter": 0.05});
+    let mut s = parse(&given.to_string(), &|_| Err("no files".into())).expect("valid");
+    s.calibrate(&rates(Some(0.02)));
+    assert_eq!(s.options.kernel_jitter, 0.05);
+    let mut s = parse(&base().to_string(), &|_| Err("no files".into())).expect("valid");
+    s.calibrate(&rates(None));
+    assert_eq!(s.options.kernel_jitter, 0.0);
 }
