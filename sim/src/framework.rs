@@ -92,6 +92,9 @@ pub struct Framework {
     pub param_gather_overlap: bool,
     /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
     pub tp_comm_overlap: bool,
+    /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
+    /// [`EP_COMM_OVERLAP_SOURCE`]); off in every profile, a knob to turn on.
+    pub ep_comm_overlap: bool,
     pub bucket: Bucket,
     pub grad_reduce_dtype: ReduceDtype,
     /// Fused attention rather than materialised scores (`training.attention` overrides).
@@ -100,6 +103,10 @@ pub struct Framework {
     /// (behaviour, source) pairs.
     pub sources: Vec<(&'static str, &'static str)>,
 }
+
+/// Where `ep_comm_overlap` comes from: the schedules that hide the expert all-to-alls behind
+/// another micro-batch's compute.
+pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_parallel_comm (--overlap-moe-expert-parallel-comm, core 0.14 and later, off by default): the combined 1F1B schedule (megatron/core/pipeline_parallel/combined_1f1b.py) co-schedules one micro-batch's forward with another's backward so that each one's expert all-to-alls run beside the other's compute; DeepSeek-V3's DualPipe does the same with its forward and backward chunks (arXiv 2412.19437, section 3.2.1)";
 
 const MEGATRON_2021: &str = "NVIDIA/Megatron-LM v2.5 (2021)";
 const MEGATRON_CORE: &str = "NVIDIA/Megatron-LM core_r0.9.0 (2024)";
@@ -161,6 +168,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: false,
             tp_comm_overlap: false,
+            ep_comm_overlap: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Fp32,
             flash_attention: false,
@@ -191,6 +199,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: true,
             tp_comm_overlap: true,
+            ep_comm_overlap: false,
             bucket: Bucket::Params { min_params: 40e6, per_rank_params: 1e6 },
             grad_reduce_dtype: ReduceDtype::Fp32,
             flash_attention: true,
@@ -233,6 +242,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: Gather::PerModule { prefetch_bucket_params: 5e7, max_live_params: 1e9 },
             param_gather_overlap: false,
             tp_comm_overlap: false,
+            ep_comm_overlap: false,
             // reduce_bucket_size 5e8 elements, in the training precision.
             bucket: Bucket::Params { min_params: 5e8, per_rank_params: 0.0 },
             grad_reduce_dtype: ReduceDtype::Params,
@@ -266,6 +276,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: false,
             tp_comm_overlap: false,
+            ep_comm_overlap: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: true,
@@ -297,6 +308,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: false,
             tp_comm_overlap: false,
+            ep_comm_overlap: false,
             // LowLevelZeroPlugin reduce_bucket_size_in_m = 12 (million elements).
             bucket: Bucket::Params { min_params: 12e6, per_rank_params: 0.0 },
             grad_reduce_dtype: ReduceDtype::Params,
@@ -319,6 +331,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: false,
             tp_comm_overlap: false,
+            ep_comm_overlap: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: true,
@@ -395,8 +408,10 @@ pub fn reference_markdown() -> String {
         "# Framework profiles\n\n\
          What `training.framework` selects (see `docs/scenario.md`). Generated from\n\
          `sim/src/framework.rs` by `TRAINSIM_BLESS=1 cargo test --release --test tests frameworks`;\n\
-         edit the profiles there, not this file.\n",
+         edit the profiles there, not this file.\n\n\
+         `ep_comm_overlap` is off in every profile; where a run turns it on:\n",
     );
+    s += &format!("{EP_COMM_OVERLAP_SOURCE}.\n");
     let yes = |b: bool| if b { "yes" } else { "no" };
     for n in NAMES {
         let f = profile(n).expect("profile");
@@ -428,6 +443,7 @@ pub fn reference_markdown() -> String {
         s += &format!("| gradient dtype | {dtype} |\n| ZeRO-3 gathers | {gather} |\n");
         s += &format!("| parameter all-gather overlaps next forward | {} |\n", yes(f.param_gather_overlap));
         s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
+        s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));
         s += &format!("| attention | {} |\n", if f.flash_attention { "fused (flash)" } else { "materialised scores" });
         s += &format!(
             "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {}, RMSNorm {}, SwiGLU {}, rotary {} |\n\nSources:\n\n",

@@ -319,6 +319,7 @@ fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimE
             K::PipelineSend => Some(Part::PpComm),
             K::HostCopy => Some(Part::Offload),
             K::TensorParallel => Some(Part::TpComm),
+            K::ExpertParallel => Some(Part::EpComm),
         };
         part.map(|p| (p, (iteration_s - doubled_s.max(busiest_compute)).max(0.0)))
     };

@@ -107,7 +107,9 @@ impl Attribution {
                 return;
             }
             (TaskKind::HostCopy, _) => Part::Offload,
-            (TaskKind::Collective, StreamKind::Compute | StreamKind::TensorParallel) => self.comm[c.label as usize],
+            (TaskKind::Collective, StreamKind::Compute | StreamKind::TensorParallel | StreamKind::ExpertParallel) => {
+                self.comm[c.label as usize]
+            }
             (TaskKind::Collective, _) => Part::DpComm,
             // A collective waiting for its other members to arrive.
             (TaskKind::Compute, _) if p.tasks[t as usize].kind == TaskKind::Collective => {
@@ -177,6 +179,7 @@ impl Attribution {
                         StreamKind::PipelineSend => Part::PpComm,
                         StreamKind::HostCopy => Part::Offload,
                         StreamKind::TensorParallel => Part::TpComm,
+                        StreamKind::ExpertParallel => Part::EpComm,
                         _ => Part::DpComm,
                     };
                     (a, b, part)

@@ -85,6 +85,9 @@ pub(super) struct Builder {
     pub(super) held_sends: Option<Vec<Vec<u32>>>,
     /// Overlapped tensor-parallel collectives each compute stream's next task waits for
     /// (empty unless `framework.tp_comm_overlap` applies).
+    /// Per compute stream, overlapped expert all-to-alls its next schedule step waits for
+    /// (`Plan::ep_overlap`; see `expert_parallel::ep_collective`).
+    pub(super) held_step: Vec<Vec<u32>>,
     pub(super) held_tp: Vec<Vec<u32>>,
     /// Each op's copy that runs on fewer compute units (`TpOverlap`), by op.
     pub(super) narrowed_ops: HashMap<u32, u32>,
@@ -150,7 +153,8 @@ impl Builder {
             accumulate_ops: HashMap::new(),
             narrowed_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
-            held_tp: if plan.tp_overlap() || plan.cp > 1 {
+            held_step: if plan.ep_overlap() { vec![Vec::new(); simulated.len() * STREAMS] } else { Vec::new() },
+            held_tp: if plan.tp_overlap() || plan.cp > 1 || plan.ep_overlap() {
                 vec![Vec::new(); simulated.len() * STREAMS]
             } else {
                 Vec::new()
@@ -343,6 +347,9 @@ pub(super) struct StepCtx {
     pub(super) cp_group: u32,
     pub(super) cp_members: Vec<Vec<u32>>,
     pub(super) cp_streams: Vec<u32>,
+    /// The lowered ranks' communication streams the expert all-to-alls run on when they
+    /// overlap another micro-batch's compute (`Plan::ep_overlap`), else empty.
+    pub(super) ep_streams: Vec<u32>,
 }
 
 impl StepCtx {

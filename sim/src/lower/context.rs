@@ -241,17 +241,16 @@ impl Stage {
         let lowered = &group[..b.ranks as usize];
         let class = lw.s.cluster.class_of(group[0]);
         b.class = class;
-        // The lowered ranks' tensor-parallel communication streams, where something runs there.
-        let comm_streams = |on: bool| -> Vec<u32> {
+        // The lowered ranks' communication streams of a kind, where something runs there.
+        let comm_streams = |on: bool, kind: StreamKind| -> Vec<u32> {
             if !on {
                 return Vec::new();
             }
-            lowered
-                .iter()
-                .map(|&d| Program::stream_index(b.dev_index[d as usize], StreamKind::TensorParallel))
-                .collect()
+            lowered.iter().map(|&d| Program::stream_index(b.dev_index[d as usize], kind)).collect()
         };
-        let (tp_streams, cp_streams) = (comm_streams(plan.tp_overlap()), comm_streams(plan.cp > 1));
+        let tp_streams = comm_streams(plan.tp_overlap(), StreamKind::TensorParallel);
+        let cp_streams = comm_streams(plan.cp > 1, StreamKind::TensorParallel);
+        let ep_streams = comm_streams(plan.ep_overlap(), StreamKind::ExpertParallel);
         let tp_sm_share = tp_sm_share(lw.s.cluster.class(class).compute_units);
         let ctx = StepCtx {
             streams: b.compute_streams(lowered),
@@ -274,6 +273,7 @@ impl Stage {
                 Vec::new()
             },
             cp_streams,
+            ep_streams,
         };
         let order = if plan.token_slices.is_some() {
             // TeraPipe: every slice forward in order, then backward in exact reverse (a

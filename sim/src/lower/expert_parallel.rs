@@ -61,17 +61,49 @@ pub(super) fn edp_collective(
 
 /// The expert-parallel collective of `bytes` (each member's send buffer) for every tensor
 /// rank of the group being lowered, labelled `label`.
+///
+/// Where the all-to-alls overlap another micro-batch's compute (`Plan::ep_overlap`:
+/// Megatron-Core's combined 1F1B schedule, DeepSeek's DualPipe) they run on the rank's
+/// communication stream from where its compute stream stands, and the compute stream waits
+/// for them only at the start of its next schedule step (`Builder::held_step`): the rest of
+/// the step's compute stands in for the other micro-batch's that hides them. An all-to-all
+/// longer than that compute is exposed there; its traffic still shares the links.
 pub(super) fn ep_collective(b: &mut Builder, ctx: &StepCtx, kind: CollectiveKind, label: u32, bytes: f64, mb: u32) {
+    let overlap = !ctx.ep_streams.is_empty();
     for (x, members) in ctx.ep_members.iter().enumerate() {
         let x32 = x as u32;
         let stream = ctx.streams[x];
+        let on = if overlap { ctx.ep_streams[x] } else { stream };
         let group = [ctx.ep_group, ctx.stage, x32];
-        if let Some(task) = b.shared_next(Shared::Expert, group, [ctx.replica, ctx.stage, x32, 0]) {
-            b.join(task, stream);
-            continue;
+        let task = match b.shared_next(Shared::Expert, group, [ctx.replica, ctx.stage, x32, 0]) {
+            Some(task) => {
+                b.join(task, on);
+                task
+            }
+            None => {
+                let id = b.collective_id(kind, members, bytes);
+                let task = b.task(TaskKind::Collective, id, label, mb, &[on]);
+                b.share(Shared::Expert, group, task);
+                task
+            }
+        };
+        if overlap {
+            if let Some(&last) = b.p.streams[stream as usize].last() {
+                b.p.deps.push((last, task));
+            }
+            b.held_step[stream as usize].push(task);
         }
-        let id = b.collective_id(kind, members, bytes);
-        let task = b.task(TaskKind::Collective, id, label, mb, &[stream]);
-        b.share(Shared::Expert, group, task);
+    }
+}
+
+/// At the start of a schedule step, the compute streams' next task waits for the expert
+/// all-to-alls the previous step left running beside it.
+pub(super) fn release_held_steps(b: &mut Builder, ctx: &StepCtx) {
+    if ctx.ep_streams.is_empty() {
+        return;
+    }
+    for &s in &ctx.streams {
+        let held = std::mem::take(&mut b.held_step[s as usize]);
+        b.held_tp[s as usize].extend(held);
     }
 }

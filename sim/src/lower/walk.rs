@@ -39,6 +39,7 @@ pub(super) fn walk_stage(
         first_bwd: first_backward(st),
     };
     for step in &st.order {
+        super::expert_parallel::release_held_steps(b, &st.ctx);
         let at = walk.at(step.chunk, step.micro_batch);
         match step.pass {
             Pass::Forward => walk.forward(b, links, &at),

@@ -328,6 +328,12 @@ impl Plan {
         self.dp * self.cp
     }
 
+    /// Whether expert parallelism's all-to-alls overlap another micro-batch's compute
+    /// (`framework.ep_comm_overlap` with `ep` > 1).
+    pub fn ep_overlap(&self) -> bool {
+        self.ep > 1 && self.framework.ep_comm_overlap
+    }
+
     /// The context-parallel group of replica `r`'s tensor rank `x` of `stage`: the `cp`
     /// consecutive replicas that share its sequences, in ring order.
     pub fn cp_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {

@@ -19,18 +19,22 @@ pub enum StreamKind {
     /// activations.
     HostCopy,
     /// Tensor-parallel collectives that overlap the neighbouring GEMM
-    /// (`framework.tp_comm_overlap`).
+    /// (`framework.tp_comm_overlap`), and context parallelism's ring beside attention.
     TensorParallel,
+    /// Expert parallelism's all-to-alls where they overlap another micro-batch's compute
+    /// (`framework.ep_comm_overlap`).
+    ExpertParallel,
 }
 
 impl StreamKind {
-    pub const ALL: [StreamKind; 6] = [
+    pub const ALL: [StreamKind; 7] = [
         StreamKind::Compute,
         StreamKind::DataParallel,
         StreamKind::PipelineSend,
         StreamKind::Gather,
         StreamKind::HostCopy,
         StreamKind::TensorParallel,
+        StreamKind::ExpertParallel,
     ];
     pub fn index(self) -> usize {
         self as usize
@@ -43,6 +47,7 @@ impl StreamKind {
             StreamKind::Gather => "gather",
             StreamKind::HostCopy => "host-copy",
             StreamKind::TensorParallel => "tp-comm",
+            StreamKind::ExpertParallel => "ep-comm",
         }
     }
 }

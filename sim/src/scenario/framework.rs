@@ -20,6 +20,7 @@ pub struct FrameworkSpec {
     gather_prefetch: Option<u32>,
     param_gather_overlap: Option<bool>,
     tp_comm_overlap: Option<bool>,
+    ep_comm_overlap: Option<bool>,
     grad_reduce_dtype: Option<ReduceDtype>,
     fused: Vec<(String, bool)>,
 }
@@ -88,6 +89,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         gather_prefetch,
         param_gather_overlap: f.boolean("param_gather_overlap")?,
         tp_comm_overlap: f.boolean("tp_comm_overlap")?,
+        ep_comm_overlap: f.boolean("ep_comm_overlap")?,
         grad_reduce_dtype,
         fused,
     }))
@@ -113,6 +115,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(b) = s.tp_comm_overlap {
         f.tp_comm_overlap = b;
+    }
+    if let Some(b) = s.ep_comm_overlap {
+        f.ep_comm_overlap = b;
     }
     if let Some(d) = s.grad_reduce_dtype {
         f.grad_reduce_dtype = d;

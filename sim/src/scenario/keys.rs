@@ -125,6 +125,7 @@ pub const FRAMEWORK: &[&str] = &[
     "gather_prefetch",
     "param_gather_overlap",
     "tp_comm_overlap",
+    "ep_comm_overlap",
     "grad_reduce_dtype",
     "fused",
 ];
