@@ -383,6 +383,24 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
     }
     opt(&mut training, r, 0.4, "optimizer", |r| json!(*r.pick(&["adam", "adamw", "sgd"])));
     opt(&mut training, r, 0.4, "attention", |r| json!(*r.pick(&["flash", "naive"])));
+    // A framework profile by name, or with its knobs turned.
+    let profiles = ["megatron-lm-2021", "megatron-core", "deepspeed", "pytorch-fsdp", "colossal-ai", "pytorch-ddp"];
+    opt(&mut training, r, 0.3, "framework", |r| {
+        let name = *r.pick(&profiles);
+        if r.chance(0.5) {
+            return json!(name);
+        }
+        let mut f = Map::new();
+        f.insert("name".into(), json!(name));
+        opt(&mut f, r, 0.4, "grad_reduce", |r| json!(*r.pick(&["overlapped", "after_backward"])));
+        opt(&mut f, r, 0.3, "gather_prefetch", |r| json!(r.int(0, 4)));
+        opt(&mut f, r, 0.3, "param_gather_overlap", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.3, "tp_comm_overlap", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.3, "ep_comm_overlap", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.3, "grad_reduce_dtype", |r| json!(*r.pick(&["params", "fp32"])));
+        opt(&mut f, r, 0.3, "fused", |r| json!({"softmax": r.chance(0.5), "swiglu": r.chance(0.5), "adam": r.chance(0.5)}));
+        Value::Object(f)
+    });
 
     let mut plan = Map::new();
     for (k, v) in [("dp", dp), ("tp", tp), ("pp", pp)] {
