@@ -189,7 +189,10 @@ fn overlapped_all_to_alls_hide_behind_the_next_compute() {
     assert!(!f.symmetric && on.symmetric);
     assert_eq!(f.iteration_s, on.iteration_s);
     let dense = moe_scenario(2, Some(1), 1.0);
-    assert_eq!(simulate(&with(&dense, true).to_string()).iteration_s, simulate(&with(&dense, false).to_string()).iteration_s);
+    assert_eq!(
+        simulate(&with(&dense, true).to_string()).iteration_s,
+        simulate(&with(&dense, false).to_string()).iteration_s
+    );
 }
 
 /// Expert data parallelism under ZeRO-1: the routed experts' optimizer states are sharded

@@ -398,7 +398,13 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.3, "tp_comm_overlap", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "ep_comm_overlap", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "grad_reduce_dtype", |r| json!(*r.pick(&["params", "fp32"])));
-        opt(&mut f, r, 0.3, "fused", |r| json!({"softmax": r.chance(0.5), "swiglu": r.chance(0.5), "adam": r.chance(0.5)}));
+        opt(
+            &mut f,
+            r,
+            0.3,
+            "fused",
+            |r| json!({"softmax": r.chance(0.5), "swiglu": r.chance(0.5), "adam": r.chance(0.5)}),
+        );
         Value::Object(f)
     });
 
