@@ -146,10 +146,16 @@ pub fn chunk_waste(params: &[u64], chunk: u64) -> u64 {
 ///
 /// If `s.interval == 0`.
 pub fn candidate_sizes(params: &[u64], s: &ChunkSearch) -> Vec<u64> {
+    let (start, n) = candidate_range(params, s);
+    (0..n).map(|k| start + k * s.interval).collect()
+}
+
+/// The first of [`candidate_sizes`] and how many there are, without listing them (a tiny
+/// interval makes millions).
+fn candidate_range(params: &[u64], s: &ChunkSearch) -> (u64, u64) {
     assert!(s.interval > 0, "search interval must be positive");
     let max = drop_outliers(params).into_iter().max().unwrap_or(0).max(1);
-    let start = max.div_ceil(s.interval) * s.interval;
-    (0..=s.search_range / s.interval).map(|k| start + k * s.interval).collect()
+    (max.div_ceil(s.interval) * s.interval, s.search_range / s.interval + 1)
 }
 
 /// Tensor visits one chunk-size search may make before it thins its candidates (2^25, some
@@ -168,15 +174,16 @@ pub const SEARCH_WORK_LIMIT: usize = 1 << 25;
 pub fn search_chunk_size(params: &[u64], s: &ChunkSearch) -> u64 {
     assert!(s.dp_lcm > 0, "dp_lcm must be positive");
     let kept = drop_outliers(params);
-    let all = candidate_sizes(params, s);
-    let (first, last) = (all[0], all[all.len() - 1]);
+    let (first, n) = candidate_range(params, s);
+    let last = first + (n - 1) * s.interval;
+    let nth = |k: u64| first + k * s.interval;
     // Between two sums of consecutive tensors (the sizes at which one more tensor fits in a
     // chunk) the packing keeps its chunks, so the waste grows with the chunk size: the first
     // least-waste candidate is the first candidate at or above one of those sums, or the
     // first candidate. Scan only those when they are fewer (same answer, much faster when the
     // step is small, e.g. a tiny hidden size).
     let mut points: Vec<u64> = vec![first];
-    let budget = all.len();
+    let budget = usize::try_from(n).unwrap_or(usize::MAX);
     'sums: for i in 0..kept.len() {
         let mut sum = 0u64;
         for &t in &kept[i..] {
@@ -196,13 +203,13 @@ pub fn search_chunk_size(params: &[u64], s: &ChunkSearch) -> u64 {
         points.sort_unstable();
         points.dedup();
         points
-    } else if all.len().saturating_mul(kept.len()) > SEARCH_WORK_LIMIT {
+    } else if budget.saturating_mul(kept.len()) > SEARCH_WORK_LIMIT {
         // Thousands of tensors and a fine step (models thousands of layers deep): every
         // `stride`-th candidate, so that one search stays near SEARCH_WORK_LIMIT tensor visits.
-        let stride = all.len().saturating_mul(kept.len()).div_ceil(SEARCH_WORK_LIMIT);
-        all.into_iter().step_by(stride).collect()
+        let stride = budget.saturating_mul(kept.len()).div_ceil(SEARCH_WORK_LIMIT);
+        (0..n).step_by(stride).map(nth).collect()
     } else {
-        all
+        (0..n).map(nth).collect()
     };
     let mut best: Option<(u64, u64)> = None;
     for c in candidates {
