@@ -66,6 +66,8 @@ const CASES: &[(&str, &str, Expect)] = &[
     // Fuzz case 860 (seed 2030): Gemini's chunk-size search listed millions of candidates.
     ("fuzz_gemini_tiny_interval.json", "simulate", Report),
     ("fuzz_gemini_tiny_interval.json", "partition", Refused("no plan fits")),
+    // Fuzz case 563 (seed 2032): a run length given as null panicked.
+    ("fuzz_run_null_length.json", "simulate", Error("run")),
 ];
 
 /// Train-run, freezing and partition inputs fixed in another branch: skipped here until it is
