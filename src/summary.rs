@@ -192,8 +192,7 @@ pub fn presets(json: bool) {
     let links = catalog::links();
     let nodes = catalog::nodes();
     let workloads = sim::workload::catalog::presets();
-    let fabrics: Vec<sim::hardware::fabric::Fabric> =
-        sim::hardware::fabric::PRESETS.iter().filter_map(|n| sim::hardware::fabric::Fabric::preset(n)).collect();
+    let fabrics = sim::hardware::fabric::Fabric::presets();
     if json {
         let v = sim::presets_json();
         println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));

@@ -463,8 +463,7 @@ pub fn presets_json() -> serde_json::Value {
             })
         }))
         .collect::<Vec<_>>();
-    let fabrics: Vec<hardware::fabric::Fabric> =
-        hardware::fabric::PRESETS.iter().filter_map(|n| hardware::fabric::Fabric::preset(n)).collect();
+    let fabrics = hardware::fabric::Fabric::presets();
     serde_json::json!({
         "devices": catalog::devices(),
         "links": catalog::links(),

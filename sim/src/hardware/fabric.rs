@@ -32,7 +32,7 @@ pub struct Fabric {
 pub const PRESETS: &[&str] = &["dgx-superpod", "llama3-2024"];
 
 impl Fabric {
-    /// A published fabric:
+    /// Every published fabric, a preset each:
     ///
     /// - `dgx-superpod`: NVIDIA DGX SuperPOD (DGX H100 reference architecture): scalable units
     ///   of 32 nodes whose compute fabric is rail-optimised, joined by spine switches into a
@@ -42,6 +42,11 @@ impl Fabric {
     ///   joined by an aggregation layer at 1:7 oversubscription.
     ///
     /// Neither source gives the switches' latency; `extra_latency_s` is 0 unless given.
+    pub fn presets() -> Vec<Fabric> {
+        PRESETS.iter().filter_map(|n| Fabric::preset(n)).collect()
+    }
+
+    /// The preset named `name` (one of [`PRESETS`]), if any.
     pub fn preset(name: &str) -> Option<Fabric> {
         let (pod_nodes, oversubscription, rail_optimized) = match name {
             "dgx-superpod" => (32, 1.0, true),

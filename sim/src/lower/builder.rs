@@ -309,6 +309,35 @@ impl Builder {
         self.shared_tasks.get(&(kind, group)).and_then(|list| list.get(n)).copied()
     }
 
+    /// The group's next shared collective for `member` on its stream `s`: joined there when
+    /// another member of the group created it, else created on `s` (of `kind` among
+    /// `members`, `bytes` each) and recorded for the others (see [`Builder::shared_next`]).
+    pub(super) fn shared_collective(
+        &mut self,
+        shared: Shared,
+        (group, member): ([u32; 3], [u32; 4]),
+        (kind, members, bytes): (CollectiveKind, &[u32], f64),
+        (label, mb): (u32, u32),
+        s: u32,
+    ) -> u32 {
+        if let Some(task) = self.shared_next(shared, group, member) {
+            self.join(task, s);
+            return task;
+        }
+        let id = self.collective_id(kind, members, bytes);
+        let task = self.task(TaskKind::Collective, id, label, mb, &[s]);
+        self.share(shared, group, task);
+        task
+    }
+
+    /// `task` starts no earlier than the end of stream `s`'s last task so far (a collective
+    /// beside compute starts where the compute stream stands).
+    pub(super) fn after_stream_tail(&mut self, s: u32, task: u32) {
+        if let Some(&last) = self.p.streams[s as usize].last() {
+            self.p.deps.push((last, task));
+        }
+    }
+
     /// Records `task` as the group's next shared collective (see [`Builder::shared_next`]).
     pub(super) fn share(&mut self, kind: Shared, group: [u32; 3], task: u32) {
         self.shared_tasks.entry((kind, group)).or_default().push(task);

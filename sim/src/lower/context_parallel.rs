@@ -48,24 +48,11 @@ pub(super) fn cp_collective(
     for (x, members) in ctx.cp_members.iter().enumerate() {
         let x32 = x as u32;
         let (compute, side) = (ctx.streams[x], ctx.cp_streams[x]);
-        let group = [ctx.cp_group, ctx.stage, x32];
-        let task = match b.shared_next(Shared::Context, group, [ctx.replica, ctx.stage, x32, 0]) {
-            Some(task) => {
-                b.join(task, side);
-                task
-            }
-            None => {
-                let id = b.collective_id(kind, members, bytes);
-                let task = b.task(TaskKind::Collective, id, label, mb, &[side]);
-                b.share(Shared::Context, group, task);
-                task
-            }
-        };
+        let at = ([ctx.cp_group, ctx.stage, x32], [ctx.replica, ctx.stage, x32, 0]);
+        let task = b.shared_collective(Shared::Context, at, (kind, members, bytes), (label, mb), side);
         match beside {
             Beside::Next => {
-                if let Some(&last) = b.p.streams[compute as usize].last() {
-                    b.p.deps.push((last, task));
-                }
+                b.after_stream_tail(compute, task);
                 after_next.push((compute, task));
             }
             Beside::Previous { tails } => {

@@ -74,23 +74,10 @@ pub(super) fn ep_collective(b: &mut Builder, ctx: &StepCtx, kind: CollectiveKind
         let x32 = x as u32;
         let stream = ctx.streams[x];
         let on = if overlap { ctx.ep_streams[x] } else { stream };
-        let group = [ctx.ep_group, ctx.stage, x32];
-        let task = match b.shared_next(Shared::Expert, group, [ctx.replica, ctx.stage, x32, 0]) {
-            Some(task) => {
-                b.join(task, on);
-                task
-            }
-            None => {
-                let id = b.collective_id(kind, members, bytes);
-                let task = b.task(TaskKind::Collective, id, label, mb, &[on]);
-                b.share(Shared::Expert, group, task);
-                task
-            }
-        };
+        let at = ([ctx.ep_group, ctx.stage, x32], [ctx.replica, ctx.stage, x32, 0]);
+        let task = b.shared_collective(Shared::Expert, at, (kind, members, bytes), (label, mb), on);
         if overlap {
-            if let Some(&last) = b.p.streams[stream as usize].last() {
-                b.p.deps.push((last, task));
-            }
+            b.after_stream_tail(stream, task);
             b.held_step[stream as usize].push(task);
         }
     }

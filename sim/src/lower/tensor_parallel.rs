@@ -143,9 +143,7 @@ impl TpOverlap {
                 let id = b.collective_id(kind, &ctx.group, bytes);
                 let task = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
                 for &s in &ctx.streams {
-                    if let Some(&last) = b.p.streams[s as usize].last() {
-                        b.p.deps.push((last, task));
-                    }
+                    b.after_stream_tail(s, task);
                 }
                 self.after_next.extend(ctx.streams.iter().map(|&s| (s, task)));
                 true

@@ -337,8 +337,13 @@ impl Plan {
     /// The context-parallel group of replica `r`'s tensor rank `x` of `stage`: the `cp`
     /// consecutive replicas that share its sequences, in ring order.
     pub fn cp_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
-        let g = r / self.cp * self.cp;
-        (g..g + self.cp).map(|q| self.device(q, stage, x)).collect()
+        self.consecutive_replicas(r, self.cp, stage, x)
+    }
+
+    /// Tensor rank `x` of `stage` in the `k` consecutive replicas whose group holds `r`.
+    fn consecutive_replicas(&self, r: u32, k: u32, stage: u32, x: u32) -> Vec<u32> {
+        let g = r / k * k;
+        (g..g + k).map(|q| self.device(q, stage, x)).collect()
     }
 
     /// Device index of (replica, pipeline stage, tensor rank) in the plan's rank order, a
@@ -389,8 +394,7 @@ impl Plan {
     /// The expert-parallel group of tensor rank `x` of `stage` in replica `r`: the `ep`
     /// consecutive replicas of its group, in replica order.
     pub fn ep_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
-        let g = r / self.ep * self.ep;
-        (g..g + self.ep).map(|q| self.device(q, stage, x)).collect()
+        self.consecutive_replicas(r, self.ep, stage, x)
     }
 
     /// The devices that sum expert gradients with replica `r`'s tensor rank `x` of `stage`:
