@@ -112,22 +112,44 @@ impl ComputeModel {
     /// Fraction of peak a GEMM of this shape reaches: the large-GEMM efficiency, times the
     /// best tile's output utilisation (partial edge tiles) and wave utilisation (the last of
     /// `ceil(tiles / SMs)` waves part-empty), times the K loop's share outside its prologue.
+    ///
+    /// When the output has too few tiles to fill the GPU, cuBLAS splits K (its `splitK`
+    /// kernels): `s` slices of K run as `s` times the tiles, and the fp32 partial sums are
+    /// written and read back once more by a reduction. The split (1 to
+    /// [`kernels::MAX_SPLIT_K`], each slice at least [`kernels::MIN_SPLIT_K`] deep) that
+    /// takes the least time is modelled as chosen; its reduction's traffic is folded into
+    /// the efficiency.
     pub fn gemm_efficiency(&self, batch: f64, m: f64, n: f64, k: f64) -> f64 {
         let t = &self.tiling;
-        let k_eff = (k / t.k_step) / (k / t.k_step + t.prologue_steps);
+        let k_eff = |k: f64| (k / t.k_step) / (k / t.k_step + t.prologue_steps);
         if !self.quantize {
-            return self.gemm_efficiency * k_eff;
+            return self.gemm_efficiency * k_eff(k);
         }
-        let util = |(tile_m, tile_n): (f64, f64)| {
+        let util = |(tile_m, tile_n): (f64, f64), split: f64| {
             let tm = (m / tile_m).ceil().max(1.0);
             let tn = (n / tile_n).ceil().max(1.0);
             let tile_util = (m * n) / (tm * tn * tile_m * tile_n);
-            let tiles = batch * tm * tn;
+            let tiles = batch * tm * tn * split;
             let waves = (tiles / self.units).ceil().max(1.0);
             tile_util * tiles / (waves * self.units)
         };
-        let best = t.tiles.iter().map(|&tile| util(tile)).fold(0.0, f64::max);
-        self.gemm_efficiency * best * k_eff
+        let at = |split: f64| {
+            let tiles = t.tiles.iter().map(|&tile| util(tile, split)).fold(0.0, f64::max);
+            self.gemm_efficiency * tiles * k_eff(k / split)
+        };
+        let mut best = at(1.0);
+        let flops = 2.0 * batch * m * n * k;
+        for s in 2..=kernels::MAX_SPLIT_K {
+            let split = s as f64;
+            if k / split < kernels::MIN_SPLIT_K || !(flops > 0.0) {
+                break;
+            }
+            // The split's compute and its partial sums' round trip, as one efficiency.
+            let compute_s = flops / (self.peak_flops * at(split));
+            let reduce_s = self.memory_s(2.0 * split * batch * m * n * 4.0);
+            best = best.max(flops / (self.peak_flops * (compute_s + reduce_s)));
+        }
+        best
     }
 
     pub fn memory_s(&self, bytes: f64) -> f64 {

@@ -391,6 +391,15 @@ pub fn gemm_tiling(arch: Option<GpuArch>) -> GemmTiling {
     }
 }
 
+/// The most slices cuBLAS's split-K GEMMs cut K into, and the least K each slice keeps,
+/// in the model. cuBLAS names these kernels `..._splitK_...` (with a separate
+/// `splitKreduce_kernel`) and picks the split by heuristic; modelled: the split that takes
+/// least time, partial sums in fp32. Assumed bounds (not read from cuBLAS): 16 slices, 256
+/// of K each (8 main-loop steps on Ampere, 4 on Hopper). Checked against measured per-shape
+/// throughput on sm_90 (experiments/validation/kernels/gemm_xla_sm90.json).
+pub const MAX_SPLIT_K: u32 = 16;
+pub const MIN_SPLIT_K: f64 = 256.0;
+
 /// Bytes per element that Transformer Engine's fp8 casts move around a GEMM: its fused
 /// cast-transpose reads the 16-bit tensor once and writes the fp8 copy and its transpose
 /// (2 + 1 + 1 bytes), for the input and the weight in forward and the output gradient in
