@@ -139,9 +139,12 @@ impl ComputeModel {
         };
         let mut best = at(1.0);
         let flops = 2.0 * batch * m * n * k;
+        if flops.is_nan() || flops <= 0.0 {
+            return best;
+        }
         for s in 2..=kernels::MAX_SPLIT_K {
             let split = s as f64;
-            if k / split < kernels::MIN_SPLIT_K || !(flops > 0.0) {
+            if k / split < kernels::MIN_SPLIT_K {
                 break;
             }
             // The split's compute and its partial sums' round trip, as one efficiency.
