@@ -176,7 +176,8 @@ impl ComputeModel {
                 if self.fp8 && !attention_product(op.name) {
                     extra_s = self.fp8_cast_s(batch, m, n, k, backward);
                 }
-                flops / (peak * self.gemm_efficiency(batch, m, n, k) * factor)
+                let kernels = if backward { 2.0 } else { 1.0 };
+                flops / (peak * self.gemm_efficiency(batch, m, n, k) * factor) + kernels * self.tiling.fixed_s
             }
             OpClass::Attention { q, context, head_dim, causal, kernel, ring, .. } => {
                 let e = if ring > 1 {
@@ -199,7 +200,7 @@ impl ComputeModel {
 
     /// Transformer Engine's fp8 casts around one GEMM, as memory-bound kernels: forward casts
     /// (and transposes) the input and the weight, backward the output gradient.
-    fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool) -> f64 {
+    pub fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool) -> f64 {
         let per = kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM;
         let (elems, casts) = if backward { (m * n, 1.0) } else { (m * k + k * n, 2.0) };
         self.memory_s(per * batch * elems) + casts * self.launch_s

@@ -352,8 +352,20 @@ pub struct GemmTiling {
     pub tiles: &'static [(f64, f64)],
     pub k_step: f64,
     pub prologue_steps: f64,
+    /// Fixed seconds per GEMM kernel beyond its launch and its K loop (what a kernel's first
+    /// loads and last stores cost when they do not overlap the main loop), read off a measured
+    /// per-shape table where one is in the catalog; 0 where none is.
+    pub fixed_s: f64,
     pub source: &'static str,
 }
+
+/// Blackwell's fixed cost per GEMM kernel: OpenXLA's measured sm_100 table
+/// (experiments/validation/kernels/gemm_xla_sm100.json, 375 shapes, bf16 and fp8) runs every
+/// shape a near-constant time longer than Hopper's tiling and a 3 us launch explain: the
+/// median gap is 1.6 us in bf16 and 2.3 us in fp8 (quartiles 0.9-2.2 and 1.7-2.7 us), read at
+/// the model without it. 2 us, their middle, is charged per kernel. On sm_90 the same gap is
+/// -0.6 us (median over OpenXLA's table): Hopper's and Ampere's kernels take none.
+pub const BLACKWELL_GEMM_FIXED_S: f64 = 2e-6;
 
 /// cuBLAS kernel names carry their tiling: Ampere's `ampere_bf16_s16816gemm_bf16_256x128_ldg8_
 /// f2f_stages_32x3_tn` and `..._128x128_..._stages_32x3` (256x128 or 128x128 tiles, K step 32, three
@@ -367,25 +379,30 @@ pub struct GemmTiling {
 pub fn gemm_tiling(arch: Option<GpuArch>) -> GemmTiling {
     match arch {
         Some(GpuArch::Blackwell) => GemmTiling {
-            source: "assumed: cuBLAS sm90 tiling (128x256x64 / 128x128x64, stage4); no sm100 kernel names used",
+            fixed_s: BLACKWELL_GEMM_FIXED_S,
+            source: "assumed: cuBLAS sm90 tiling (128x256x64 / 128x128x64, stage4), no sm100 kernel names used; \
+                     2 us per kernel read off OpenXLA's measured sm_100 GEMM table",
             ..gemm_tiling(Some(GpuArch::Hopper))
         },
         Some(GpuArch::Ampere) => GemmTiling {
             tiles: &[(256.0, 128.0), (128.0, 256.0), (128.0, 128.0)],
             k_step: 32.0,
             prologue_steps: 2.0,
+            fixed_s: 0.0,
             source: "cuBLAS sm80 kernel names (256x128 / 128x128, stages_32x3)",
         },
         Some(GpuArch::Hopper) => GemmTiling {
             tiles: &[(128.0, 256.0), (256.0, 128.0), (128.0, 128.0)],
             k_step: 64.0,
             prologue_steps: 3.0,
+            fixed_s: 0.0,
             source: "cuBLAS sm90 kernel names (tilesize128x256x64 / 128x128x64, stage4)",
         },
         _ => GemmTiling {
             tiles: &[(128.0, 128.0)],
             k_step: 32.0,
             prologue_steps: 2.0,
+            fixed_s: 0.0,
             source: "generic 128x128 tile, K step 32",
         },
     }
