@@ -207,6 +207,8 @@ pub(super) fn parse_plan(
             crate::hardware::kernels::Attention::parse(name).expect("a known attention")
         }
     };
+    let defaulted_by = t.attention.is_none().then_some(framework.name.as_str());
+    let attention = no_fused_attention_on_volta(c, attention, defaulted_by, defaults);
     check_cp_attention(o, cp, attention, t.attention.is_none().then_some(framework.name.as_str()))?;
     let bucket_bytes = match o.positive("bucket_bytes")? {
         Some(b) => b,
@@ -646,4 +648,34 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
         ));
     }
     Ok(offload)
+}
+
+/// No fused attention kernel runs on Volta (sm70): FlashAttention 1.x needs Turing or newer,
+/// 2.x Ampere, 3.x Hopper (flash-attn README), and Transformer Engine's and cuDNN's fused
+/// attention need Ampere. On a cluster with V100s attention runs materialised, as
+/// Megatron-LM does there; `defaults_applied` says so (replacing the framework's default, or
+/// naming the kernel the scenario asked for).
+fn no_fused_attention_on_volta(
+    cluster: &ClusterSpec,
+    attention: crate::hardware::kernels::Attention,
+    defaulted_by: Option<&str>,
+    defaults: &mut Vec<String>,
+) -> crate::hardware::kernels::Attention {
+    use crate::hardware::kernels::{GpuArch, arch_of};
+    let volta = std::iter::once(&cluster.node.device)
+        .chain(cluster.overrides.iter().map(|o| &o.device))
+        .any(|d| arch_of(d) == Some(GpuArch::Volta));
+    if !volta || !attention.is_fused() {
+        return attention;
+    }
+    let why = "has no kernel for V100s: FlashAttention needs Turing or newer";
+    let line = match defaulted_by {
+        Some(framework) => {
+            defaults.pop();
+            format!("training.attention = naive ({framework}'s \"{}\" {why})", attention.name())
+        }
+        None => format!("training.attention = naive (\"{}\" was asked for, but {why})", attention.name()),
+    };
+    defaults.push(line);
+    crate::hardware::kernels::Attention::Naive
 }

@@ -159,3 +159,31 @@ fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
     s.calibrate(&rates(None));
     assert_eq!(s.options.kernel_jitter, 0.0);
 }
+
+/// FlashAttention has no V100 kernel: on a cluster of V100s the framework's default "flash"
+/// and an explicit one both run materialised, and `defaults_applied` says why; A100s keep it.
+#[test]
+fn fused_attention_falls_back_to_materialised_on_v100s() {
+    use crate::hardware::kernels::Attention;
+    let run = |node: &str, attention: Option<&str>| {
+        let mut v = base();
+        v["cluster"]["node"] = json!(node);
+        if let Some(a) = attention {
+            v["training"]["attention"] = json!(a);
+        }
+        parse(&v.to_string(), &|_| Err("no files".into())).expect("valid")
+    };
+    let v100 = run("p3.16xlarge", None);
+    assert_eq!(v100.plan.attention, Attention::Naive);
+    let said: Vec<&String> = v100.defaults_applied.iter().filter(|d| d.starts_with("training.attention")).collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains("megatron-core's \"flash\" has no kernel for V100s"), "{}", said[0]);
+    let asked = run("p3.16xlarge", Some("flash2"));
+    assert_eq!(asked.plan.attention, Attention::Naive);
+    assert!(
+        asked.defaults_applied.iter().any(|d| d.contains("\"flash2\" was asked for")),
+        "{:?}",
+        asked.defaults_applied
+    );
+    assert!(run("dgx-a100-80gb", None).plan.attention.is_fused());
+}
