@@ -566,14 +566,29 @@ fn partition_cmd(path: &Path, json: bool, write: Option<&Path>) -> Result<(), St
 }
 
 fn capacity_cmd(path: &Path, vary: &str, gpus: &[u32], json: bool, plot: Option<&Path>) -> Result<(), String> {
-    use sim::capacity::{Policy, Vary, capacity};
+    use sim::capacity::{Policy, Vary, capacity_observed};
     let s = load_scenario(path)?;
     let v = Vary::parse(vary).ok_or_else(|| format!("--vary: \"{vary}\" is not one of: hidden, layers, params"))?;
     if s.workload.net.is_some() {
         return Err("capacity studies vary a transformer; this workload is a network of distinct layers".into());
     }
     let progress = outputs::spinner("searching the largest model per memory policy");
-    let r = capacity(&s, v, &Policy::ALL);
+    // Each simulated size, as it finishes: a search over thousands of layers takes minutes.
+    let show = |bar: &indicatif::ProgressBar| {
+        let bar = bar.clone();
+        move |policy: &str, p: &sim::capacity::Probed| {
+            let verdict = match p.fits {
+                Some(true) => "fits",
+                Some(false) => "does not fit",
+                None => "refused",
+            };
+            bar.set_message(format!(
+                "largest model per memory policy: {policy}, {} layers of width {}: {verdict}",
+                p.layers, p.hidden
+            ));
+        }
+    };
+    let r = capacity_observed(&s, v, &Policy::ALL, &show(&progress));
     progress.finish_and_clear();
     let mut sweep = Vec::new();
     for &n in gpus {
@@ -595,8 +610,10 @@ fn capacity_cmd(path: &Path, vary: &str, gpus: &[u32], json: bool, plot: Option<
         g.plan.micro_batch = (1..=g.plan.micro_batch).rev().find(|b| per.is_multiple_of(*b)).unwrap_or(1);
         g.training.micro_batch = g.plan.micro_batch;
         g.plan.micro_batches = per / g.plan.micro_batch;
-        eprintln!("  {n} GPU(s)...");
-        sweep.push((n, capacity(&g, v, &Policy::ALL)));
+        let bar = outputs::spinner(format!("{n} GPU(s)"));
+        sweep.push((n, capacity_observed(&g, v, &Policy::ALL, &show(&bar))));
+        bar.finish_and_clear();
+        eprintln!("  {n} GPU(s) done");
     }
     if let Some(dir) = plot {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

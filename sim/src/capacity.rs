@@ -206,11 +206,21 @@ fn probe(s: &Scenario) -> Option<Scenario> {
 /// scenario itself. Where the scenario itself at v is past what the simulator lowers (a
 /// family of small layers reaches millions of them), the answer stands on one simulated
 /// replica, and the note says so: the limit is the simulator's, not the cluster's memory.
-fn largest(s: &Scenario, vary: Vary) -> Option<(u32, crate::report::Report, Option<String>)> {
+fn largest(
+    s: &Scenario,
+    vary: Vary,
+    on_probe: &dyn Fn(&Probed),
+) -> Option<(u32, crate::report::Report, Option<String>)> {
     let g = step(s, vary);
     let min = if vary == Vary::Layers { s.plan.chunks() } else { 1 }.div_ceil(g);
     let start = (knob(s, vary) / g).max(min);
-    let run = |x: &Scenario, u: u32| crate::try_simulate(&sized(x, vary, u * g), false).map(|x| x.report);
+    let run = |x: &Scenario, u: u32| {
+        let m = sized(x, vary, u * g);
+        let r = crate::try_simulate(&m, false).map(|x| x.report);
+        let t = &m.workload.transformer;
+        on_probe(&Probed { layers: t.layers, hidden: t.hidden, fits: r.as_ref().ok().map(|r| r.fits) });
+        r
+    };
     // A model the simulator refuses (too large to lower, past the clock) does not fit.
     let report = |x: &Scenario, u: u32| run(x, u).ok();
     let probe_at = |x: &Scenario, u: u32| match report(x, u) {
@@ -370,7 +380,26 @@ fn search(at: impl Fn(u32) -> Probe, min: u32, start: u32, degree: i32, limit: u
     Some(lo.0)
 }
 
+/// One model size the search simulated (for progress output): its shape, and whether it fit
+/// (`None`: the simulator refused it).
+#[derive(Clone, Copy, Debug)]
+pub struct Probed {
+    pub layers: u32,
+    pub hidden: u32,
+    pub fits: Option<bool>,
+}
+
 pub fn capacity(s: &Scenario, vary: Vary, policies: &[Policy]) -> CapacityReport {
+    capacity_observed(s, vary, policies, &|_, _| {})
+}
+
+/// [`capacity`], calling `on_probe` with the policy's name after every simulated size.
+pub fn capacity_observed(
+    s: &Scenario,
+    vary: Vary,
+    policies: &[Policy],
+    on_probe: &dyn Fn(&str, &Probed),
+) -> CapacityReport {
     // BaPipe's exploration simulates dozens of plans; per bisection step that takes minutes.
     // The capacity question is about memory: the scenario's own schedule with a balanced
     // partition answers it.
@@ -383,7 +412,7 @@ pub fn capacity(s: &Scenario, vary: Vary, policies: &[Policy]) -> CapacityReport
         .iter()
         .map(|&pol| {
             let base = pol.apply(s);
-            match largest(&base, vary) {
+            match largest(&base, vary, &|p| on_probe(pol.name(), p)) {
                 Some((v, r, note)) => {
                     let m = sized(&base, vary, v);
                     PolicyCapacity {

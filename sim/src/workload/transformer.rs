@@ -177,18 +177,25 @@ impl TransformerConfig {
     /// Parameters of one layer, the mean over the layers (they differ only in a
     /// mixture-of-experts model with dense layers first).
     pub fn layer_parameters(&self) -> f64 {
-        if !self.mixed_layers() {
-            return self.layer_parameters_at(self.layers.saturating_sub(1));
+        self.mean_over_layers(|l| self.layer_parameters_at(l))
+    }
+
+    /// The mean of `per_layer` over the layers, in closed form: the first `dense_layers`
+    /// layers are alike, and so are the rest (a model of a million layers is one call each).
+    fn mean_over_layers(&self, per_layer: impl Fn(u32) -> f64) -> f64 {
+        let last = self.layers.saturating_sub(1);
+        match self.moe {
+            Some(m) if self.mixed_layers() => {
+                let dense = m.dense_layers as f64;
+                (dense * per_layer(0) + (self.layers as f64 - dense) * per_layer(last)) / self.layers as f64
+            }
+            _ => per_layer(last),
         }
-        (0..self.layers).map(|l| self.layer_parameters_at(l)).sum::<f64>() / self.layers as f64
     }
 
     /// [`TransformerConfig::active_layer_parameters_at`], the mean over the layers.
     pub fn active_layer_parameters(&self) -> f64 {
-        if !self.mixed_layers() {
-            return self.active_layer_parameters_at(self.layers.saturating_sub(1));
-        }
-        (0..self.layers).map(|l| self.active_layer_parameters_at(l)).sum::<f64>() / self.layers as f64
+        self.mean_over_layers(|l| self.active_layer_parameters_at(l))
     }
 
     /// Parameters of layer `l`.
