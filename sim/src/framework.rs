@@ -255,7 +255,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "gather",
-                    "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order",
+                    "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order: one all-gather per module of a layer (each norm, attention projection and MLP matrix)",
                 ),
                 ("bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8 elements"),
                 (

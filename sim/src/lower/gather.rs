@@ -41,6 +41,32 @@ pub(super) struct Gathers {
     wb: f64,
     /// Labels of chunk fetches and evictions.
     labels: (u32, u32),
+    /// Each transformer layer's gather as its modules' shares of the layer's parameters, one
+    /// all-gather each (DeepSpeed ZeRO-3 fetches module by module); `[1.0]`: one per layer.
+    modules: Vec<f64>,
+}
+
+/// A transformer layer's modules as shares of its parameters, in the order a forward pass
+/// meets them: norm, attention's input projection, its output projection, norm, and each MLP
+/// matrix (an MoE layer's experts count as its MLP).
+fn module_shares(t: &crate::workload::TransformerConfig) -> Vec<f64> {
+    let h = t.hidden as f64;
+    let norm = match t.norm {
+        crate::workload::transformer::Norm::LayerNorm => 2.0 * h,
+        crate::workload::transformer::Norm::RmsNorm => h,
+    };
+    let (q, kv) = (t.q_width(), t.kv_width());
+    let (attn_in, attn_out) = (h * (q + 2.0 * kv), q * h);
+    let total = t.layer_parameters();
+    let matrices = t.mlp_matrices();
+    let mlp = ((total - attn_in - attn_out - 2.0 * norm) / matrices).max(0.0);
+    let mut parts = vec![norm, attn_in, attn_out, norm];
+    parts.extend(std::iter::repeat_n(mlp, matrices as usize));
+    let sum: f64 = parts.iter().sum();
+    if sum.is_nan() || sum <= 0.0 {
+        return vec![1.0];
+    }
+    parts.iter().map(|p| p / sum).collect()
 }
 
 impl Gathers {
@@ -67,6 +93,12 @@ impl Gathers {
             pending: (0, 0.0),
             wb: lw.wb,
             labels: (NONE, NONE),
+            modules: match lw.plan.framework.gather {
+                crate::framework::Gather::PerModule { .. } if lw.s.workload.net.is_none() => {
+                    module_shares(&lw.s.workload.transformer)
+                }
+                _ => vec![1.0],
+            },
         }
     }
 
@@ -118,9 +150,18 @@ impl Gathers {
                         self.unit_label,
                     );
                 }
-                gather_after_copies(b, plan, r, stage, x, bytes, (copy, copy), self.gate())
+                gather_after_copies(b, plan, r, stage, x, &self.shares(bytes, unit), (copy, copy), self.gate())
             })
             .collect()
+    }
+
+    /// The all-gathers of a unit of `bytes`: one per module of a transformer layer under
+    /// per-module gathering, else one.
+    fn shares(&self, bytes: f64, unit: i32) -> Vec<f64> {
+        if unit < 0 || self.modules.len() == 1 || self.dynamic {
+            return vec![bytes];
+        }
+        self.modules.iter().map(|m| m * bytes).collect()
     }
 
     fn before_dynamic(&mut self, b: &mut Builder, plan: &Plan, r: u32, stage: u32, params: f64, unit: i32) -> Vec<u32> {
@@ -161,7 +202,7 @@ impl Gathers {
                     }
                     tail = copy;
                 }
-                gather_after_copies(b, plan, r, stage, x, params * self.wb, (head, tail), self.gate())
+                gather_after_copies(b, plan, r, stage, x, &[params * self.wb], (head, tail), self.gate())
             })
             .collect()
     }
@@ -191,29 +232,51 @@ impl Gathers {
     }
 }
 
-/// The all-gather of a unit of `bytes` for tensor-parallel rank `x` (none without data-parallel
-/// peers) after its host copies `first..=last` (on the host-copy stream, in order; [`NONE`] if
-/// none); the first of them, or the gather, waits for task `wait + x` of the previous unit.
-/// Returns what the unit's compute waits for ([`NONE`] if nothing).
+/// The all-gathers of a unit (one per entry of `bytes`, in order on the gather stream) for
+/// tensor-parallel rank `x` (none without data-parallel peers) after its host copies
+/// `first..=last` (on the host-copy stream, in order; [`NONE`] if none); the first of them, or
+/// the first gather, waits for task `wait + x` of the previous unit. Returns what the unit's
+/// compute waits for ([`NONE`] if nothing).
+#[allow(clippy::too_many_arguments)]
 fn gather_after_copies(
     b: &mut Builder,
     plan: &Plan,
     r: u32,
     stage: u32,
     x: u32,
-    bytes: f64,
+    bytes: &[f64],
     (first, last): (u32, u32),
     wait: u32,
 ) -> u32 {
-    let g = if plan.sync_degree() > 1 {
-        dp_collective(b, plan, r, stage, x, CollectiveKind::AllGather, bytes, "param_gather", PARAM_GATHER_STREAM)
-    } else {
-        last
-    };
-    if last != NONE && g != last {
-        b.p.deps.push((last, g));
+    let (mut first_gather, mut g) = (NONE, last);
+    if plan.sync_degree() > 1 {
+        for &part in bytes {
+            g = dp_collective(
+                b,
+                plan,
+                r,
+                stage,
+                x,
+                CollectiveKind::AllGather,
+                part,
+                "param_gather",
+                PARAM_GATHER_STREAM,
+            );
+            if first_gather == NONE {
+                first_gather = g;
+            }
+        }
     }
-    let head = if first == NONE { g } else { first };
+    if last != NONE && first_gather != NONE {
+        b.p.deps.push((last, first_gather));
+    }
+    let head = if first != NONE {
+        first
+    } else if first_gather != NONE {
+        first_gather
+    } else {
+        g
+    };
     if wait != NONE && head != NONE {
         b.p.deps.push((wait + x, head));
     }

@@ -371,3 +371,23 @@ fn expert_gradients_are_reduced_over_the_expert_data_parallel_group() {
         }
     }
 }
+
+/// DeepSpeed's ZeRO-3 gathers module by module: each layer's gather is its modules' (two
+/// norms, the attention's two projections, the two GeLU-MLP matrices), the same bytes in six
+/// all-gathers where FSDP makes one per layer; the embedding and the head stay one each.
+#[test]
+fn deepspeed_gathers_each_module_of_a_layer() {
+    let z3 = r#"{"dp": 16, "zero_stage": 3}"#;
+    let gathers = |fw: &str| {
+        let sim = crate::simulate(&with_framework(fw, z3), false);
+        collectives_of_device_0(&sim.program, "param_gather")
+    };
+    let (ds_bytes, ds) = gathers(r#""deepspeed""#);
+    let (fsdp_bytes, fsdp) = gathers(r#""pytorch-fsdp""#);
+    assert!((ds_bytes - fsdp_bytes).abs() / fsdp_bytes < 1e-9, "the same bytes: {ds_bytes} vs {fsdp_bytes}");
+    // FSDP: one gather per layer per pass plus the embedding's and the head's; DeepSpeed: six
+    // per layer per pass plus the same two.
+    let layer_gathers = (ds.len() - fsdp.len()) / 5;
+    assert_eq!(ds.len() - fsdp.len(), 5 * layer_gathers, "{} vs {}", ds.len(), fsdp.len());
+    assert!(layer_gathers > 0 && layer_gathers % 4 == 0 && layer_gathers < fsdp.len(), "{layer_gathers}");
+}

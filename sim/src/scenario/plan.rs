@@ -208,6 +208,14 @@ pub(super) fn parse_plan(
         }
     };
     let defaulted_by = t.attention.is_none().then_some(framework.name.as_str());
+    if cp > 1 && attention.is_fused() && has_volta(c) {
+        return Err(invalid(
+            &o.key("cp"),
+            format!(
+                "{cp} needs fused attention (its ring runs inside the fused kernel), and no fused attention kernel runs on V100s (FlashAttention needs Turing or newer); allowed: cp = 1"
+            ),
+        ));
+    }
     let attention = no_fused_attention_on_volta(c, attention, defaulted_by, defaults);
     check_cp_attention(o, cp, attention, t.attention.is_none().then_some(framework.name.as_str()))?;
     let bucket_bytes = match o.positive("bucket_bytes")? {
@@ -661,11 +669,7 @@ fn no_fused_attention_on_volta(
     defaulted_by: Option<&str>,
     defaults: &mut Vec<String>,
 ) -> crate::hardware::kernels::Attention {
-    use crate::hardware::kernels::{GpuArch, arch_of};
-    let volta = std::iter::once(&cluster.node.device)
-        .chain(cluster.overrides.iter().map(|o| &o.device))
-        .any(|d| arch_of(d) == Some(GpuArch::Volta));
-    if !volta || !attention.is_fused() {
+    if !has_volta(cluster) || !attention.is_fused() {
         return attention;
     }
     let why = "has no kernel for V100s: FlashAttention needs Turing or newer";
@@ -678,4 +682,12 @@ fn no_fused_attention_on_volta(
     };
     defaults.push(line);
     crate::hardware::kernels::Attention::Naive
+}
+
+/// Whether any device of the cluster is a V100 (Volta, sm70).
+fn has_volta(cluster: &ClusterSpec) -> bool {
+    use crate::hardware::kernels::{GpuArch, arch_of};
+    std::iter::once(&cluster.node.device)
+        .chain(cluster.overrides.iter().map(|o| &o.device))
+        .any(|d| arch_of(d) == Some(GpuArch::Volta))
 }

@@ -167,7 +167,7 @@ impl TransformerConfig {
         }
     }
 
-    fn mlp_matrices(&self) -> f64 {
+    pub fn mlp_matrices(&self) -> f64 {
         match self.mlp {
             Mlp::Gelu => 2.0,
             Mlp::SwiGlu => 3.0,
