@@ -61,13 +61,19 @@ const CASES: &[(&str, &str, Expect)] = &[
     // as null; now it is absent.
     ("fuzz_partition_baseline_refused.json", "partition", Report),
     // Fuzz case 313 (seed 2028): the data-parallel baseline kept plan.cp and indexed past the
-    // cluster's devices; nothing of this plan fits its 16 GB V100s, which partition says.
+    // cluster's devices; nothing of this plan fits (on A100s since session 17: V100s refuse
+    // context parallelism), which partition says.
     ("fuzz_partition_cp_baseline.json", "partition", Refused("no plan fits")),
     // Fuzz case 860 (seed 2030): Gemini's chunk-size search listed millions of candidates.
     ("fuzz_gemini_tiny_interval.json", "simulate", Report),
     ("fuzz_gemini_tiny_interval.json", "partition", Refused("no plan fits")),
     // Fuzz case 563 (seed 2032): a run length given as null panicked.
     ("fuzz_run_null_length.json", "simulate", Error("run")),
+    // Fuzz case 467 (seed 2035): 1-token slicing units of 2,048-token sequences tabulated 34 M
+    // slice costs for five minutes; the table is now bounded by time and the error says which
+    // granularity fits.
+    ("fuzz_slice_table_time.json", "simulate", Error("plan.token_granularity")),
+    ("fuzz_slice_table_time.json", "slices", Error("plan.token_granularity")),
 ];
 
 /// Train-run, freezing and partition inputs fixed in another branch: skipped here until it is

@@ -93,8 +93,11 @@ pub const DEFAULT_CANDIDATE_TOLERANCE: f64 = 1e-5;
 /// Batches up to this size consider every sub-batch size; larger ones `1..=8` and divisors.
 pub const ALL_SUB_BATCH_SIZES_UP_TO: u32 = 32;
 
-/// The most slice costs the optimiser tabulates (8 bytes each, plus the sort's copy).
-pub const MAX_TABLE_ENTRIES: u64 = 50_000_000;
+/// The most slice costs the optimiser tabulates. Each is a layer's ops through the cost model,
+/// about 8 us on one core, so 4 M take about half a minute (at the earlier 50 M a fuzzed
+/// problem of 1-token units ran five minutes before answering); TeraPipe's own settings need
+/// about 1 M (2,048 tokens in 8-token units, 32 sub-batch sizes).
+pub const MAX_TABLE_ENTRIES: u64 = 4_000_000;
 
 /// The most sequences per replica the optimiser cuts into sub-batches.
 pub const MAX_BATCH: u32 = 1 << 20;
@@ -150,7 +153,7 @@ impl SliceProblem {
         sizes.saturating_mul(n * (n + 1) / 2)
     }
 
-    /// Refuse a problem whose tables exceed [`MAX_TABLE_ENTRIES`] (memory) or whose batch is
+    /// Refuse a problem whose tables exceed [`MAX_TABLE_ENTRIES`] (time) or whose batch is
     /// too large to enumerate sub-batch sizes for, naming what to change.
     pub fn check_size(&self) -> Result<(), String> {
         if self.batch > MAX_BATCH {
