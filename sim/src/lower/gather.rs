@@ -137,6 +137,7 @@ impl Gathers {
         if self.unit_label == NONE {
             self.unit_label = b.label(Label { op: "param_fetch", layer: -1, phase: Phase::Sync, chunk: stage });
         }
+        let parts = self.shares(bytes, unit);
         (0..b.ranks)
             .map(|x| {
                 let mut copy = NONE;
@@ -150,7 +151,7 @@ impl Gathers {
                         self.unit_label,
                     );
                 }
-                gather_after_copies(b, plan, r, stage, x, &self.shares(bytes, unit), (copy, copy), self.gate())
+                gather_after_copies(b, plan, r, stage, x, &parts, (copy, copy), self.gate())
             })
             .collect()
     }
@@ -158,7 +159,7 @@ impl Gathers {
     /// The all-gathers of a unit of `bytes`: one per module of a transformer layer under
     /// per-module gathering, else one.
     fn shares(&self, bytes: f64, unit: i32) -> Vec<f64> {
-        if unit < 0 || self.modules.len() == 1 || self.dynamic {
+        if unit < 0 || self.modules.len() == 1 {
             return vec![bytes];
         }
         self.modules.iter().map(|m| m * bytes).collect()

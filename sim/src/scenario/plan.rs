@@ -199,24 +199,7 @@ pub(super) fn parse_plan(
     };
     let framework = super::framework::resolve(t.framework.as_ref(), traits, defaults);
     let grad_bytes = framework.grad_reduce_bytes(t.precision.activation_bytes());
-    let attention = match t.attention {
-        Some(a) => a,
-        None => {
-            let name = if framework.flash_attention { "flash" } else { "naive" };
-            defaults.push(format!("training.attention = {name} ({})", framework.name));
-            crate::hardware::kernels::Attention::parse(name).expect("a known attention")
-        }
-    };
-    let defaulted_by = t.attention.is_none().then_some(framework.name.as_str());
-    if cp > 1 && attention.is_fused() && has_volta(c) {
-        return Err(invalid(
-            &o.key("cp"),
-            format!(
-                "{cp} needs fused attention (its ring runs inside the fused kernel), and no fused attention kernel runs on V100s (FlashAttention needs Turing or newer); allowed: cp = 1"
-            ),
-        ));
-    }
-    let attention = no_fused_attention_on_volta(c, attention, defaulted_by, defaults);
+    let attention = resolve_attention(o, c, t.attention, &framework, cp, defaults)?;
     check_cp_attention(o, cp, attention, t.attention.is_none().then_some(framework.name.as_str()))?;
     let bucket_bytes = match o.positive("bucket_bytes")? {
         Some(b) => b,
@@ -658,30 +641,42 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
     Ok(offload)
 }
 
-/// No fused attention kernel runs on Volta (sm70): FlashAttention 1.x needs Turing or newer,
-/// 2.x Ampere, 3.x Hopper (flash-attn README), and Transformer Engine's and cuDNN's fused
-/// attention need Ampere. On a cluster with V100s attention runs materialised, as
-/// Megatron-LM does there; `defaults_applied` says so (replacing the framework's default, or
-/// naming the kernel the scenario asked for).
-fn no_fused_attention_on_volta(
+/// `training.attention`, or the framework's default (listed in `defaults_applied`). No fused
+/// attention kernel runs on Volta (sm70): FlashAttention 1.x needs Turing or newer, 2.x
+/// Ampere, 3.x Hopper (flash-attn README), and Transformer Engine's and cuDNN's fused attention
+/// need Ampere. On a cluster with V100s attention runs materialised, as Megatron-LM does there,
+/// and `defaults_applied` names the kernel that was defaulted or asked for; context
+/// parallelism, whose ring runs inside the fused kernel, is refused there.
+fn resolve_attention(
+    o: &Obj,
     cluster: &ClusterSpec,
-    attention: crate::hardware::kernels::Attention,
-    defaulted_by: Option<&str>,
+    asked: Option<crate::hardware::kernels::Attention>,
+    framework: &crate::framework::Framework,
+    cp: u32,
     defaults: &mut Vec<String>,
-) -> crate::hardware::kernels::Attention {
-    if !has_volta(cluster) || !attention.is_fused() {
-        return attention;
+) -> Result<crate::hardware::kernels::Attention> {
+    use crate::hardware::kernels::Attention;
+    let requested = asked.unwrap_or_else(|| {
+        Attention::parse(if framework.flash_attention { "flash" } else { "naive" }).expect("a known attention")
+    });
+    let volta = requested.is_fused() && has_volta(cluster);
+    if volta && cp > 1 {
+        return Err(invalid(
+            &o.key("cp"),
+            format!(
+                "{cp} needs fused attention (its ring runs inside the fused kernel), and no fused attention kernel runs on V100s (FlashAttention needs Turing or newer); allowed: cp = 1"
+            ),
+        ));
     }
     let why = "has no kernel for V100s: FlashAttention needs Turing or newer";
-    let line = match defaulted_by {
-        Some(framework) => {
-            defaults.pop();
-            format!("training.attention = naive ({framework}'s \"{}\" {why})", attention.name())
-        }
-        None => format!("training.attention = naive (\"{}\" was asked for, but {why})", attention.name()),
-    };
-    defaults.push(line);
-    crate::hardware::kernels::Attention::Naive
+    let name = requested.name();
+    match (asked, volta) {
+        (None, false) => defaults.push(format!("training.attention = {name} ({})", framework.name)),
+        (None, true) => defaults.push(format!("training.attention = naive ({}'s \"{name}\" {why})", framework.name)),
+        (Some(_), true) => defaults.push(format!("training.attention = naive (\"{name}\" was asked for, but {why})")),
+        (Some(_), false) => {}
+    }
+    Ok(if volta { Attention::Naive } else { requested })
 }
 
 /// Whether any device of the cluster is a V100 (Volta, sm70).

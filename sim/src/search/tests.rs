@@ -31,16 +31,23 @@ fn indices(v: &[Evaluated]) -> Vec<usize> {
 
 fn none(_: &Progress) {}
 
+/// The exhaustive and the pruned search of `inp` (top 3), checked to agree on the top and the
+/// front (`what` names the case in a failure).
+fn exhaustive_and_pruned(inp: &SearchInput, what: &str) -> (Outcome, Outcome) {
+    let all = search(inp, Options { top: 3, prune: false }, &none).unwrap();
+    let pruned = search(inp, Options { top: 3, prune: true }, &none).unwrap();
+    assert_eq!(indices(&pruned.top), indices(&all.top), "{what}");
+    assert_eq!(indices(&pruned.pareto), indices(&all.pareto), "{what}");
+    (all, pruned)
+}
+
 #[test]
 fn pruned_search_finds_the_exhaustive_best_top_and_front() {
     // A sub-space (1F1B and interleaved, no offload) keeps the exhaustive run short.
     for plan in [r#"{"rank_order": "tp-dp-pp", "offload": "none"}"#, r#"{"tp": 2, "recompute": "full"}"#] {
         let inp = small(plan);
-        let all = search(&inp, Options { top: 3, prune: false }, &none).unwrap();
-        let pruned = search(&inp, Options { top: 3, prune: true }, &none).unwrap();
+        let (all, pruned) = exhaustive_and_pruned(&inp, plan);
         assert!(all.best.is_some(), "{plan}: nothing fits");
-        assert_eq!(indices(&pruned.top), indices(&all.top), "{plan}");
-        assert_eq!(indices(&pruned.pareto), indices(&all.pareto), "{plan}");
         assert_eq!(pruned.best.as_ref().map(|e| e.index), all.best.as_ref().map(|e| e.index));
         let p = pruned.progress;
         assert_eq!(p.evaluated + p.pruned() + p.invalid, p.enumerated, "{p:?}");
@@ -196,11 +203,8 @@ fn expert_parallelism_is_searched() {
     assert_eq!(eps.into_iter().collect::<Vec<_>>(), vec![1, 2, 4, 8]);
     // Megatron-Core's rule: expert parallelism with tensor parallelism needs sequence parallelism.
     assert!(space.iter().all(|c| c.plan["ep"] == 1 || c.plan["tp"] == 1 || c.plan["sequence_parallel"] == true));
-    let all = search(&moe, Options { top: 3, prune: false }, &none).unwrap();
-    let pruned = search(&moe, Options { top: 3, prune: true }, &none).unwrap();
+    let (all, _) = exhaustive_and_pruned(&moe, "expert parallelism");
     assert_eq!(all.progress.invalid, 0, "every enumerated plan is one the reader accepts");
-    assert_eq!(indices(&pruned.top), indices(&all.top));
-    assert_eq!(indices(&pruned.pareto), indices(&all.pareto));
     assert!(all.simulated.iter().any(|e| e.plan["ep"].as_u64() > Some(1)));
     check_bounds(&moe, 10);
 }
@@ -221,11 +225,8 @@ fn context_parallelism_is_searched_for_long_sequences() {
     let cps: std::collections::BTreeSet<u64> =
         space.iter().map(|c| c.plan.get("cp").and_then(|v| v.as_u64()).unwrap_or(1)).collect();
     assert_eq!(cps.into_iter().collect::<Vec<_>>(), vec![1, 2, 4]);
-    let all = search(&long, Options { top: 3, prune: false }, &none).unwrap();
-    let pruned = search(&long, Options { top: 3, prune: true }, &none).unwrap();
+    let (all, _) = exhaustive_and_pruned(&long, "context parallelism");
     assert_eq!(all.progress.invalid, 0, "every enumerated plan is one the reader accepts");
-    assert_eq!(indices(&pruned.top), indices(&all.top));
-    assert_eq!(indices(&pruned.pareto), indices(&all.pareto));
     assert!(all.simulated.iter().any(|e| e.plan["cp"].as_u64() > Some(1)));
     check_bounds(&long, 10);
     // Short sequences: no context parallelism.
@@ -245,10 +246,7 @@ fn framework_profiles_are_searched_when_asked() {
     assert!(space[plain..].iter().all(|c| c.framework == Some("deepspeed")));
     let s = scenario_of(&inp, &space[plain]).unwrap();
     assert_eq!(s.plan.framework.name, "deepspeed");
-    let all = search(&inp, Options { top: 3, prune: false }, &none).unwrap();
-    let pruned = search(&inp, Options { top: 3, prune: true }, &none).unwrap();
-    assert_eq!(indices(&pruned.top), indices(&all.top));
-    assert_eq!(indices(&pruned.pareto), indices(&all.pareto));
+    let (all, _) = exhaustive_and_pruned(&inp, "frameworks");
     let best = all.best.expect("a plan fits");
     assert!(best.framework.is_some());
     // Both profiles were simulated.
