@@ -82,6 +82,8 @@ pub fn load_profile(path: &Path) -> Result<MeasuredRates, String> {
         link_latency_s: num("/link/latency_s").ok(),
         // Profiles from before session 16 have none.
         kernel_jitter: num("/kernel_jitter").ok(),
+        // Profiles from before session 18 timed f32 GEMMs and do not say so.
+        gemm_element_bytes: num("/element_bytes").ok(),
         memory_op_bytes_per_s: v["memory_ops"]
             .as_array()
             .map(|a| {
@@ -266,18 +268,27 @@ pub fn calibrate_cmd(backend: &str, out: &Path, quick: bool) -> Result<(), Strin
     std::fs::write(out.join("README.md"), profile_readme(&profile, quick))
         .map_err(|e| format!("cannot write README in {}: {e}", out.display()))?;
     println!(
-        "profile: {} (GEMM {:.1} GFLOP/s [{:.1}, {:.1}], memory {:.1} GB/s, launch {:.2} us, link {:.1} GB/s + {:.1} us, kernel spread {:.1}%)",
+        "profile: {} ({} GEMM {:.1} GFLOP/s [{:.1}, {:.1}], memory {:.1} GB/s, launch {:.2} us, {}, kernel spread {:.1}%)",
         file.display(),
+        profile.precision,
         profile.gemm.flops_per_s / 1e9,
         profile.gemm.flops_per_s_ci95[0] / 1e9,
         profile.gemm.flops_per_s_ci95[1] / 1e9,
         profile.memory.bytes_per_s / 1e9,
         profile.launch_s * 1e6,
-        profile.link.bytes_per_s / 1e9,
-        profile.link.latency_s * 1e6,
+        link_summary(&profile),
         profile.kernel_jitter * 100.0
     );
     Ok(())
+}
+
+/// The links a profile measured, in one phrase.
+fn link_summary(p: &Profile) -> String {
+    match (&p.link, &p.host_link) {
+        (Some(l), _) => format!("link {:.1} GB/s + {:.1} us", l.bytes_per_s / 1e9, l.latency_s * 1e6),
+        (None, Some(h)) => format!("host to device {:.1} GB/s + {:.1} us", h.bytes_per_s / 1e9, h.latency_s * 1e6),
+        (None, None) => "no link measured".into(),
+    }
 }
 
 fn today() -> String {
@@ -304,12 +315,23 @@ fn machine() -> String {
 }
 
 fn profile_readme(p: &Profile, quick: bool) -> String {
+    let fit_row = |what: &str, f: &Option<executor::calibrate::BandwidthFit>, absent: &str| match f {
+        Some(l) => format!(
+            "| {what} | {:.2} GB/s, {:.2} us latency | [{:.2}, {:.2}] GB/s |\n",
+            l.bytes_per_s / 1e9,
+            l.latency_s * 1e6,
+            l.bytes_per_s_ci95[0] / 1e9,
+            l.bytes_per_s_ci95[1] / 1e9
+        ),
+        None => format!("| {what} | not measured ({absent}) | |\n"),
+    };
     format!(
-        "# Calibration profile: {} backend, {}\n\nMachine: {}. Made on {} with `trainsim calibrate --backend {}{}`.\n\n\
+        "# Calibration profile: {} backend, {}\n\nMachine: {}. Made on {} with `trainsim calibrate --backend {}{}`. \
+         GEMMs and memory ops measured in {}.\n\n\
          | parameter | value | 95% interval |\n|---|---|---|\n\
          | large-GEMM rate | {:.2} GFLOP/s | [{:.2}, {:.2}] |\n| GEMM overhead | {:.2} us | |\n\
          | streaming memory bandwidth | {:.2} GB/s | [{:.2}, {:.2}] |\n| op launch overhead | {:.2} us | |\n\
-         | device-to-device link | {:.2} GB/s, {:.2} us latency | [{:.2}, {:.2}] GB/s |\n\
+         {}{}\
          | kernel time spread, launch to launch | {:.1}% (robust relative standard deviation of 31 runs of one GEMM; `simulation.kernel_jitter`) | |\n\n\
          `profile.json` holds every measured point. Use it with `trainsim simulate --profile` or `trainsim validate --profile`.\n",
         p.backend,
@@ -318,6 +340,7 @@ fn profile_readme(p: &Profile, quick: bool) -> String {
         p.created,
         p.backend,
         if quick { " --quick" } else { "" },
+        p.precision,
         p.gemm.flops_per_s / 1e9,
         p.gemm.flops_per_s_ci95[0] / 1e9,
         p.gemm.flops_per_s_ci95[1] / 1e9,
@@ -326,10 +349,8 @@ fn profile_readme(p: &Profile, quick: bool) -> String {
         p.memory.bytes_per_s_ci95[0] / 1e9,
         p.memory.bytes_per_s_ci95[1] / 1e9,
         p.launch_s * 1e6,
-        p.link.bytes_per_s / 1e9,
-        p.link.latency_s * 1e6,
-        p.link.bytes_per_s_ci95[0] / 1e9,
-        p.link.bytes_per_s_ci95[1] / 1e9,
+        fit_row("device-to-device link", &p.link, "peer copies between GPUs are not timed"),
+        fit_row("host-to-device copies (pinned)", &p.host_link, "CPU threads share one memory"),
         p.kernel_jitter * 100.0,
     )
 }

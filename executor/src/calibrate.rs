@@ -7,7 +7,12 @@
 //! - a streaming op over sizes: memory bandwidth and per-op overhead (`t = bytes / B + b`);
 //! - the smallest op: launch overhead (median);
 //! - copies between two threads (the CPU's device-to-device link) over sizes: bandwidth and
-//!   latency (`t = bytes / beta + alpha`).
+//!   latency (`t = bytes / beta + alpha`); on a GPU, copies between host and device memory
+//!   instead (the host link; peer-to-peer links between GPUs are not measured).
+//!
+//! A CPU runs small shapes in f32 (it computes in f32 whatever the training precision); a GPU
+//! runs shapes that fill it (GEMMs up to 8192, memory ops up to 1 GiB) in bf16 with f32
+//! accumulation, the precision GPUs train in, and the profile records which ([`Scale`]).
 //!
 //! Each fit reports the 95% interval of its slope from the Student t distribution (statrs).
 
@@ -97,6 +102,10 @@ pub struct Profile {
     pub schema: &'static str,
     pub backend: String,
     pub device: String,
+    /// Precision of the GEMMs and memory ops measured ("fp32" or "bf16") and its bytes per
+    /// element: the GEMM rate describes training at that precision only.
+    pub precision: &'static str,
+    pub element_bytes: f64,
     /// How many devices ran the microbenchmarks at once.
     pub devices_measured_together: usize,
     pub created: String,
@@ -105,7 +114,12 @@ pub struct Profile {
     /// Streaming rate of each kind of memory-bound op (bytes it moves per second).
     pub memory_ops: Vec<OpRate>,
     pub launch_s: f64,
-    pub link: BandwidthFit,
+    /// The link between two devices: on the CPU, copies between two threads. Not measured on
+    /// a GPU (null).
+    pub link: Option<BandwidthFit>,
+    /// On a GPU, copies from pinned host memory to the device (the offload path); null on
+    /// the CPU.
+    pub host_link: Option<BandwidthFit>,
     /// Launch-to-launch spread of one kernel's time: the robust relative standard deviation
     /// (1.4826 x the median absolute deviation over the median) of [`SPREAD_RUNS`] runs of a
     /// mid-size GEMM after a warm-up, the median over the devices measured. What the
@@ -125,6 +139,59 @@ pub fn robust_spread(v: &[f64]) -> f64 {
     }
     let dev: Vec<f64> = v.iter().map(|x| (x - m).abs()).collect();
     1.4826 * median(&dev) / m
+}
+
+/// The sizes and precision calibration measures at, per kind of device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scale {
+    /// Whether the device is a GPU.
+    pub gpu: bool,
+    /// Sides of the square GEMMs (also the tall-skinny and batched shapes).
+    pub gemm_sizes: &'static [f64],
+    /// Streaming op sizes, MiB.
+    pub memory_mib: &'static [f64],
+    /// Size of each named memory op, MiB.
+    pub op_mib: f64,
+    /// Side of the GEMM timed for the launch-to-launch spread.
+    pub spread_side: f64,
+    /// Bytes per element of operands and activations.
+    pub element_bytes: f64,
+}
+
+impl Scale {
+    /// A CPU's scale (small shapes, f32), or with `quick` fewer of them.
+    pub fn cpu(quick: bool) -> Scale {
+        Scale {
+            gpu: false,
+            gemm_sizes: if quick { &[64.0, 128.0, 256.0, 384.0] } else { &[64.0, 128.0, 256.0, 384.0, 512.0, 768.0] },
+            memory_mib: &[1.0, 4.0, 16.0, 64.0],
+            op_mib: 16.0,
+            spread_side: 256.0,
+            element_bytes: 4.0,
+        }
+    }
+
+    /// A GPU's scale: shapes that fill an H100 (a 768-wide GEMM is launch-bound on it), bf16.
+    pub fn gpu(quick: bool) -> Scale {
+        Scale {
+            gpu: true,
+            gemm_sizes: if quick { &[1024.0, 2048.0, 4096.0, 8192.0] } else { &[512.0, 1024.0, 2048.0, 3072.0, 4096.0, 6144.0, 8192.0] },
+            memory_mib: &[16.0, 64.0, 256.0, 1024.0],
+            op_mib: 256.0,
+            spread_side: 2048.0,
+            element_bytes: 2.0,
+        }
+    }
+
+    /// The scale for `backend` with a first device called `device` ("cuda:0 (NVIDIA ...)",
+    /// "torch cuda:0", "cpu thread 0").
+    pub fn for_device(backend: &str, device: &str, quick: bool) -> Scale {
+        if backend == "cuda" || device.contains("cuda") { Scale::gpu(quick) } else { Scale::cpu(quick) }
+    }
+
+    pub fn precision(&self) -> &'static str {
+        if self.element_bytes > 3.0 { "fp32" } else { "bf16" }
+    }
 }
 
 /// The simulator's K-loop efficiency term (see sim::cost): prologue and epilogue of two
@@ -208,13 +275,12 @@ fn named_op(name: &'static str, bytes: f64) -> OpInstance {
     op
 }
 
-fn measure(dev: &mut dyn Device, quick: bool, progress: &(dyn Fn(&str) + Sync)) -> Result<Raw> {
-    let ctx = OpContext { hidden: 1024, seq_len: 1024, element_bytes: 4.0 };
+fn measure(dev: &mut dyn Device, scale: Scale, quick: bool, progress: &(dyn Fn(&str) + Sync)) -> Result<Raw> {
+    let ctx = OpContext { hidden: 1024, seq_len: 1024, element_bytes: scale.element_bytes };
     let reps = if quick { 3 } else { 7 };
     // GEMMs: squares and the shapes transformers use (tall-skinny, batched attention).
     let mut shapes: Vec<(f64, f64, f64, f64)> = Vec::new();
-    let sizes: &[f64] = if quick { &[64.0, 128.0, 256.0, 384.0] } else { &[64.0, 128.0, 256.0, 384.0, 512.0, 768.0] };
-    for &s in sizes {
+    for &s in scale.gemm_sizes {
         shapes.push((1.0, s, s, s));
         shapes.push((1.0, 4.0 * s, s, s));
         shapes.push((8.0, s, s, 64.0));
@@ -226,21 +292,23 @@ fn measure(dev: &mut dyn Device, quick: bool, progress: &(dyn Fn(&str) + Sync)) 
         gemm.push(GemmPoint { batch: b, m, n, k, seconds: t, flops_per_s: 2.0 * b * m * n * k / t });
     }
     let mut memory = Vec::new();
-    for (i, mib) in [1.0, 4.0, 16.0, 64.0].iter().enumerate() {
-        progress(&format!("memory {}/4: {mib} MiB", i + 1));
+    let sizes = scale.memory_mib.len();
+    for (i, mib) in scale.memory_mib.iter().enumerate() {
+        progress(&format!("memory {}/{sizes}: {mib} MiB", i + 1));
         let bytes = mib * 1024.0 * 1024.0;
         memory.push(SizePoint { bytes, seconds: time(dev, &stream_op(bytes), &ctx, reps)? });
     }
     let mut ops = Vec::new();
     for name in MEMORY_OPS {
         progress(&format!("op kind {name}"));
-        let bytes = 16.0 * 1024.0 * 1024.0;
+        let bytes = scale.op_mib * 1024.0 * 1024.0;
         ops.push((name.to_string(), bytes / time(dev, &named_op(name, bytes), &ctx, reps)?));
     }
     progress("launch overhead");
     let launch_s = time(dev, &stream_op(64.0), &ctx, 31)?;
     progress("kernel time spread");
-    let probe = gemm_op(1.0, 256.0, 256.0, 256.0);
+    let side = scale.spread_side;
+    let probe = gemm_op(1.0, side, side, side);
     dev.run_op(&probe, &ctx)?;
     let runs: Vec<f64> = (0..SPREAD_RUNS).map(|_| dev.run_op(&probe, &ctx)).collect::<Result<_>>()?;
     Ok(Raw { gemm, memory, ops, launch_s, spread: robust_spread(&runs) })
@@ -257,6 +325,7 @@ pub fn calibrate(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Profile> {
     let device = devs.first().map(|d| d.name()).unwrap_or_default();
+    let scale = Scale::for_device(backend, &device, quick);
     let silent = |_: &str| {};
     let raws: Vec<Result<Raw>> = std::thread::scope(|s| {
         let handles: Vec<_> = devs
@@ -264,7 +333,7 @@ pub fn calibrate(
             .enumerate()
             .map(|(i, d)| {
                 let p: &(dyn Fn(&str) + Sync) = if i == 0 { progress } else { &silent };
-                s.spawn(move || measure(d.as_mut(), quick, p))
+                s.spawn(move || measure(d.as_mut(), scale, quick, p))
             })
             .collect();
         handles
@@ -302,21 +371,37 @@ pub fn calibrate(
         .collect();
     let launch_s = med(&|r| r.launch_s);
     let kernel_jitter = med(&|r| r.spread).min(1.0);
-    // Copies between two threads: the CPU devices' link.
     let reps = if quick { 3 } else { 7 };
-    let mut link_points = Vec::new();
-    for (i, mib) in [0.25, 1.0, 4.0, 16.0, 64.0].iter().enumerate() {
-        progress(&format!("link {}/5: {mib} MiB", i + 1));
-        let bytes = mib * 1024.0 * 1024.0;
-        link_points.push(SizePoint { bytes, seconds: thread_copy_s(bytes as usize, reps) });
-    }
-    let mut link = bandwidth(link_points);
-    // The copy itself has no fixed cost worth fitting; the latency is the peer's wake-up.
-    link.latency_s = thread_wakeup_s(201);
+    let (link, host_link) = if scale.gpu {
+        // Host to device: pinned copies on device 0.
+        let mut points = Vec::new();
+        for (i, mib) in [1.0, 4.0, 16.0, 64.0, 256.0].iter().enumerate() {
+            progress(&format!("host link {}/5: {mib} MiB", i + 1));
+            let bytes = (mib * 1024.0 * 1024.0) as usize;
+            devs[0].copy(bytes, true)?;
+            let v: Vec<f64> = (0..reps).map(|_| devs[0].copy(bytes, true)).collect::<Result<_>>()?;
+            points.push(SizePoint { bytes: bytes as f64, seconds: median(&v) });
+        }
+        (None, Some(bandwidth(points)))
+    } else {
+        // Copies between two threads: the CPU devices' link.
+        let mut points = Vec::new();
+        for (i, mib) in [0.25, 1.0, 4.0, 16.0, 64.0].iter().enumerate() {
+            progress(&format!("link {}/5: {mib} MiB", i + 1));
+            let bytes = mib * 1024.0 * 1024.0;
+            points.push(SizePoint { bytes, seconds: thread_copy_s(bytes as usize, reps) });
+        }
+        let mut link = bandwidth(points);
+        // The copy itself has no fixed cost worth fitting; the latency is the peer's wake-up.
+        link.latency_s = thread_wakeup_s(201);
+        (Some(link), None)
+    };
     Ok(Profile {
         schema: SCHEMA,
         backend: backend.into(),
         device,
+        precision: scale.precision(),
+        element_bytes: scale.element_bytes,
         devices_measured_together: raws.len(),
         created: created.into(),
         gemm,
@@ -325,6 +410,7 @@ pub fn calibrate(
         launch_s,
         kernel_jitter,
         link,
+        host_link,
     })
 }
 

@@ -214,8 +214,9 @@ impl Device for TorchDevice {
             return Ok(0.0);
         }
         let h = ctx.hidden as i64;
-        Ok(match name {
-            "ln1" | "ln2" | "final_norm" => self.rows(name, elems, ctx.hidden, "hidden", |x| {
+        // The kernel of the op's family, as the cost model groups them (`sim::cost::memory_kernel`).
+        Ok(match sim::cost::memory_kernel(name) {
+            "ln1" => self.rows(name, elems, ctx.hidden, "hidden", |x| {
                 x.layer_norm([h], None::<Tensor>, None::<Tensor>, 1e-5, false)
             })?,
             "softmax" => self.rows(name, elems, ctx.seq_len, "seq_len", |x| x.softmax(-1, x.kind()))?,

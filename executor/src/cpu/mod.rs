@@ -152,13 +152,14 @@ impl CpuDevice {
         if elems == 0 {
             return Ok(0.0);
         }
-        let seconds = match spec.name {
-            "ln1" | "ln2" | "final_norm" => self.run_rows(spec.name, elems, ctx.hidden, "hidden", Rows::LayerNorm)?,
+        // The kernel of the op's family, as the cost model groups them (`sim::cost::memory_kernel`).
+        let seconds = match sim::cost::memory_kernel(spec.name) {
+            "ln1" => self.run_rows(spec.name, elems, ctx.hidden, "hidden", Rows::LayerNorm)?,
             "softmax" => self.run_rows(spec.name, elems, ctx.seq_len, "seq_len", Rows::Softmax)?,
             "act" => self.run_elementwise(elems, Elementwise::Gelu),
             "attn_dropout" => self.run_elementwise(elems, Elementwise::Dropout),
             "dropout_residual" => self.run_elementwise(elems, Elementwise::DropoutResidual),
-            // Embedding lookups, the loss and anything unknown: a copy of the op's bytes.
+            // Embedding lookups, the loss and anything else: a copy of the op's bytes.
             _ => self.run_elementwise(elems, Elementwise::Copy),
         };
         Ok(seconds)

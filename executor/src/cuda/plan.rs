@@ -208,13 +208,15 @@ pub(super) fn plan(op: &OpInstance, ctx: &OpContext, cap_bytes: usize, host_cap_
         let run = elems.min(cap_elems);
         Plan { work: Work::Elementwise { kernel, elems: run, precision }, scale: elems as f64 / run as f64 }
     };
-    Ok(match name {
-        "ln1" | "ln2" | "final_norm" => rows(Rows::LayerNorm, ctx.hidden, "hidden")?,
+    // The kernel of the op's family, as the cost model groups them (`sim::cost::memory_kernel`),
+    // so a calibrated family rate describes the kernel that runs.
+    Ok(match sim::cost::memory_kernel(name) {
+        "ln1" => rows(Rows::LayerNorm, ctx.hidden, "hidden")?,
         "softmax" => rows(Rows::Softmax, ctx.seq_len, "seq_len")?,
         "act" => elementwise(Elementwise::Gelu),
         "attn_dropout" => elementwise(Elementwise::Dropout),
         "dropout_residual" => elementwise(Elementwise::DropoutResidual),
-        // Embedding lookups, the loss and anything unknown: a copy of the op's bytes.
+        // Embedding lookups, the loss and anything else: a copy of the op's bytes.
         _ => elementwise(Elementwise::Copy),
     })
 }

@@ -36,7 +36,7 @@ pub use run::{CheckpointInterval, CheckpointSpec, FreezePolicy, FreezeSpec, RunS
 pub use search::{SEARCHED_KEYS, SearchInput, parse_for_search};
 pub use training::Training;
 
-use crate::hardware::{ClusterSpec, DeviceKind};
+use crate::hardware::{ClusterSpec, DeviceKind, Precision};
 use crate::plan::Plan;
 use crate::workload::Workload;
 use reader::{Obj, invalid};
@@ -82,6 +82,10 @@ pub struct MeasuredRates {
     /// Launch-to-launch spread of a kernel's time (a relative standard deviation), if the
     /// profile measured one: the scenario's `simulation.kernel_jitter` unless it gives one.
     pub kernel_jitter: Option<f64>,
+    /// Bytes per element of the GEMMs the profile timed (4: f32, 2: bf16), if it says: its
+    /// GEMM rate describes training at a precision of that size only. Profiles from before
+    /// session 18 timed f32.
+    pub gemm_element_bytes: Option<f64>,
     /// The device the profile was measured on, as the backend named it (e.g. "cpu thread 0",
     /// "cuda:0 (NVIDIA A100-SXM4-80GB, sm_80, 79 GiB)"), and its kind.
     pub device: String,
@@ -113,9 +117,20 @@ impl Scenario {
         let d = &mut self.cluster.node.device;
         let precision = self.training.precision;
         let peak = d.peak_flops.at(precision);
+        let measured_bytes = m.gemm_element_bytes.unwrap_or(4.0);
+        // fp8 GEMMs run at another rate than the 2-byte ones a GPU profile times.
+        let gemm_bytes = if precision == Precision::Fp8 { 1.0 } else { precision.activation_bytes() };
+        let gemm_applies = (measured_bytes - gemm_bytes).abs() < 0.5;
+        if !gemm_applies {
+            self.notes.push(format!(
+                "the profile's GEMM rate was measured with {measured_bytes}-byte elements and the GEMMs run in {} \
+                 ({gemm_bytes}-byte): the preset's GEMM efficiency is kept",
+                precision.name()
+            ));
+        }
         // A machine that measures faster than its preset's peak (a CPU preset is a guess at
         // a class of machines) gets the measured rate as its peak: MFU stays below 1.
-        if m.gemm_flops_per_s > peak {
+        if gemm_applies && m.gemm_flops_per_s > peak {
             d.peak_flops.set(precision, m.gemm_flops_per_s);
             self.notes.push(format!(
                 "the device's {} peak was raised to the profile's measured GEMM rate, {:.3e} FLOP/s (the preset said {peak:.3e})",
@@ -124,7 +139,7 @@ impl Scenario {
             ));
         }
         let peak = d.peak_flops.at(precision);
-        if peak > 0.0 {
+        if gemm_applies && peak > 0.0 {
             d.gemm_efficiency = m.gemm_flops_per_s / peak;
         }
         d.mem_efficiency = m.mem_bytes_per_s / d.mem_bandwidth_bytes_per_s;

@@ -143,6 +143,7 @@ fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
         link_latency_s: None,
         memory_op_bytes_per_s: Vec::new(),
         kernel_jitter,
+        gemm_element_bytes: None,
         device: "cpu thread 0".into(),
         device_kind: crate::hardware::DeviceKind::Cpu,
     };

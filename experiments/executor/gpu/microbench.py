@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Kernel microbenchmarks through PyTorch on the GPU at hand, written as one JSON file.
+
+What a framework running on this GPU gets from its libraries: cuBLAS GEMMs at transformer
+shapes (nn.Linear's layout), scaled_dot_product_attention per backend (FlashAttention-2,
+cuDNN, memory-efficient, and whatever PyTorch picks by default) over sequence length, head
+dimension and causality, and the memory-bound ops (copy, LayerNorm, softmax, GeLU, dropout,
+fused AdamW). Times are CUDA-event medians after warm-ups, on random data.
+
+    python3 microbench.py OUT.json [--quick]
+
+scripts/validate-gpu runs it; trainsim's predictions for the same shapes are compared in
+tests/gpu_microbench.rs against the committed file.
+"""
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+WARMUP, REPS = 3, 10
+
+
+def timed(fn, warmup=WARMUP, reps=REPS):
+    """Median device time of fn() in seconds (CUDA events around each call)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def gemms(quick):
+    rows = []
+    hs = [1024, 4096] if quick else [1024, 2048, 4096, 8192]
+    for tokens in [2048, 8192]:
+        for h in hs:
+            for n, k in [(3 * h, h), (h, h), (4 * h, h), (h, 4 * h)]:
+                x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                t = timed(lambda: F.linear(x, w))
+                rows.append({"m": tokens, "n": n, "k": k, "dtype": "bf16", "seconds": t,
+                             "tflops": 2 * tokens * n * k / t / 1e12})
+                del x, w
+    return rows
+
+
+def attention(quick):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "default": None}
+    rows = []
+    tokens, hidden = 16384, 2048
+    seqs = [1024, 4096, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
+    for seq in seqs:
+        for hdim in [64, 128]:
+            heads, batch = hidden // hdim, tokens // seq
+            for causal in [False, True]:
+                q, k, v = (torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16,
+                                       requires_grad=True) for _ in range(3))
+                dout = torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16)
+                fwd_flops = 4 * batch * heads * seq * seq * hdim * (0.5 if causal else 1.0)
+                for name, be in backends.items():
+                    def fwd():
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                    def fwd_bwd():
+                        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        o.backward(dout)
+                    row = {"backend": name, "seq": seq, "hdim": hdim, "heads": heads, "batch": batch,
+                           "causal": causal, "dtype": "bf16"}
+                    try:
+                        if be is None:
+                            tf, tfb = timed(fwd), timed(fwd_bwd)
+                        else:
+                            with sdpa_kernel([be]):
+                                tf, tfb = timed(fwd), timed(fwd_bwd)
+                        row.update({"fwd_s": tf, "fwd_bwd_s": tfb, "bwd_s": tfb - tf,
+                                    "fwd_tflops": fwd_flops / tf / 1e12,
+                                    "bwd_tflops": 2.5 * fwd_flops / max(tfb - tf, 1e-9) / 1e12})
+                    except Exception as e:  # a backend that does not take this shape
+                        row["error"] = str(e).splitlines()[0][:200]
+                    rows.append(row)
+                    q.grad = k.grad = v.grad = None
+                del q, k, v, dout
+    return rows
+
+
+def memory_ops():
+    rows = []
+    n = 1 << 28  # 256 M bf16 elements, 512 MiB
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    eb = 2
+
+    def add(name, fn, bytes_moved, **kw):
+        t = timed(fn)
+        rows.append({"op": name, "seconds": t, "bytes": bytes_moved, "gbps": bytes_moved / t / 1e9, **kw})
+    add("copy", lambda: x.clone(), 2 * n * eb)
+    for h in [1024, 4096, 8192]:
+        w, b = torch.ones(h, device="cuda", dtype=torch.bfloat16), torch.zeros(h, device="cuda", dtype=torch.bfloat16)
+        add("layernorm", lambda: F.layer_norm(x.view(-1, h), (h,), w, b), 2 * n * eb, width=h)
+    for s in [1024, 4096]:
+        add("softmax", lambda: torch.softmax(x.view(-1, s), dim=-1), 2 * n * eb, width=s)
+    add("gelu", lambda: F.gelu(x), 2 * n * eb)
+    add("gelu_tanh", lambda: F.gelu(x, approximate="tanh"), 2 * n * eb)
+    add("dropout", lambda: F.dropout(x, 0.1, training=True), 2 * n * eb + n)
+    add("add", lambda: x + r, 3 * n * eb)
+    del x, r
+    # Fused AdamW on fp32 parameters, gradients and two moments (read 4, write 3 tensors).
+    params = 100_000_000
+    p = torch.nn.Parameter(torch.randn(params, device="cuda"))
+    p.grad = torch.randn(params, device="cuda")
+    for fused in [True, False]:
+        opt = torch.optim.AdamW([p], lr=1e-4, fused=fused, foreach=None if fused else True)
+        add("adamw_fused" if fused else "adamw_foreach", lambda: opt.step(), params * 4 * 7, params=params)
+    return rows
+
+
+def main():
+    out = sys.argv[1]
+    quick = "--quick" in sys.argv
+    torch.manual_seed(0)
+    p = torch.cuda.get_device_properties(0)
+    t0 = time.time()
+    res = {
+        "schema": "trainsim-gpu-microbench/1",
+        "device": torch.cuda.get_device_name(0),
+        "multiprocessors": p.multi_processor_count,
+        "memory_bytes": p.total_memory,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "created": time.strftime("%Y-%m-%d"),
+        "method": f"CUDA-event median of {REPS} runs after {WARMUP} warm-ups, random bf16 data",
+    }
+    for name, fn in [("gemm", lambda: gemms(quick)), ("attention", lambda: attention(quick)), ("memory", memory_ops)]:
+        s = time.time()
+        try:
+            res[name] = fn()
+        except Exception as e:
+            res[name + "_error"] = repr(e)[:500]
+        print(f"{name}: {time.time() - s:.1f} s", flush=True)
+    res["wall_s"] = time.time() - t0
+    json.dump(res, open(out, "w"), indent=1)
+    best = max((r["tflops"] for r in res.get("gemm", [])), default=math.nan)
+    print(f"{res['device']}: best GEMM {best:.0f} TFLOP/s; {len(res.get('attention', []))} attention rows")
+
+
+if __name__ == "__main__":
+    main()
