@@ -98,7 +98,7 @@ fn gemm_table(file: &str) -> Value {
 /// `precision`, as a training step would: the op's time (tile, wave and split-K efficiency,
 /// the memory floor) plus the launch of its kernel. Under fp8, Transformer Engine's casts
 /// around the GEMM are left out (the measured kernels take fp8 inputs).
-fn gemm_s(device: &sim::hardware::DeviceSpec, precision: sim::hardware::Precision, shape: [f64; 4]) -> f64 {
+pub fn gemm_s(device: &sim::hardware::DeviceSpec, precision: sim::hardware::Precision, shape: [f64; 4]) -> f64 {
     use sim::workload::{OpClass, OpSpec, Saved};
     let [batch, m, n, k] = shape;
     let model = sim::cost::ComputeModel::new(device, precision, None);

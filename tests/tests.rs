@@ -36,6 +36,8 @@ mod symmetry;
 mod variability;
 // Compute kernels (fused attention, GEMM shapes) against published microbenchmarks.
 mod kernels;
+// The kernel model against trainsim's own microbenchmarks on a real GPU (H200, session 18).
+mod gpu_microbench;
 // Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.
 mod honest;
 // Traces (filters, Perfetto protobuf), output paths checked first, replay limits.

@@ -143,7 +143,7 @@ impl CpuDevice {
                 spec.name, ctx.element_bytes
             )));
         }
-        if spec.name == "optimizer" || spec.name == "cpu_optimizer" {
+        if matches!(sim::cost::memory_kernel(spec.name), "optimizer" | "optimizer_foreach") {
             let params = count(spec.name, "parameters", bytes / ADAM_BYTES_PER_PARAM)?;
             return Ok(self.run_adam(params));
         }

@@ -24,18 +24,28 @@ WARMUP, REPS = 3, 10
 
 
 def timed(fn, warmup=WARMUP, reps=REPS):
-    """Median device time of fn() in seconds (CUDA events around each call)."""
+    """Median device time of one fn() in seconds. Each sample brackets enough back-to-back
+    calls (about a millisecond of work) with CUDA events that the GPU never waits for the
+    host: one call alone between two events would also time Python's dispatch, tens of
+    microseconds, which a training step's queued kernels do not pay."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    inner = max(1, min(100, math.ceil(1e-3 / max(a.elapsed_time(b) * 1e-3, 1e-7))))
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()  # queue work ahead, so the first timed call does not start on an idle GPU
         a.record()
-        fn()
+        for _ in range(inner):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
+        times.append(a.elapsed_time(b) * 1e-3 / inner)
     times.sort()
     return times[len(times) // 2]
 
@@ -142,7 +152,7 @@ def main():
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
         "created": time.strftime("%Y-%m-%d"),
-        "method": f"CUDA-event median of {REPS} runs after {WARMUP} warm-ups, random bf16 data",
+        "method": f"CUDA-event median of {REPS} samples after {WARMUP} warm-ups, each sample the mean of back-to-back calls filling about 1 ms (at most 100), random bf16 data",
     }
     for name, fn in [("gemm", lambda: gemms(quick)), ("attention", lambda: attention(quick)), ("memory", memory_ops)]:
         s = time.time()

@@ -29,6 +29,8 @@ pub fn memory_kernel(name: &str) -> &'static str {
         "attn_dropout" => "attn_dropout",
         "dropout_residual" | "dropout" | "fp8_cast" => "dropout_residual",
         "optimizer" | "cpu_optimizer" => "optimizer",
+        // Eager frameworks' multi-pass Adam (see `hardware::kernels::memory_kernel_efficiency`).
+        "optimizer_foreach" => "optimizer_foreach",
         _ => "embedding",
     }
 }
@@ -192,7 +194,9 @@ impl ComputeModel {
                 if let Some(&(_, rate)) = self.op_rates.iter().find(|(f, _)| *f == family) {
                     return bytes / rate + self.launch_s;
                 }
-                0.0
+                // The family's kernel reaches only a share of the streaming bandwidth.
+                let share = kernels::memory_kernel_efficiency(self.arch, family);
+                return bytes / (self.mem_bytes_per_s * share) + launches(op, backward) * self.launch_s;
             }
         };
         compute.max(self.memory_s(bytes)) + extra_s + launches(op, backward) * self.launch_s

@@ -97,7 +97,13 @@ fn optimizer_op(b: &mut Builder, plan: &Plan, host: bool, params: f64, nvme_byte
     } else {
         optimizer_traffic_bytes(plan.precision, plan.optimizer) * params
     };
-    let name = if host { "cpu_optimizer" } else { "optimizer" };
+    // An eager framework's Adam runs a multi-tensor kernel per elementwise step (PyTorch's
+    // foreach default); a fused one, one kernel over all of it.
+    let name = match (host, plan.framework.fused.adam) {
+        (true, _) => "cpu_optimizer",
+        (false, true) => "optimizer",
+        (false, false) => "optimizer_foreach",
+    };
     let spec = OpSpec {
         name,
         class: OpClass::Memory,
