@@ -65,6 +65,8 @@ const MIN_CAP_BYTES: usize = 64 << 20;
 const GROW_STEP_BYTES: usize = 64 << 20;
 /// Threads of an element-wise block, and the most threads of a row block.
 const THREADS: u32 = 256;
+/// Bytes each thread of an element-wise or row kernel loads at once (`Pack` in kernels.cu).
+const PACK_BYTES: usize = 16;
 /// Most blocks of an element-wise launch (its grid-stride loop covers the rest).
 const MAX_BLOCKS: usize = 1 << 16;
 /// Drop probability of the timed dropouts.
@@ -347,9 +349,12 @@ impl CudaDevice {
                         launch.arg(&b[0]).arg(&b[1]).arg(&b[2]).arg(&b[3]).arg(&n).arg(&p).arg(&seed)
                     }
                 };
+                // One thread a 16-byte pack (kernels.cu).
+                let packs = elems.div_ceil(PACK_BYTES / precision.bytes());
                 // SAFETY: the arguments match the kernel's signature in kernels.cu, and each
-                // buffer holds `elems` elements of the precision (the mask `elems` bytes).
-                unsafe { launch.launch(elementwise_grid(elems)) }.map_err(fail(self.index, name))?;
+                // buffer holds `elems` elements of the precision (the mask `elems` bytes); the
+                // arena's buffers are 256-byte aligned, so the 16-byte pack accesses are too.
+                unsafe { launch.launch(elementwise_grid(packs)) }.map_err(fail(self.index, name))?;
                 Ok(())
             }
             Work::Rows { kernel, rows, width, precision } => {
@@ -364,7 +369,10 @@ impl CudaDevice {
                     Rows::LayerNorm => launch.arg(&b[0]).arg(&b[1]).arg(&b[2]).arg(&b[3]).arg(&w),
                     Rows::Softmax => launch.arg(&b[0]).arg(&b[1]).arg(&w),
                 };
-                let threads = (width.next_power_of_two() as u32).clamp(32, THREADS);
+                // A thread a pack when the width is a multiple of one (kernels.cu).
+                let pack = PACK_BYTES / precision.bytes();
+                let per_row = if width % pack == 0 { width / pack } else { width };
+                let threads = (per_row.next_power_of_two() as u32).clamp(32, THREADS);
                 let grid =
                     LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
                 // SAFETY: the arguments match the kernel's signature; block i reads and writes
@@ -382,7 +390,8 @@ impl CudaDevice {
                 launch.arg(&b[0]).arg(&b[1]).arg(&b[2]).arg(&b[3]).arg(&n).arg(&lr).arg(&c1).arg(&c2);
                 // SAFETY: the arguments match `adam` in kernels.cu; each buffer holds `params`
                 // floats.
-                unsafe { launch.launch(elementwise_grid(params)) }.map_err(fail(self.index, "adam"))?;
+                unsafe { launch.launch(elementwise_grid(params.div_ceil(PACK_BYTES / 4))) }
+                    .map_err(fail(self.index, "adam"))?;
                 Ok(())
             }
         }

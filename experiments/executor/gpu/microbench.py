@@ -4,8 +4,8 @@
 What a framework running on this GPU gets from its libraries: cuBLAS GEMMs at transformer
 shapes (nn.Linear's layout), scaled_dot_product_attention per backend (FlashAttention-2,
 cuDNN, memory-efficient, and whatever PyTorch picks by default) over sequence length, head
-dimension and causality, and the memory-bound ops (copy, LayerNorm, softmax, GeLU, dropout,
-fused AdamW). Times are CUDA-event medians after warm-ups, on random data.
+dimension and causality, fp8 GEMMs (torch._scaled_mm) with the eager cost of a dynamic
+cast, and the memory-bound ops (copy, LayerNorm, softmax, GeLU, dropout, fused AdamW). Times are CUDA-event medians after warm-ups, on random data.
 
     python3 microbench.py OUT.json [--quick]
 
@@ -62,6 +62,36 @@ def gemms(quick):
                 rows.append({"m": tokens, "n": n, "k": k, "dtype": "bf16", "seconds": t,
                              "tflops": 2 * tokens * n * k / t / 1e12})
                 del x, w
+    return rows
+
+
+def fp8_gemms(quick):
+    """torch._scaled_mm with e4m3 operands and tensor-wise scales, bf16 out (what torchao's
+    Float8 linears call): with and without fast accumulation (torchao uses it for the forward
+    output, not for the gradients). And the eager cost of a dynamic cast (amax, scale, cast)."""
+    rows = []
+    f8 = torch.float8_e4m3fn
+    one = torch.tensor(1.0, device="cuda")
+    hs = [1024, 4096] if quick else [1024, 2048, 4096, 8192]
+    for tokens in [2048, 8192]:
+        for h in hs:
+            for n, k in [(3 * h, h), (h, h), (4 * h, h), (h, 4 * h)]:
+                x = torch.randn(tokens, k, device="cuda").to(f8)
+                w = torch.randn(n, k, device="cuda").to(f8)
+                for fast in [True, False]:
+                    t = timed(lambda: torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one,
+                                                       out_dtype=torch.bfloat16, use_fast_accum=fast))
+                    rows.append({"m": tokens, "n": n, "k": k, "dtype": "fp8_e4m3", "fast_accum": fast,
+                                 "seconds": t, "tflops": 2 * tokens * n * k / t / 1e12})
+                del x, w
+    for m, k in [(8192, 4096), (8192, 8192), (16384, 8192)]:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+        def cast():
+            return (x * (448.0 / x.abs().max().float())).to(f8)
+        rows.append({"op": "dynamic_cast", "m": m, "k": k, "seconds": timed(cast),
+                     "note": "x.abs().max(), x * scale, .to(float8_e4m3fn): eager, unfused"})
+        del x
     return rows
 
 
@@ -154,7 +184,9 @@ def main():
         "created": time.strftime("%Y-%m-%d"),
         "method": f"CUDA-event median of {REPS} samples after {WARMUP} warm-ups, each sample the mean of back-to-back calls filling about 1 ms (at most 100), random bf16 data",
     }
-    for name, fn in [("gemm", lambda: gemms(quick)), ("attention", lambda: attention(quick)), ("memory", memory_ops)]:
+    sections = [("gemm", lambda: gemms(quick)), ("fp8_gemm", lambda: fp8_gemms(quick)),
+                ("attention", lambda: attention(quick)), ("memory", memory_ops)]
+    for name, fn in sections:
         s = time.time()
         try:
             res[name] = fn()

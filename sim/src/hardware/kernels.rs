@@ -432,20 +432,21 @@ pub const FP8_CAST_TRANSPOSE_BYTES_PER_ELEM: f64 = 4.0;
 /// (`traces/2026-11-26-cuda-h200/microbench.json`, `memory`). A copy moved 4.18 TB/s (0.87 of
 /// the 4.8 TB/s peak, about the presets' 0.85 streaming efficiency); each family's rate over
 /// that copy's:
-/// - `ln1`, LayerNorm: 1.68, 2.71, 2.43 TB/s at widths 1,024, 4,096, 8,192: 0.40, 0.65, 0.58,
+/// - `ln1`, LayerNorm: 1.70, 2.71, 2.43 TB/s at widths 1,024, 4,096, 8,192: 0.40, 0.65, 0.58,
 ///   mean 0.54;
 /// - `softmax` (also the scale and mask passes): 2.69 and 1.29 TB/s over rows of 1,024 and
 ///   4,096: 0.64, 0.31, mean 0.48;
-/// - `act`, GeLU: 3.12 TB/s (erf) and 3.66 (tanh): mean 0.81;
+/// - `act`, GeLU: 3.13 TB/s (erf) and 3.67 (tanh): mean 0.81;
 /// - `attn_dropout` and `dropout_residual`, dropout with its mask: 3.05 TB/s, 0.73;
 /// - `optimizer`, fused AdamW (`fused=True`, one multi-tensor kernel) over 28 bytes a
-///   parameter: 3.51 TB/s, 0.84; `optimizer_foreach`, PyTorch's default foreach AdamW (a
+///   parameter: 3.56 TB/s, 0.85 (0.84 in the two runs before); `optimizer_foreach`, PyTorch's default foreach AdamW (a
 ///   multi-tensor kernel per elementwise step): 1.28 TB/s over the same 28 bytes, 0.31;
 /// - anything else (embedding lookups, copies, casts, the loss): 1.
 ///
-/// Three runs the same day gave the same fractions within 0.04 (the first timed one call per
-/// event pair; the file is the third). One GPU, one library version: other NVIDIA generations are assumed to keep
-/// the same fractions of their own copy bandwidth (they run the same kernels).
+/// Five runs the same day gave the same fractions within 0.04 (the first timed one call per
+/// event pair; the file is the fifth). One GPU, one library version: other NVIDIA
+/// generations are assumed to keep the same fractions of their own copy bandwidth (they run
+/// the same kernels).
 /// `trainsim calibrate` replaces them with the machine's own measured rates. Checked against
 /// the file by `memory_kernel_fractions_are_the_measured_ones` (tests/gpu_microbench.rs).
 pub fn memory_kernel_efficiency(arch: Option<GpuArch>, family: &str) -> f64 {
