@@ -1,6 +1,6 @@
 //! The simulator's kernel model against trainsim's own measurements on a real GPU:
 //! `experiments/executor/gpu/microbench.py` through PyTorch 2.11 on one H200 (session 18,
-//! `traces/2026-11-26-cuda-h200/microbench.json`). Bounds hold what the model reaches now,
+//! `traces/2026-11-26-cuda-h200/microbench.json`, `block.json`). Bounds hold what the model reaches now,
 //! so that a change that loses it fails; the printed tables are the validation.
 
 use super::kernels::{gemm_s, predicted_tflops};
@@ -156,5 +156,54 @@ fn torch_fp8_gemms_on_an_h200_against_the_model() {
         assert_eq!(n, 32.0);
         assert!(sum / n < 0.18, "mean {:.1}%", 100.0 * sum / n);
         assert!(worst.abs() < 0.85, "worst {:.1}%", 100.0 * worst);
+    }
+}
+
+/// Seconds trainsim charges one layer of `r`'s block (GEMMs, attention and memory-bound ops;
+/// the difference of 8 and 4 layers, so the embedding, head and optimizer drop out) on one
+/// `h200` under the eager `pytorch-ddp` profile with cuDNN attention (SDPA's default there).
+fn block_layer_s(r: &Value) -> f64 {
+    let dim = |k: &str| r[k].as_u64().unwrap();
+    let compute = |layers: u64| {
+        let text = serde_json::json!({
+            "name": "block",
+            "workload": {"transformer": {"layers": layers, "hidden": dim("hidden"), "heads": dim("heads"),
+                "vocab": 50304, "max_positions": dim("seq"), "bias": false, "dropout": false}},
+            "cluster": {"node": {"preset": "hgx-h200", "devices": 1}, "nodes": 1},
+            "training": {"global_batch": dim("batch"), "micro_batch": dim("batch"), "seq_len": dim("seq"),
+                "precision": "bf16", "optimizer": "adam", "attention": "cudnn", "framework": "pytorch-ddp"},
+            "plan": {"dp": 1, "tp": 1, "pp": 1}
+        })
+        .to_string();
+        let t = &super::util::simulate(&text).time_breakdown[0];
+        t.gemm_s + t.attention_s + t.memory_bound_s
+    };
+    (compute(8) - compute(4)) / 4.0
+}
+
+/// A GPT block's training step through eager PyTorch on the H200 (`block.json`, written by
+/// `experiments/executor/gpu/block.py`: pre-LayerNorm, fused QKV, causal SDPA, GeLU MLP, bf16,
+/// widths 1,024-8,192, 1k-16k tokens), forward and backward per layer, against what trainsim
+/// charges one such layer: every shape within -1.9% to -4.8% (the model slightly fast).
+#[test]
+fn an_eager_gpt_block_on_an_h200_against_the_model() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/2026-11-26-cuda-h200/block.json");
+    let b: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("block.json")).expect("json");
+    let rows = b["block"].as_array().expect("block rows");
+    assert_eq!(rows.len(), 5);
+    for r in rows {
+        let measured = r["per_layer_s"].as_f64().expect("measured");
+        let predicted = block_layer_s(r);
+        let err = (predicted - measured) / measured;
+        println!(
+            "h{} s{} b{}: measured {:.3} ms, predicted {:.3} ms, {:+.1}%",
+            r["hidden"],
+            r["seq"],
+            r["batch"],
+            measured * 1e3,
+            predicted * 1e3,
+            100.0 * err
+        );
+        assert!(err.abs() < 0.08, "h{} s{}: {:+.1}%", r["hidden"], r["seq"], 100.0 * err);
     }
 }

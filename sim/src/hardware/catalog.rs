@@ -85,8 +85,12 @@ pub fn devices() -> Vec<DeviceSpec> {
     // "Maximum Achievable Matmul FLOPS comparison table", mean of 100 matmuls after 50
     // warm-up, torch 2.6-2.7): A100 SXM 271.2 of 312 TFLOP/s (86.9%), H100 SXM 794.5 of
     // 989 (80.3%, "H200 is the same"). A100/V100 use 0.85, within 2% of that ceiling.
-    // H100/H200 use 0.75, 7% under it: an assumption, not a measurement, for clocks under
-    // sustained power in training (a 100-matmul burst holds boost clocks longer). Shapes
+    // H100/H200 use 0.75, 7% under it, for clocks under sustained power in training (a
+    // 100-matmul burst holds boost clocks longer). Measured on an H200 (700 W, as H100 SXM;
+    // traces/2026-11-26-cuda-h200/block.json, session 18): 8192-cubed bf16 GEMMs back to back
+    // for 15 s settle at 668 TFLOP/s (0.675, SM clock 1,455-1,485 MHz at the power limit)
+    // after a 780-800 burst; a real GPT block's forward and backward (GEMMs between memory-bound
+    // kernels) ran 2-5% slower than trainsim charges with 0.75. Shapes
     // then lose more to tile and wave quantisation (`kernels::gemm_tiling`). Calibration
     // (`trainsim calibrate`) replaces them. The newer parts, from the same table's later
     // revision: B200 SXM 1745.0 of 2250 (77.6%, torch 2.7.1+cu128), GB200 1822.0 of 2500
