@@ -510,6 +510,7 @@ fn torch_block(s: &Scenario, warmup: u32, repeats: u32) -> Result<f64, String> {
     eprintln!("running a GPT block in PyTorch ({warmup} warm-up + {repeats} timed steps)...");
     executor::torch::gpt_block_step(
         0,
+        context(s).element_bytes,
         w.hidden as i64,
         w.heads as i64,
         s.plan.seq_len as i64,

@@ -2,8 +2,9 @@
 //! on a CUDA GPU when libtorch sees one, otherwise on the CPU. Behind the `torch` feature: it
 //! links against libtorch (tch 0.24 needs PyTorch 2.11; see DEPENDENCIES.md and the README).
 //!
-//! GEMMs run as `matmul` in the training precision (fp32 on the CPU, where half-precision GEMMs
-//! are emulated), shrunk to a buffer cap as the other backends do; LayerNorm, softmax, GELU,
+//! GEMMs run as `matmul` in the training precision (on a GPU bf16 for 2-byte precisions and
+//! fp32, without TF32, for 4-byte ones; fp32 on the CPU, where half-precision GEMMs are
+//! emulated), shrunk to a buffer cap as the other backends do; LayerNorm, softmax, GELU,
 //! dropout and the Adam update run as the matching ATen operators; anything else is a copy of its
 //! bytes. [`gpt_block_step`] times a whole GPT block, forward and backward through autograd, at a
 //! preset's sizes. Timing synchronizes the device before and after each measured call.
@@ -11,6 +12,7 @@
 use crate::shapes::{GemmFit, count, fit_gemm};
 use crate::{Backend, Device, ExecError, OpContext, Result};
 use sim::lower::OpInstance;
+#[cfg(test)]
 use sim::workload::OpClass;
 use std::time::Instant;
 use tch::{Cuda, Kind, Tensor};
@@ -73,8 +75,6 @@ impl Backend for TorchBackend {
 pub struct TorchDevice {
     device: tch::Device,
     index: usize,
-    /// Element type of the training precision on this device (fp32 on the CPU).
-    kind: Kind,
     cap: usize,
     /// Random operands by shape and slot, made once: replay times the op, not its inputs.
     inputs: std::collections::HashMap<(Vec<i64>, u8), Tensor>,
@@ -83,8 +83,14 @@ pub struct TorchDevice {
 impl TorchDevice {
     fn new(device: tch::Device, index: usize) -> TorchDevice {
         let gpu = device.is_cuda();
-        let (kind, cap) = if gpu { (Kind::Half, GPU_CAP) } else { (Kind::Float, CPU_CAP) };
-        TorchDevice { device, index, kind, cap, inputs: std::collections::HashMap::new() }
+        let cap = if gpu { GPU_CAP } else { CPU_CAP };
+        TorchDevice { device, index, cap, inputs: std::collections::HashMap::new() }
+    }
+
+    /// Element type of a training precision of `element_bytes` on this device: on a GPU bf16
+    /// for 2-byte precisions (as the cuda backend) and fp32 for 4-byte ones; fp32 on the CPU.
+    fn kind(&self, element_bytes: f64) -> Kind {
+        if self.device.is_cuda() && element_bytes < 3.0 { Kind::BFloat16 } else { Kind::Float }
     }
 
     fn sync(&self) {
@@ -103,26 +109,28 @@ impl TorchDevice {
         start.elapsed().as_secs_f64()
     }
 
-    /// A random operand of `shape` in the training precision (the `slot`-th of an op).
-    fn tensor(&mut self, shape: &[i64], slot: u8) -> Tensor {
-        let (kind, device) = (self.kind, self.device);
-        self.cached(shape, slot, || Tensor::randn(shape, (kind, device)))
+    /// A random operand of `shape` of `kind` (the `slot`-th of an op).
+    fn tensor(&mut self, shape: &[i64], slot: u8, kind: Kind) -> Tensor {
+        let device = self.device;
+        // Operands of the two element types are cached apart.
+        let key = slot | if kind == Kind::Float { 0 } else { 0x80 };
+        self.cached(shape, key, || Tensor::randn(shape, (kind, device)))
     }
 
     fn cached(&mut self, shape: &[i64], slot: u8, make: impl FnOnce() -> Tensor) -> Tensor {
         self.inputs.entry((shape.to_vec(), slot)).or_insert_with(make).shallow_clone()
     }
 
-    fn gemm(&mut self, batch: usize, m: usize, n: usize, k: usize, backward: bool) -> f64 {
+    fn gemm(&mut self, batch: usize, m: usize, n: usize, k: usize, backward: bool, kind: Kind) -> f64 {
         if batch == 0 || m == 0 || n == 0 || k == 0 {
             return 0.0;
         }
         let GemmFit { batch: b, m, n, k, scale } = fit_gemm(batch, m, n, k, self.cap);
         let (b, m, n, k) = (b as i64, m as i64, n as i64, k as i64);
-        let x = self.tensor(&[b, m, k], 0);
-        let w = self.tensor(&[b, k, n], 1);
+        let x = self.tensor(&[b, m, k], 0, kind);
+        let w = self.tensor(&[b, k, n], 1, kind);
         let seconds = if backward {
-            let dy = self.tensor(&[b, m, n], 2);
+            let dy = self.tensor(&[b, m, n], 2, kind);
             // dX = dY . W^T and dW = X^T . dY.
             self.time(|| {
                 let _dx = dy.matmul(&w.transpose(1, 2));
@@ -143,6 +151,7 @@ impl TorchDevice {
         elems: usize,
         width: usize,
         what: &str,
+        kind: Kind,
         f: impl Fn(&Tensor) -> Tensor,
     ) -> Result<f64> {
         if width == 0 {
@@ -150,15 +159,15 @@ impl TorchDevice {
         }
         let rows = (elems / width).max(1);
         let run = rows.min((self.cap / width).max(1));
-        let x = self.tensor(&[run as i64, width as i64], 0);
+        let x = self.tensor(&[run as i64, width as i64], 0, kind);
         Ok(self.time(|| {
             let _ = f(&x);
         }) * (rows as f64 / run as f64))
     }
 
-    fn elementwise(&mut self, elems: usize, f: impl Fn(&Tensor) -> Tensor) -> f64 {
+    fn elementwise(&mut self, elems: usize, kind: Kind, f: impl Fn(&Tensor) -> Tensor) -> f64 {
         let run = elems.min(self.cap).max(1);
-        let x = self.tensor(&[run as i64], 0);
+        let x = self.tensor(&[run as i64], 0, kind);
         self.time(|| {
             let _ = f(&x);
         }) * (elems as f64 / run as f64)
@@ -200,7 +209,7 @@ impl Device for TorchDevice {
         if let Some((batch, m, n, k)) = spec.class.gemm_shape() {
             let (batch, m) = (count(name, "batch", batch)?, count(name, "m", m)?);
             let (n, k) = (count(name, "n", n)?, count(name, "k", k)?);
-            return Ok(self.gemm(batch, m, n, k, op.backward));
+            return Ok(self.gemm(batch, m, n, k, op.backward, self.kind(ctx.element_bytes)));
         }
         let bytes = if op.backward { spec.backward_bytes } else { spec.forward_bytes };
         if !(ctx.element_bytes.is_finite() && ctx.element_bytes > 0.0) {
@@ -214,16 +223,17 @@ impl Device for TorchDevice {
             return Ok(0.0);
         }
         let h = ctx.hidden as i64;
+        let kind = self.kind(ctx.element_bytes);
         // The kernel of the op's family, as the cost model groups them (`sim::cost::memory_kernel`).
         Ok(match sim::cost::memory_kernel(name) {
-            "ln1" => self.rows(name, elems, ctx.hidden, "hidden", |x| {
+            "ln1" => self.rows(name, elems, ctx.hidden, "hidden", kind, |x| {
                 x.layer_norm([h], None::<Tensor>, None::<Tensor>, 1e-5, false)
             })?,
-            "softmax" => self.rows(name, elems, ctx.seq_len, "seq_len", |x| x.softmax(-1, x.kind()))?,
-            "act" => self.elementwise(elems, |x| x.gelu("tanh")),
-            "attn_dropout" => self.elementwise(elems, |x| x.dropout(0.1, true)),
-            "dropout_residual" => self.elementwise(elems, |x| x.dropout(0.1, true) + x),
-            _ => self.elementwise(elems, |x| x.copy()),
+            "softmax" => self.rows(name, elems, ctx.seq_len, "seq_len", kind, |x| x.softmax(-1, x.kind()))?,
+            "act" => self.elementwise(elems, kind, |x| x.gelu("tanh")),
+            "attn_dropout" => self.elementwise(elems, kind, |x| x.dropout(0.1, true)),
+            "dropout_residual" => self.elementwise(elems, kind, |x| x.dropout(0.1, true) + x),
+            _ => self.elementwise(elems, kind, |x| x.copy()),
         })
     }
 
@@ -262,10 +272,12 @@ impl Device for TorchDevice {
 }
 
 /// Seconds of one GPT block's forward and backward (autograd) on `device` at the given sizes:
-/// pre-norm attention with a causal softmax and a 4h GELU MLP, in the training precision
-/// (fp16 on a GPU, fp32 on the CPU), after `warmup` untimed steps, averaged over `repeats`.
+/// pre-norm attention with a causal softmax and a 4h GELU MLP, in the training precision of
+/// `element_bytes` (on a GPU bf16 for 2 bytes, fp32 for 4; fp32 on the CPU), after `warmup`
+/// untimed steps, averaged over `repeats`.
 pub fn gpt_block_step(
     index: usize,
+    element_bytes: f64,
     hidden: i64,
     heads: i64,
     seq: i64,
@@ -283,7 +295,8 @@ pub fn gpt_block_step(
         return Err(ExecError(format!("torch: no device {index}")));
     }
     let dev = TorchDevice::new(if Cuda::is_available() { tch::Device::Cuda(index) } else { tch::Device::Cpu }, index);
-    let opts = (dev.kind, dev.device);
+    let kind = dev.kind(element_bytes);
+    let opts = (kind, dev.device);
     let w = |r: i64, c: i64| (Tensor::randn([r, c], opts) * 0.02).set_requires_grad(true);
     let (qkv, proj, fc1, fc2) =
         (w(hidden, 3 * hidden), w(hidden, hidden), w(hidden, 4 * hidden), w(4 * hidden, hidden));
@@ -296,7 +309,7 @@ pub fn gpt_block_step(
         let split = |t: &Tensor| t.view([micro_batch, seq, heads, d]).transpose(1, 2);
         let (q, k, v) = (split(&parts[0]), split(&parts[1]), split(&parts[2]));
         let scores = (q.matmul(&k.transpose(-2, -1)) / (d as f64).sqrt()).masked_fill(&mask, f64::NEG_INFINITY);
-        let probs = scores.softmax(-1, dev.kind).dropout(0.1, true);
+        let probs = scores.softmax(-1, kind).dropout(0.1, true);
         let ctx = probs.matmul(&v).transpose(1, 2).contiguous().view([micro_batch, seq, hidden]);
         let h = &x + ctx.matmul(&proj).dropout(0.1, true);
         let m =
@@ -343,9 +356,9 @@ mod tests {
     /// A GPT block steps forward and backward; bad sizes are errors, not panics.
     #[test]
     fn gpt_block_steps_and_rejects_bad_sizes() {
-        let s = gpt_block_step(0, 64, 4, 32, 2, 1, 2).expect("a tiny block runs");
+        let s = gpt_block_step(0, 4.0, 64, 4, 32, 2, 1, 2).expect("a tiny block runs");
         assert!(s.is_finite() && s > 0.0);
-        assert!(gpt_block_step(0, 64, 5, 32, 2, 0, 1).is_err());
-        assert!(gpt_block_step(0, 64, 4, 0, 2, 0, 1).is_err());
+        assert!(gpt_block_step(0, 4.0, 64, 5, 32, 2, 0, 1).is_err());
+        assert!(gpt_block_step(0, 4.0, 64, 4, 0, 2, 0, 1).is_err());
     }
 }
