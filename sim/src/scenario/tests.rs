@@ -161,6 +161,43 @@ fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
     assert_eq!(s.options.kernel_jitter, 0.0);
 }
 
+/// A profile's GEMM rate applies only to training at the precision it was measured in: a bf16
+/// profile calibrates a bf16 scenario's GEMM efficiency, leaves an fp32 or fp8 scenario's at
+/// the preset's with a note, and a profile that does not say (before session 18) counts as fp32.
+#[test]
+fn a_profile_s_gemm_rate_applies_only_at_its_precision() {
+    let rates = |bytes: Option<f64>| super::MeasuredRates {
+        gemm_flops_per_s: 250e12,
+        mem_bytes_per_s: 1.8e12,
+        launch_s: 5e-6,
+        link_bytes_per_s: None,
+        link_latency_s: None,
+        memory_op_bytes_per_s: Vec::new(),
+        kernel_jitter: None,
+        gemm_element_bytes: bytes,
+        device: "cuda:0 (NVIDIA A100-SXM4-80GB, sm_80, 79 GiB)".into(),
+        device_kind: crate::hardware::DeviceKind::Gpu,
+    };
+    let scenario = |precision: &str| {
+        let mut v = base();
+        v["training"]["precision"] = json!(precision);
+        parse(&v.to_string(), &|_| Err("no files".into())).expect("valid")
+    };
+    let preset = scenario("bf16").cluster.node.device.gemm_efficiency;
+    let mut s = scenario("bf16");
+    s.calibrate(&rates(Some(2.0)));
+    let applied = s.cluster.node.device.gemm_efficiency;
+    assert!((applied - 250e12 / 312e12).abs() < 1e-9, "bf16 profile on bf16: {applied}");
+    for (precision, bytes) in [("fp32", Some(2.0)), ("bf16", None), ("bf16", Some(4.0))] {
+        let mut s = scenario(precision);
+        s.calibrate(&rates(bytes));
+        assert_eq!(s.cluster.node.device.gemm_efficiency, preset, "{precision} with {bytes:?}");
+        assert!(s.notes.iter().any(|n| n.contains("GEMM efficiency is kept")), "{precision}: {:?}", s.notes);
+        // The memory rate applies whatever the precision.
+        assert!((s.cluster.node.device.mem_efficiency - 1.8e12 / 2039e9).abs() < 1e-9);
+    }
+}
+
 /// FlashAttention has no V100 kernel: on a cluster of V100s the framework's default "flash"
 /// and an explicit one both run materialised, and `defaults_applied` says why; A100s keep it.
 #[test]
