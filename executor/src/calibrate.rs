@@ -471,3 +471,37 @@ fn thread_wakeup_s(trips: usize) -> f64 {
         median(&v)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPUs (the cuda backend, or torch on a CUDA device) are timed at shapes that fill them,
+    /// in bf16; CPUs at small f32 shapes.
+    #[test]
+    fn the_scale_follows_the_kind_of_device() {
+        for (backend, device) in [("cuda", "cuda:0 (NVIDIA H200, sm_90, 140 GiB)"), ("torch", "torch cuda:0")] {
+            let s = Scale::for_device(backend, device, false);
+            assert!(s.gpu && s.precision() == "bf16" && s.element_bytes == 2.0, "{backend}: {s:?}");
+            assert!(s.gemm_sizes.iter().cloned().fold(0.0, f64::max) >= 8192.0, "{backend}: {s:?}");
+        }
+        for (backend, device) in [("cpu", "cpu thread 0"), ("torch", "torch cpu:0")] {
+            let s = Scale::for_device(backend, device, true);
+            assert!(!s.gpu && s.precision() == "fp32" && s.element_bytes == 4.0, "{backend}: {s:?}");
+            assert!(s.gemm_sizes.iter().all(|&n| n <= 768.0), "{backend}: {s:?}");
+        }
+        assert!(Scale::gpu(true).gemm_sizes.len() < Scale::gpu(false).gemm_sizes.len());
+    }
+
+    /// A CPU profile measures the thread link and no host link; its fits are positive.
+    #[test]
+    fn a_quick_cpu_profile_has_a_thread_link_and_no_host_link() {
+        let b = crate::backend("cpu").expect("cpu backend");
+        let devs = vec![b.open(0).expect("device 0")];
+        let p = calibrate("cpu", devs, "today", true, &|_| {}).expect("calibrates");
+        assert_eq!((p.precision, p.element_bytes), ("fp32", 4.0));
+        assert!(p.link.as_ref().is_some_and(|l| l.bytes_per_s > 0.0 && l.latency_s > 0.0), "{:?}", p.link);
+        assert!(p.host_link.is_none());
+        assert!(p.gemm.flops_per_s > 0.0 && p.memory.bytes_per_s > 0.0);
+    }
+}
