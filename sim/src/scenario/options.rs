@@ -67,7 +67,11 @@ impl Default for SimOptions {
 pub const DEFAULT_GPU_MEMORY_HEADROOM: f64 = 0.10;
 
 /// Default host time to issue one modelled op on a GPU from an eager framework (see
-/// [`SimOptions::host_op_s`]).
+/// [`SimOptions::host_op_s`]). Measured on the H200 machine's Xeon host with PyTorch 2.11
+/// (`traces/2026-11-26-cuda-h200/microbench.json`): a `F.linear` call from Python on a GEMM too
+/// small to keep the GPU busy took 15 us (21 us in an earlier run), a `torch._scaled_mm` call
+/// 29 us; the backward's kernels are issued by autograd's C++ engine without Python, for less
+/// (not measured). 10 us is kept between the two: an assumption, not a fit.
 pub const DEFAULT_GPU_HOST_OP_S: f64 = 10e-6;
 
 impl SimOptions {
