@@ -120,7 +120,9 @@ impl Scenario {
         let measured_bytes = m.gemm_element_bytes.unwrap_or(4.0);
         // fp8 GEMMs run at another rate than the 2-byte ones a GPU profile times.
         let gemm_bytes = if precision == Precision::Fp8 { 1.0 } else { precision.activation_bytes() };
-        let gemm_applies = (measured_bytes - gemm_bytes).abs() < 0.5;
+        // A CPU computes every precision in f32 (so does the executor's CPU backend): its rate
+        // applies whatever the training precision.
+        let gemm_applies = m.device_kind != DeviceKind::Gpu || (measured_bytes - gemm_bytes).abs() < 0.5;
         if !gemm_applies {
             self.notes.push(format!(
                 "the profile's GEMM rate was measured with {measured_bytes}-byte elements and the GEMMs run in {} \

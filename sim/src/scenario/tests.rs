@@ -161,9 +161,10 @@ fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
     assert_eq!(s.options.kernel_jitter, 0.0);
 }
 
-/// A profile's GEMM rate applies only to training at the precision it was measured in: a bf16
-/// profile calibrates a bf16 scenario's GEMM efficiency, leaves an fp32 or fp8 scenario's at
-/// the preset's with a note, and a profile that does not say (before session 18) counts as fp32.
+/// A GPU profile's GEMM rate applies only to training at the precision it was measured in: a
+/// bf16 profile calibrates a bf16 scenario's GEMM efficiency, leaves an fp32 or fp8 scenario's
+/// at the preset's with a note, and a profile that does not say (before session 18) counts as
+/// fp32. A CPU profile applies at any precision (a CPU computes in f32).
 #[test]
 fn a_profile_s_gemm_rate_applies_only_at_its_precision() {
     let rates = |bytes: Option<f64>| super::MeasuredRates {
@@ -196,6 +197,12 @@ fn a_profile_s_gemm_rate_applies_only_at_its_precision() {
         // The memory rate applies whatever the precision.
         assert!((s.cluster.node.device.mem_efficiency - 1.8e12 / 2039e9).abs() < 1e-9);
     }
+    // A CPU profile (f32 whatever the precision) applies to a bf16 scenario.
+    let mut s = scenario("bf16");
+    let mut cpu = rates(None);
+    cpu.device_kind = crate::hardware::DeviceKind::Cpu;
+    s.calibrate(&cpu);
+    assert_eq!(s.cluster.node.device.gemm_efficiency, applied);
 }
 
 /// FlashAttention has no V100 kernel: on a cluster of V100s the framework's default "flash"
