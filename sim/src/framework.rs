@@ -95,6 +95,10 @@ pub struct Framework {
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
     /// [`EP_COMM_OVERLAP_SOURCE`]); off in every profile, a knob to turn on.
     pub ep_comm_overlap: bool,
+    /// Each ZeRO-3 all-gather's output is copied into the unit's parameters on the compute
+    /// stream before the unit runs (PyTorch FSDP2, see [`GATHER_COPY_OUT_SOURCE`]); off in
+    /// every profile (FSDP1's flat parameters are views of the gathered buffer), a knob.
+    pub gather_copy_out: bool,
     pub bucket: Bucket,
     pub grad_reduce_dtype: ReduceDtype,
     /// Fused attention rather than materialised scores (`training.attention` overrides).
@@ -107,6 +111,11 @@ pub struct Framework {
 /// Where `ep_comm_overlap` comes from: the schedules that hide the expert all-to-alls behind
 /// another micro-batch's compute.
 pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_parallel_comm (--overlap-moe-expert-parallel-comm, core 0.14 and later, off by default): the combined 1F1B schedule (megatron/core/pipeline_parallel/combined_1f1b.py) co-schedules one micro-batch's forward with another's backward so that each one's expert all-to-alls run beside the other's compute; DeepSeek-V3's DualPipe does the same with its forward and backward chunks (arXiv 2412.19437, section 3.2.1)";
+
+/// Where `gather_copy_out` comes from: FSDP2's all-gather lands in one flat buffer, and
+/// `foreach_all_gather_copy_out` copies it into each parameter's own tensor on the current
+/// (compute) stream after waiting for the all-gather's event.
+pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (FSDP2, PyTorch 2.4 and later): foreach_all_gather_copy_out waits for the all-gather event on the current stream, then copies the flat all-gather output into each parameter's unsharded tensor (torch.split_with_sizes_copy): the unit's gathered bytes read and written once more on the compute stream before its forward (and again before its backward, after reshard_after_forward)";
 
 const MEGATRON_2021: &str = "NVIDIA/Megatron-LM v2.5 (2021)";
 const MEGATRON_CORE: &str = "NVIDIA/Megatron-LM core_r0.9.0 (2024)";
@@ -169,6 +178,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
+            gather_copy_out: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Fp32,
             flash_attention: false,
@@ -200,6 +210,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: true,
             tp_comm_overlap: true,
             ep_comm_overlap: false,
+            gather_copy_out: false,
             bucket: Bucket::Params { min_params: 40e6, per_rank_params: 1e6 },
             grad_reduce_dtype: ReduceDtype::Fp32,
             flash_attention: true,
@@ -243,6 +254,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
+            gather_copy_out: false,
             // reduce_bucket_size 5e8 elements, in the training precision.
             bucket: Bucket::Params { min_params: 5e8, per_rank_params: 0.0 },
             grad_reduce_dtype: ReduceDtype::Params,
@@ -277,6 +289,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
+            gather_copy_out: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: true,
@@ -309,6 +322,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
+            gather_copy_out: false,
             // LowLevelZeroPlugin reduce_bucket_size_in_m = 12 (million elements).
             bucket: Bucket::Params { min_params: 12e6, per_rank_params: 0.0 },
             grad_reduce_dtype: ReduceDtype::Params,
@@ -332,6 +346,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
+            gather_copy_out: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: true,
@@ -412,6 +427,9 @@ pub fn reference_markdown() -> String {
          `ep_comm_overlap` is off in every profile; where a run turns it on:\n",
     );
     s += &format!("{EP_COMM_OVERLAP_SOURCE}.\n");
+    s += &format!(
+        "\n`gather_copy_out` is off in every profile (FSDP1's flat parameters are views of the gathered buffer); PyTorch FSDP2 (torchtitan) turns it on:\n{GATHER_COPY_OUT_SOURCE}.\n"
+    );
     let yes = |b: bool| if b { "yes" } else { "no" };
     for n in NAMES {
         let f = profile(n).expect("profile");

@@ -93,6 +93,9 @@ pub(super) struct Builder {
     pub(super) narrowed_ops: HashMap<u32, u32>,
     /// Gradient-accumulation ops by (device class, bytes).
     pub(super) accumulate_ops: HashMap<(u16, u64), u32>,
+    /// FSDP2 copy-out ops by (device class, bytes and pass), shared by the units that move as
+    /// much.
+    pub(super) copy_out_ops: HashMap<(u16, u64), u32>,
 }
 
 /// Collectives shared by a group's replicas ([`Builder::shared_next`]): data-parallel
@@ -151,6 +154,7 @@ impl Builder {
             colliding_collectives: HashMap::new(),
             unit_log: Vec::new(),
             accumulate_ops: HashMap::new(),
+            copy_out_ops: HashMap::new(),
             narrowed_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
             held_step: if plan.ep_overlap() { vec![Vec::new(); simulated.len() * STREAMS] } else { Vec::new() },

@@ -187,3 +187,35 @@ pub(super) fn emit_grad_accumulate(
     let label = b.label(Label { op: spec.name, layer, phase: Phase::Backward, chunk });
     Some(emit_group_compute(b, ctx, op, label, mb) + ctx.streams.len() as u32 - 1)
 }
+
+/// FSDP2's copy of a unit's all-gathered parameters (`bytes` on each device) out of the flat
+/// all-gather buffer into the parameters, on the compute stream before the unit's `phase`
+/// (`training.framework.gather_copy_out`): one copy kernel reading and writing them. Returns
+/// its first and last task.
+pub(super) fn emit_gather_copy_out(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    bytes: f64,
+    layer: i32,
+    phase: Phase,
+    chunk: u32,
+    mb: u32,
+) -> Option<(u32, u32)> {
+    if bytes <= 0.0 {
+        return None;
+    }
+    let spec = OpSpec::gather_copy_out(bytes);
+    let backward = phase == Phase::Backward;
+    let key = (b.class, spec.forward_bytes.to_bits() ^ u64::from(backward));
+    let op = match b.copy_out_ops.get(&key) {
+        Some(&op) => op,
+        None => {
+            let op = b.op(&spec, backward);
+            b.copy_out_ops.insert(key, op);
+            op
+        }
+    };
+    let label = b.label(Label { op: spec.name, layer, phase, chunk });
+    let first = emit_group_compute(b, ctx, op, label, mb);
+    Some((first, first + ctx.streams.len() as u32 - 1))
+}

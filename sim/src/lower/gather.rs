@@ -156,6 +156,11 @@ impl Gathers {
             .collect()
     }
 
+    /// Bytes of a unit of `params` parameters once gathered, on each device.
+    pub(super) fn unit_bytes(&self, params: f64) -> f64 {
+        params * self.wb
+    }
+
     /// The all-gathers of a unit of `bytes`: one per module of a transformer layer under
     /// per-module gathering, else one.
     fn shares(&self, bytes: f64, unit: i32) -> Vec<f64> {

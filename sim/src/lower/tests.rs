@@ -391,3 +391,58 @@ fn deepspeed_gathers_each_module_of_a_layer() {
     assert_eq!(ds.len() - fsdp.len(), 5 * layer_gathers, "{} vs {}", ds.len(), fsdp.len());
     assert!(layer_gathers > 0 && layer_gathers % 4 == 0 && layer_gathers < fsdp.len(), "{layer_gathers}");
 }
+
+/// FSDP2's copy-out (`gather_copy_out`): with ZeRO-3 each gathered unit is copied out on the
+/// compute stream before its forward and before its backward, one copy op per unit and pass,
+/// moving twice the gathered bytes (read and written), after the gather and before the unit's
+/// first op; off by default and without a gather (ZeRO-2), and the step takes longer.
+#[test]
+fn fsdp2_copies_each_gathered_unit_out_before_it_runs() {
+    let z3 = r#"{"dp": 16, "zero_stage": 3}"#;
+    let copies = |fw: &str, plan: &str| {
+        let sim = crate::simulate(&with_framework(fw, plan), false);
+        let p = &sim.program;
+        let tasks: Vec<&super::Task> = p
+            .tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Compute && p.labels[t.label as usize].op == "gather_copy_out")
+            .collect();
+        let bytes: f64 = tasks.iter().map(|t| p.ops[t.payload as usize].spec.forward_bytes).sum();
+        (tasks.len(), bytes, sim.report.iteration_s)
+    };
+    let on = r#"{"name": "pytorch-fsdp", "gather_copy_out": true}"#;
+    let (n0, _, t0) = copies(r#""pytorch-fsdp""#, z3);
+    let (n1, bytes, t1) = copies(on, z3);
+    assert_eq!(n0, 0, "off by default");
+    let sim = crate::simulate(&with_framework(on, z3), false);
+    let (gather_bytes, _) = collectives_of_device_0(&sim.program, "param_gather");
+    // One copy per gather that moves bytes (a tied head gathers nothing of its own), on each
+    // lowered device.
+    let p = &sim.program;
+    let gathers = p
+        .tasks
+        .iter()
+        .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "param_gather")
+        .filter(|t| {
+            let c = &p.collectives[t.payload as usize];
+            c.members.contains(&0) && c.bytes > 0.0
+        })
+        .count();
+    let devices = p.devices.len();
+    assert_eq!(n1, gathers * devices, "{n1} copies for {gathers} gathers on {devices} devices");
+    // Each copy waits for a parameter gather.
+    let is_gather = |t: u32| {
+        let t = &p.tasks[t as usize];
+        t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "param_gather"
+    };
+    for (id, t) in p.tasks.iter().enumerate() {
+        if t.kind == super::TaskKind::Compute && p.labels[t.label as usize].op == "gather_copy_out" {
+            assert!(p.deps.iter().any(|&(a, b)| b == id as u32 && is_gather(a)), "copy {id} waits for no gather");
+        }
+    }
+    // All-gather bytes are the gathered unit's; each copy reads and writes them.
+    assert!((bytes / devices as f64 - 2.0 * gather_bytes).abs() / bytes < 1e-9, "{bytes} vs {gather_bytes}");
+    assert!(t1 > t0, "copies cost time: {t1} vs {t0}");
+    let (n2, _, _) = copies(on, r#"{"dp": 16, "zero_stage": 2}"#);
+    assert_eq!(n2, 0, "no gather, no copy");
+}

@@ -6,7 +6,7 @@
 
 use super::blocks::{Block, UnitBlocks};
 use super::builder::Builder;
-use super::compute::{emit_block, emit_grad_accumulate, emit_recompute};
+use super::compute::{emit_block, emit_gather_copy_out, emit_grad_accumulate, emit_recompute};
 use super::context::{Lowering, Stage};
 use super::data_parallel::GradSync;
 use super::gather::Gathers;
@@ -124,11 +124,24 @@ impl<'a> Walk<'a> {
         let (lw, st) = (self.lw, self.st);
         let g =
             if lw.per_unit { self.gathers.before(b, lw.plan, st.r, st.stage, unit_params, layer) } else { Vec::new() };
+        let copy = self.copy_out(b, at, unit_params, layer, phase);
         let (f, l) = emit_block(b, &st.ctx, blk, layer, phase, at.c, at.mb, alloc, free);
+        let f = copy.map_or(f, |c| c.0);
         if lw.per_unit {
             self.gathers.after(b, &st.ctx, &g, f, l);
         }
         (f, l)
+    }
+
+    /// FSDP2's copy of a unit's gathered parameters out of the all-gather buffer, before the
+    /// unit's `phase` on the compute stream (`training.framework.gather_copy_out`, with a
+    /// data-parallel gather); its first and last task.
+    fn copy_out(&self, b: &mut Builder, at: &At, params: f64, layer: i32, phase: Phase) -> Option<(u32, u32)> {
+        let lw = self.lw;
+        if !(lw.per_unit && lw.plan.framework.gather_copy_out && lw.plan.sync_degree() > 1) {
+            return None;
+        }
+        emit_gather_copy_out(b, &self.st.ctx, self.gathers.unit_bytes(params), layer, phase, at.c, at.mb)
     }
 
     /// Gradient accumulation of a unit's `params` after its backward, if this step
@@ -236,16 +249,20 @@ impl<'a> Walk<'a> {
             Vec::new()
         };
         let fetched = self.act.fetch(b, ctx, layer.saved, (c, mb, l));
-        let mut unit_first = NONE;
+        let mut unit_first = self.copy_out(b, at, lw.lp[l as usize], l as i32, Phase::Backward).map_or(NONE, |c| c.0);
         match plan.recompute {
             Recompute::Full => {
                 let (f, _) = emit_recompute(b, ctx, layer, l as i32, c, mb, false, layer.saved_full);
-                unit_first = f;
+                if unit_first == NONE {
+                    unit_first = f;
+                }
                 free += layer.saved_full;
             }
             Recompute::Selective => {
                 let (f, _) = emit_recompute(b, ctx, layer, l as i32, c, mb, true, 0.0);
-                unit_first = f;
+                if unit_first == NONE {
+                    unit_first = f;
+                }
             }
             Recompute::None => {}
         }

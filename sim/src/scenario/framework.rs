@@ -21,6 +21,7 @@ pub struct FrameworkSpec {
     param_gather_overlap: Option<bool>,
     tp_comm_overlap: Option<bool>,
     ep_comm_overlap: Option<bool>,
+    gather_copy_out: Option<bool>,
     grad_reduce_dtype: Option<ReduceDtype>,
     fused: Vec<(String, bool)>,
 }
@@ -90,6 +91,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         param_gather_overlap: f.boolean("param_gather_overlap")?,
         tp_comm_overlap: f.boolean("tp_comm_overlap")?,
         ep_comm_overlap: f.boolean("ep_comm_overlap")?,
+        gather_copy_out: f.boolean("gather_copy_out")?,
         grad_reduce_dtype,
         fused,
     }))
@@ -118,6 +120,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(b) = s.ep_comm_overlap {
         f.ep_comm_overlap = b;
+    }
+    if let Some(b) = s.gather_copy_out {
+        f.gather_copy_out = b;
     }
     if let Some(d) = s.grad_reduce_dtype {
         f.grad_reduce_dtype = d;

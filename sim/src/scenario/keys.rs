@@ -126,6 +126,7 @@ pub const FRAMEWORK: &[&str] = &[
     "param_gather_overlap",
     "tp_comm_overlap",
     "ep_comm_overlap",
+    "gather_copy_out",
     "grad_reduce_dtype",
     "fused",
 ];

@@ -322,6 +322,20 @@ impl OpSpec {
     /// that reads both and writes the sum, as autograd's in-place accumulation does
     /// (Megatron-LM's fused variant reads and writes an fp32 buffer inside the weight-gradient
     /// GEMM instead: the same bytes).
+    /// FSDP2's copy of `bytes` of all-gathered parameters out of the flat buffer (read and
+    /// written once), before a unit's forward or backward.
+    pub fn gather_copy_out(bytes: f64) -> OpSpec {
+        OpSpec {
+            name: "gather_copy_out",
+            class: OpClass::Memory,
+            forward_flops: 0.0,
+            forward_bytes: 2.0 * bytes,
+            backward_flops: 0.0,
+            backward_bytes: 2.0 * bytes,
+            saved: Saved::default(),
+        }
+    }
+
     pub fn grad_accumulate(params: f64, grad_bytes: f64) -> OpSpec {
         OpSpec {
             name: "grad_accumulate",
