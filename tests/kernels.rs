@@ -168,8 +168,9 @@ fn compare_gemm_table(
 
 /// OpenXLA's measured sm_90 GEMM table (375 shapes, b 1-4, m/n/k 256-4096, two runs): the
 /// simulator's time per GEMM against the mean of the two runs. What it shows (README):
-/// shapes of at least 10 GFLOP come within 15% (the large-GEMM efficiency, 0.75, sits under
-/// the 0.79-0.82 these bursts reach); small ones are dominated by the 3 us launch; split-K
+/// shapes of at least 10 GFLOP come within 15%, too slow (the large-GEMM efficiency, 0.72 since
+/// session 18, is what an H200 sustains in a training step; these short bursts reach
+/// 0.79-0.82); small ones are dominated by the 3 us launch; split-K
 /// keeps shapes with few output tiles and a deep K from being charged a mostly idle GPU.
 /// Bounds hold what the model reaches now, so that a change that loses it fails.
 #[test]
@@ -177,7 +178,7 @@ fn gemm_times_match_the_measured_sm90_table() {
     let bf16 = sim::hardware::Precision::Bf16;
     let (mean, big, worst) = compare_gemm_table("gemm_xla_sm90.json", "bf16", "h100-sxm", bf16, "sm90 gemm");
     assert!(mean < 0.15, "mean {:.1}%", 100.0 * mean);
-    assert!(big < 0.12, "mean over large shapes {:.1}%", 100.0 * big);
+    assert!(big < 0.15, "mean over large shapes {:.1}%", 100.0 * big);
     assert!(worst.0.abs() < 0.5, "worst {:.1}%: {}", 100.0 * worst.0, worst.1);
 }
 
@@ -209,10 +210,11 @@ fn split_k_speeds_up_small_outputs_with_deep_k_only() {
     let model = sim::cost::ComputeModel::new(&h100, sim::hardware::Precision::Bf16, None);
     // 256 x 256 output: two 128x256 tiles on 132 SMs; K = 4096 leaves 16 slices of 256.
     let narrow = model.gemm_efficiency(1.0, 256.0, 256.0, 4096.0);
-    let unsplit = 0.75 * (2.0 / 132.0) * (64.0 / 67.0);
+    let peak_share = h100.gemm_efficiency;
+    let unsplit = peak_share * (2.0 / 132.0) * (64.0 / 67.0);
     assert!(narrow > 4.0 * unsplit, "split-K efficiency {narrow} against unsplit {unsplit}");
     // 8192 x 8192: 2048 tiles, no split pays for its reduction.
     let wide = model.gemm_efficiency(1.0, 8192.0, 8192.0, 8192.0);
     let tiles = 2048.0 / (16.0 * 132.0);
-    assert!((wide - 0.75 * tiles * (128.0 / 131.0)).abs() < 1e-9, "{wide}");
+    assert!((wide - peak_share * tiles * (128.0 / 131.0)).abs() < 1e-9, "{wide}");
 }
