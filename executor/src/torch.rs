@@ -215,7 +215,7 @@ impl Device for TorchDevice {
         if !(ctx.element_bytes.is_finite() && ctx.element_bytes > 0.0) {
             return Err(ExecError(format!("op {name}: element size {} bytes is not positive", ctx.element_bytes)));
         }
-        if matches!(sim::cost::memory_kernel(name), "optimizer" | "optimizer_foreach") {
+        if sim::cost::is_optimizer_step(name) {
             return Ok(self.adam(count(name, "parameters", bytes / ADAM_BYTES_PER_PARAM)?));
         }
         let elems = count(name, "elements", bytes / (2.0 * ctx.element_bytes))?;

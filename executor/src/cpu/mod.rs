@@ -143,7 +143,7 @@ impl CpuDevice {
                 spec.name, ctx.element_bytes
             )));
         }
-        if matches!(sim::cost::memory_kernel(spec.name), "optimizer" | "optimizer_foreach") {
+        if sim::cost::is_optimizer_step(spec.name) {
             let params = count(spec.name, "parameters", bytes / ADAM_BYTES_PER_PARAM)?;
             return Ok(self.run_adam(params));
         }

@@ -179,7 +179,7 @@ pub(super) fn plan(op: &OpInstance, ctx: &OpContext, cap_bytes: usize, host_cap_
         return Ok(Plan { work, scale: fit.scale });
     }
     let bytes = if op.backward { spec.backward_bytes } else { spec.forward_bytes };
-    if matches!(sim::cost::memory_kernel(name), "optimizer" | "optimizer_foreach") {
+    if sim::cost::is_optimizer_step(name) {
         let params = count(name, "parameters", bytes / ADAM_BYTES_PER_PARAM)?;
         if params == 0 {
             return Ok(nothing);

@@ -35,6 +35,12 @@ pub fn memory_kernel(name: &str) -> &'static str {
     }
 }
 
+/// Whether op `name` is an optimizer step (on the device, eager or fused, or on the host): the
+/// executors run it as Adam over its bytes' parameters.
+pub fn is_optimizer_step(name: &str) -> bool {
+    matches!(memory_kernel(name), "optimizer" | "optimizer_foreach")
+}
+
 /// Measured corrections of a device's defaults (from the executor's calibration).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Calibration {

@@ -91,11 +91,9 @@ pub(super) struct Builder {
     pub(super) held_tp: Vec<Vec<u32>>,
     /// Each op's copy that runs on fewer compute units (`TpOverlap`), by op.
     pub(super) narrowed_ops: HashMap<u32, u32>,
-    /// Gradient-accumulation ops by (device class, bytes).
-    pub(super) accumulate_ops: HashMap<(u16, u64), u32>,
-    /// FSDP2 copy-out ops by (device class, bytes and pass), shared by the units that move as
-    /// much.
-    pub(super) copy_out_ops: HashMap<(u16, u64), u32>,
+    /// Memory ops made outside a block (gradient accumulation, FSDP2's copy-out), one per
+    /// (device class, name, forward and backward bytes, pass): units that move as much share it.
+    shared_ops: HashMap<(u16, &'static str, u64, u64, bool), u32>,
 }
 
 /// Collectives shared by a group's replicas ([`Builder::shared_next`]): data-parallel
@@ -153,8 +151,7 @@ impl Builder {
             collective_ids: FastMap::default(),
             colliding_collectives: HashMap::new(),
             unit_log: Vec::new(),
-            accumulate_ops: HashMap::new(),
-            copy_out_ops: HashMap::new(),
+            shared_ops: HashMap::new(),
             narrowed_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
             held_step: if plan.ep_overlap() { vec![Vec::new(); simulated.len() * STREAMS] } else { Vec::new() },
@@ -184,6 +181,17 @@ impl Builder {
             sm_share: 1.0,
         });
         (self.p.ops.len() - 1) as u32
+    }
+
+    /// The op of `spec` for this device class and pass, made on first use and shared after.
+    pub(super) fn shared_op(&mut self, spec: &OpSpec, backward: bool) -> u32 {
+        let key = (self.class, spec.name, spec.forward_bytes.to_bits(), spec.backward_bytes.to_bits(), backward);
+        if let Some(&op) = self.shared_ops.get(&key) {
+            return op;
+        }
+        let op = self.op(spec, backward);
+        self.shared_ops.insert(key, op);
+        op
     }
 
     /// A task on `streams` (several for a collective among them). Under blocking

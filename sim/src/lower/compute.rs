@@ -175,15 +175,7 @@ pub(super) fn emit_grad_accumulate(
     if spec.backward_bytes <= 0.0 {
         return None;
     }
-    let key = (b.class, spec.backward_bytes.to_bits());
-    let op = match b.accumulate_ops.get(&key) {
-        Some(&op) => op,
-        None => {
-            let op = b.op(&spec, true);
-            b.accumulate_ops.insert(key, op);
-            op
-        }
-    };
+    let op = b.shared_op(&spec, true);
     let label = b.label(Label { op: spec.name, layer, phase: Phase::Backward, chunk });
     Some(emit_group_compute(b, ctx, op, label, mb) + ctx.streams.len() as u32 - 1)
 }
@@ -205,16 +197,7 @@ pub(super) fn emit_gather_copy_out(
         return None;
     }
     let spec = OpSpec::gather_copy_out(bytes);
-    let backward = phase == Phase::Backward;
-    let key = (b.class, spec.forward_bytes.to_bits() ^ u64::from(backward));
-    let op = match b.copy_out_ops.get(&key) {
-        Some(&op) => op,
-        None => {
-            let op = b.op(&spec, backward);
-            b.copy_out_ops.insert(key, op);
-            op
-        }
-    };
+    let op = b.shared_op(&spec, phase == Phase::Backward);
     let label = b.label(Label { op: spec.name, layer, phase, chunk });
     let first = emit_group_compute(b, ctx, op, label, mb);
     Some((first, first + ctx.streams.len() as u32 - 1))
