@@ -348,9 +348,10 @@ pub fn nccl_steps(c: &Collective, topo: &Topology) -> Option<Steps> {
             (hops.collect(), true)
         }
         (Algo::Nvls, _) => {
-            // Each GPU sends its buffer to the switch once and receives the result once.
+            // Each GPU's port carries (p+1)/p of the buffer each way (`nccl::candidates`).
             let m = &c.members;
-            ((0..p).map(|i| flow(m[i], m[(i + 1) % p], n, plan.bus_bytes_per_s)).collect(), false)
+            let bytes = n * plan.link_bytes_per_byte;
+            ((0..p).map(|i| flow(m[i], m[(i + 1) % p], bytes, plan.bus_bytes_per_s)).collect(), false)
         }
         _ => {
             let rings = nccl_rings(&c.members, topo);

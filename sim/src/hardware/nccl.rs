@@ -289,7 +289,7 @@ pub struct Plan {
     /// Bytes on the wire per byte of data (protocol flags).
     pub wire_factor: f64,
     /// Bytes each GPU's busiest link carries per byte of the message (ring all-reduce
-    /// 2(p-1)/p, tree 2, NVLS 1, ring all-gather and reduce-scatter (p-1)/p, chain 1; an
+    /// 2(p-1)/p, tree 2, NVLS (p+1)/p, ring all-gather and reduce-scatter (p-1)/p, chain 1; an
     /// all-to-all's busiest link, (p-1)/p of a port inside a node).
     pub link_bytes_per_byte: f64,
 }
@@ -403,10 +403,15 @@ pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
         let lat = BASE_LAT_TREE_US[k] + 2.0 * ((ppn - 1.0) * intra_tree[k] + log2i(n) * NET_TREE_US[k]);
         out.push(finish(sys, s, Algo::Tree, proto, lat * US, bus, wire, 2.0, THREAD_THRESHOLD[k]));
         // NVLS (all-reduce inside one NVSwitch node, Simple only): the switch reduces and
-        // multicasts, so each GPU sends and receives the message once.
+        // multicasts. Each GPU reduces its 1/p shard with `multimem.ld_reduce`, so the switch
+        // reads every shard from every GPU (the message out of each port, the GPU's own shard
+        // included) and returns the reduced shard (1/p in); then each GPU stores its shard
+        // with `multimem.st` (1/p out) and the switch writes every shard into every GPU (the
+        // message in). Each port so carries (p+1)/p of the message each way, at NCCL's
+        // `nvlsEfficiency` x (channels - 1) / channels of its rate (NCCL's bandwidth).
         if sys.nvls && n == 1 && proto == Proto::Simple {
             let ch = NVLS_CHANNELS[a] as f64;
-            let algbw = sys.intra_bytes_per_s * NVLS_EFFICIENCY[a] * (ch - 1.0) / ch;
+            let port_bw = sys.intra_bytes_per_s * NVLS_EFFICIENCY[a] * (ch - 1.0) / ch;
             let lat = NVLINK_NVLS_US[k];
             let plan = Plan {
                 algo: Algo::Nvls,
@@ -414,10 +419,10 @@ pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
                 channels: NVLS_CHANNELS[a],
                 max_channels: NVLS_CHANNELS[a],
                 latency_s: lat * US,
-                bus_bytes_per_s: algbw.min(link),
-                full_bus_bytes_per_s: algbw.min(link),
+                bus_bytes_per_s: port_bw.min(link),
+                full_bus_bytes_per_s: port_bw.min(link),
                 wire_factor: 1.0,
-                link_bytes_per_byte: 1.0,
+                link_bytes_per_byte: (p + 1.0) / p,
             };
             out.push(plan);
         }
@@ -522,5 +527,37 @@ mod tests {
         assert_eq!(choose(&sys, &s).expect("plan").algo, Algo::Nvls);
         let ag = Shape { coll: Coll::AllGather, ..s };
         assert_eq!(choose(&sys, &ag).expect("plan").algo, Algo::Ring);
+    }
+
+    #[test]
+    fn an_nvls_port_carries_p_plus_one_over_p_of_the_message() {
+        // nccl-tests' busbw of NVLS, 2(p-1)/p x algbw, is 2(p-1)/(p+1) of the port's NVLS
+        // rate: it grows with the GPUs (NVIDIA/nccl #1455 measured 370 GB/s with 2-4 H100s,
+        // then 420, 440, 460, 480 with 5-8), so the ring wins up to 4 GPUs.
+        let sys = system("dgx-h100");
+        let plan = |ranks: u32| {
+            let s = Shape {
+                coll: Coll::AllReduce,
+                ranks,
+                nodes: 1,
+                bytes: 8e9,
+                link_bus_bytes_per_s: sys.intra_bytes_per_s,
+            };
+            choose(&sys, &s).expect("plan")
+        };
+        let busbw = |ranks: u32| {
+            let p = plan(ranks);
+            let algbw = 8e9 / p.time_s(8e9);
+            algbw * 2.0 * (ranks as f64 - 1.0) / ranks as f64
+        };
+        for ranks in 2..=4 {
+            assert_eq!(plan(ranks).algo, Algo::Ring, "{ranks} GPUs");
+        }
+        assert_eq!(plan(5).algo, Algo::Nvls);
+        assert!((plan(8).link_bytes_per_byte - 9.0 / 8.0).abs() < 1e-12);
+        let (five, eight) = (busbw(5), busbw(8));
+        assert!(eight > five * 1.1 && eight > busbw(4) * 1.2, "{five} {eight}");
+        let port = sys.intra_bytes_per_s * NVLS_EFFICIENCY[2] * 15.0 / 16.0;
+        assert!((eight / (port * 14.0 / 9.0) - 1.0).abs() < 0.01, "{eight}");
     }
 }
