@@ -121,11 +121,19 @@ fn nvls_all_reduce_beats_the_ring_on_h100_and_not_on_a100() {
     assert!(f(&h100[0], "busbw_GBps") > 400.0);
     let a100 = nccl_test(&["--node", "dgx-a100-80gb", "--min-bytes", "1G", "--max-bytes", "1G"]);
     assert_eq!(a100[0]["algorithm"], "ring");
-    // A 2-node all-reduce of a few MB takes the tree (log-depth latency), large ones the ring.
-    let two = nccl_test(&["--nodes", "2", "--min-bytes", "8", "--max-bytes", "8G", "--step-factor", "64"]);
-    let algos: Vec<&str> = two.iter().map(|x| x["algorithm"].as_str().expect("algo")).collect();
-    assert_eq!(algos.first(), Some(&"tree"));
-    assert_eq!(algos.last(), Some(&"ring"));
+    // Across 4 nodes an all-reduce of a few MB takes the tree (log-depth latency), large ones
+    // the ring. Across 2 the tree keeps the large ones too: its NICs carry the message once
+    // each way where the ring's carry it almost twice, so only the NVLink chain bounds it
+    // (an OCI 2-node A100 run measured 238 GB/s busbw, above what its NICs give a ring).
+    for (nodes, large) in [("4", "ring"), ("2", "tree")] {
+        let r = nccl_test(&["--nodes", nodes, "--min-bytes", "8", "--max-bytes", "8G", "--step-factor", "64"]);
+        let algos: Vec<&str> = r.iter().map(|x| x["algorithm"].as_str().expect("algo")).collect();
+        assert_eq!(algos.first(), Some(&"tree"), "{nodes} nodes");
+        assert_eq!(algos.last(), Some(&large), "{nodes} nodes");
+    }
+    let busbw =
+        |nodes: &str| f(&nccl_test(&["--nodes", nodes, "--min-bytes", "8G", "--max-bytes", "8G"])[0], "busbw_GBps");
+    assert!(busbw("2") > busbw("4") * 1.05);
 }
 
 #[test]
@@ -267,4 +275,78 @@ fn all_to_all_is_accepted_under_its_names_and_listed_in_the_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("all_to_all"));
     let help = bin().args(["nccl-test", "--help"]).output().expect("runs");
     assert!(String::from_utf8_lossy(&help.stdout).contains("all_to_all"));
+}
+
+/// The small-message all-reduce times of nccl_measurements.json: those the model covers
+/// (one process per GPU, or too few GPUs for the host to bind) within 15%; the host-bound
+/// ones (one thread enqueueing on every GPU) still off by more, as the data file says.
+#[test]
+fn small_message_time_is_within_15_percent_where_the_device_bounds_it() {
+    let d = data();
+    let mut checked = 0;
+    for p in d["latency"].as_array().expect("points") {
+        let args = point_args(p);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (got, want) = (f(&nccl_test(&args)[0], "time_us"), f(p, "time_us"));
+        let err = got / want - 1.0;
+        if p.get("known_miss").is_some() {
+            assert!(err < -0.15, "{}: now within 15% ({got:.1} vs {want} us); drop its known_miss", p["id"]);
+        } else {
+            checked += 1;
+            assert!(err.abs() <= 0.15, "{}: predicted {got:.1} us, measured {want} ({:+.0}%)", p["id"], err * 100.0);
+        }
+    }
+    assert!(checked >= 2);
+}
+
+/// Whole nccl-tests size sweeps (nccl_curves.json), each predicted in one `nccl-test` sweep:
+/// from 64 MB up, where the links bound the time, every curve the model covers within 15%.
+/// Smaller sizes are compared in experiments/validation (nccl-curves) and the README says
+/// where they miss; a curve marked `known_miss` must still miss somewhere by more than 15%.
+#[test]
+fn size_sweeps_are_within_15_percent_from_64_mb_up() {
+    let d = read_data("nccl_curves.json");
+    let mut misses = Vec::new();
+    let mut checked = 0;
+    for c in d["curves"].as_array().expect("curves") {
+        let pts = c["points"].as_array().expect("points");
+        let sizes: Vec<u64> = pts.iter().map(|p| p["bytes"].as_u64().expect("bytes")).collect();
+        let (lo, hi) =
+            (sizes.iter().min().expect("a point").to_string(), sizes.iter().max().expect("a point").to_string());
+        let nodes = c["nodes"].as_u64().unwrap_or(1).to_string();
+        let gpus = c["gpus"].as_u64().expect("gpus").to_string();
+        let args = [
+            "--op",
+            c["op"].as_str().expect("op"),
+            "--node",
+            c["node"].as_str().expect("node"),
+            "--nodes",
+            &nodes,
+            "--gpus",
+            &gpus,
+            "--min-bytes",
+            &lo,
+            "--max-bytes",
+            &hi,
+        ];
+        let results = nccl_test(&args);
+        let mut worst: f64 = 0.0;
+        for p in pts {
+            let bytes = f(p, "bytes");
+            let r = results.iter().find(|r| f(r, "size_bytes") == bytes).expect("every size of the sweep");
+            let err = f(r, "time_us") / f(p, "time_us") - 1.0;
+            worst = worst.max(err.abs());
+            if c.get("known_miss").is_none() && bytes >= 64.0 * (1 << 20) as f64 {
+                checked += 1;
+                if err.abs() > 0.15 {
+                    misses.push(format!("{} {bytes}: {:+.0}%", c["id"], err * 100.0));
+                }
+            }
+        }
+        if c.get("known_miss").is_some() {
+            assert!(worst > 0.15, "{}: now within 15% at every size; drop its known_miss", c["id"]);
+        }
+    }
+    assert!(checked >= 15, "{checked}");
+    assert!(misses.is_empty(), "{}", misses.join("\n"));
 }

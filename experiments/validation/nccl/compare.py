@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Predict every point of data/nccl_measurements.json and data/nccl_alltoall.json with
-`trainsim nccl-test` and print predicted against measured bus bandwidth (and small-message
-time), with the error, the algorithm and protocol NCCL's model picks, and the mean and worst
-error per table (and without the points marked as known misses).
+"""Predict every point of data/nccl_measurements.json, data/nccl_alltoall.json and
+data/nccl_curves.json with `trainsim nccl-test` and print predicted against measured bus
+bandwidth (and time), with the error, the algorithm and protocol NCCL's model picks, and the
+mean and worst error per table (and without the points marked as known misses).
 
 Usage, from the repository root after cargo build --release:
     experiments/validation/nccl/compare.py
@@ -12,6 +12,7 @@ import json, os, subprocess, sys
 here = os.path.dirname(os.path.abspath(__file__))
 data = json.load(open(os.path.join(here, '..', 'data', 'nccl_measurements.json')))
 a2a = json.load(open(os.path.join(here, '..', 'data', 'nccl_alltoall.json')))
+curves = json.load(open(os.path.join(here, '..', 'data', 'nccl_curves.json')))
 
 
 def run(p):
@@ -56,3 +57,35 @@ table('Small-message time (8 B all-reduce, ' + data['latency_source'][:60] + '..
 table('All-to-all bus bandwidth (nccl-tests alltoall_perf)', a2a['bus_bandwidth'], 'busbw_GBps',
       'busbw GB/s', 'busbw_GBps')
 table('All-to-all time, 1-4 MB (nccl-tests alltoall_perf)', a2a['latency'], 'time_us', 'us', 'time_us')
+
+
+def sweep(c):
+    sizes = [p['bytes'] for p in c['points']]
+    args = ['target/release/trainsim', 'nccl-test', '--json', '--op', c['op'], '--node', c['node'],
+            '--nodes', str(c.get('nodes', 1)), '--gpus', str(c['gpus']),
+            '--min-bytes', str(min(sizes)), '--max-bytes', str(max(sizes))]
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{c['id']}: {out.stderr.strip()}")
+    return {int(r['size_bytes']): r for r in json.loads(out.stdout)['results']}
+
+
+print("\n## Size sweeps (data/nccl_curves.json): time at every size\n")
+print("| curve | points | mean abs error | worst | within 15% | from 64 MB: mean, worst |")
+print("|---|---|---|---|---|---|")
+details = []
+for c in curves['curves']:
+    got = sweep(c)
+    errs = [(p['bytes'], got[p['bytes']]['time_us'] / p['time_us'] - 1, p, got[p['bytes']]) for p in c['points']]
+    big = [abs(e) for b, e, _, _ in errs if b >= 64 << 20]
+    flag = ' (known miss)' if 'known_miss' in c else ''
+    a = [abs(e) for _, e, _, _ in errs]
+    print(f"| {c['id']}{flag} | {len(a)} | {sum(a)/len(a)*100:.0f}% | {max(a)*100:.0f}% | "
+          f"{sum(x <= 0.15 for x in a)} of {len(a)} | {sum(big)/len(big)*100:.0f}%, {max(big)*100:.0f}% |")
+    details.append((c, errs))
+for c, errs in details:
+    print(f"\n### {c['id']}\n")
+    print("| size | measured us | predicted us | error | algorithm/protocol/channels |")
+    print("|---|---|---|---|---|")
+    for b, e, p, r in errs:
+        print(f"| {b} | {p['time_us']} | {r['time_us']:.1f} | {e*100:+.0f}% | {r['algorithm']}/{r['protocol']}/{r['channels']} |")

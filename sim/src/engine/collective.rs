@@ -356,12 +356,17 @@ pub fn nccl_steps(c: &Collective, topo: &Topology) -> Option<Steps> {
         _ => {
             let rings = nccl_rings(&c.members, topo);
             let r = rings.len() as f64;
-            // Each link of a ring carries link_bytes_per_byte x n / r over the whole collective.
+            // Each link of a ring carries link_bytes_per_byte x n / r over the whole collective,
+            // except a two-node tree's hops between the nodes: they carry the message once
+            // each way (`nccl::candidates`), half what the chain inside a node carries.
             let bytes = n * plan.link_bytes_per_byte / r;
+            let two_node_tree = plan.algo == Algo::Tree && by_node(&c.members, topo).len() == 2;
             let mut flows = Vec::with_capacity(rings.len() * p);
             for ring in &rings {
                 for i in 0..p {
-                    flows.push(flow(ring[i], ring[(i + 1) % p], bytes, plan.bus_bytes_per_s / r));
+                    let (a, b) = (ring[i], ring[(i + 1) % p]);
+                    let hop = if two_node_tree && topo.node_of(a) != topo.node_of(b) { bytes / 2.0 } else { bytes };
+                    flows.push(flow(a, b, hop, plan.bus_bytes_per_s / r));
                 }
             }
             (flows, false)

@@ -387,7 +387,13 @@ pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
             continue;
         }
         // Tree (all-reduce): a chain inside each node, a double binary tree across nodes.
-        let base = (link * TREE_ALLREDUCE_FRACTION).min(graph_ch * PER_CH_MAX_TREE_BWS[a][i2] * GB);
+        // Each GPU's port carries 2 bytes per byte along the chain (reduce up, broadcast
+        // down). Between two nodes each node is the other's child in one tree and its parent
+        // in the other, so the NICs carry the message once each way, not twice: the chain
+        // inside the node is the bound unless the NICs are under half its rate. Over more
+        // nodes an interior node's NICs carry 2 bytes per byte too.
+        let tree_link = if n == 2 { sys.intra_bytes_per_s.min(2.0 * link) } else { link };
+        let base = (tree_link * TREE_ALLREDUCE_FRACTION).min(graph_ch * PER_CH_MAX_TREE_BWS[a][i2] * GB);
         let mut bus = match proto {
             Proto::Ll => (base / TREE_LL_DIVISOR).min(ll_max),
             Proto::Ll128 => {
