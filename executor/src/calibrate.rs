@@ -194,7 +194,7 @@ impl Scale {
     }
 
     pub fn precision(&self) -> &'static str {
-        if self.element_bytes > 3.0 { "fp32" } else { "bf16" }
+        crate::Precision::for_element_bytes(self.element_bytes).name()
     }
 }
 

@@ -33,6 +33,39 @@ impl std::error::Error for ExecError {}
 
 pub type Result<T> = std::result::Result<T, ExecError>;
 
+/// How a GPU executor stores an element of the training precision: f32 for a 4-byte
+/// precision, bf16 for every precision of 2 bytes or less (fp16 and fp8 run as bf16). The one
+/// place an element size picks a storage type: the CUDA kernels and cuBLAS data types, the
+/// torch backend's tensor kind and the precision a calibration profile records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    F32,
+    Bf16,
+}
+
+impl Precision {
+    /// The storage type for `element_bytes` per element: f32 for 4 bytes, bf16 below.
+    pub fn for_element_bytes(element_bytes: f64) -> Precision {
+        if element_bytes > 3.0 { Precision::F32 } else { Precision::Bf16 }
+    }
+
+    /// Bytes of one stored element.
+    pub fn bytes(self) -> usize {
+        match self {
+            Precision::F32 => 4,
+            Precision::Bf16 => 2,
+        }
+    }
+
+    /// The name a profile records ("fp32", "bf16"), as `training.precision` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "fp32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
 /// Shapes an op needs besides its spec (widths of norms and softmax rows).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpContext {

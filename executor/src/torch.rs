@@ -90,7 +90,10 @@ impl TorchDevice {
     /// Element type of a training precision of `element_bytes` on this device: on a GPU bf16
     /// for 2-byte precisions (as the cuda backend) and fp32 for 4-byte ones; fp32 on the CPU.
     fn kind(&self, element_bytes: f64) -> Kind {
-        if self.device.is_cuda() && element_bytes < 3.0 { Kind::BFloat16 } else { Kind::Float }
+        match crate::Precision::for_element_bytes(element_bytes) {
+            crate::Precision::Bf16 if self.device.is_cuda() => Kind::BFloat16,
+            _ => Kind::Float,
+        }
     }
 
     fn sync(&self) {

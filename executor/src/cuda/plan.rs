@@ -25,27 +25,9 @@ pub(super) const ADAM_BYTES_PER_PARAM: f64 = 28.0;
 /// Byte alignment of each buffer carved out of a device's arena.
 pub(super) const ALIGN_BYTES: usize = 256;
 
-/// Storage type of activations and GEMM operands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) enum Precision {
-    F32,
-    /// bfloat16 (also stands in for fp16 and fp8: every 2-byte-or-less precision).
-    Bf16,
-}
+pub(super) use crate::Precision;
 
 impl Precision {
-    /// The precision that stores `element_bytes` per element: f32 for 4 bytes, bf16 below.
-    pub(super) fn for_element_bytes(element_bytes: f64) -> Precision {
-        if element_bytes > 3.0 { Precision::F32 } else { Precision::Bf16 }
-    }
-
-    pub(super) fn bytes(self) -> usize {
-        match self {
-            Precision::F32 => 4,
-            Precision::Bf16 => 2,
-        }
-    }
-
     /// Suffix of the kernels compiled for this storage type (`layernorm_bf16`).
     pub(super) fn suffix(self) -> &'static str {
         match self {
