@@ -32,6 +32,9 @@ impl Expanded {
             m != NONE && p.devices[m as usize] == d
         };
         let map = |d: u32| p.devices[p.mirror[d as usize] as usize];
+        // `calls` back-to-back calls: every step pays its latency and moves its bytes that
+        // many times (as merged ring steps do, below).
+        let calls = col.calls.max(1) as f64;
         let steps = steps
             .into_iter()
             .map(|st| {
@@ -51,10 +54,10 @@ impl Expanded {
                                 *l = topo.map_link(*l, &map);
                             }
                         }
-                        (links, f.bytes, f.source, f.target, f.cap_bytes_per_s)
+                        (links, f.bytes * calls, f.source, f.target, f.cap_bytes_per_s)
                     })
                     .collect();
-                (ExpStep { flows, latency_ns: ns(fixed.unwrap_or(latency)) }, chain)
+                (ExpStep { flows, latency_ns: ns(fixed.unwrap_or(latency) * calls) }, chain)
             })
             .collect::<Vec<_>>();
         let members = col.members.iter().filter(|&&d| simulated(d)).map(|&d| p.mirror[d as usize]).collect();

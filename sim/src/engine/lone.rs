@@ -60,7 +60,7 @@ pub fn lone_collective(
         labels: vec![Label { op: "collective", layer: -1, phase: Phase::Forward, chunk: 0 }],
         ..Program::default()
     };
-    let collective = Collective { kind, members: members.clone(), bytes };
+    let collective = Collective::new(kind, members.clone(), bytes);
     let plan = nccl_plan(&collective, &topo);
     p.collectives.push(collective);
     let streams: Vec<u32> = members.iter().map(|&d| Program::stream_index(d, StreamKind::Compute)).collect();

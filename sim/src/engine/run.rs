@@ -589,7 +589,10 @@ impl<'a> Engine<'a> {
                     let j = self.jitter.as_mut().expect("checked");
                     lat = lat.saturating_add(j.wait_ns(streams.into_iter(), members));
                 }
-                let at = self.after(now, self.opts.collective_launch_ns.saturating_add(lat));
+                // Each of a task's back-to-back calls (`Collective::calls`) launches its kernel.
+                let calls = if collective != NONE { self.p.collectives[collective as usize].calls.max(1) } else { 1 };
+                let launch = self.opts.collective_launch_ns.saturating_mul(calls as u64);
+                let at = self.after(now, launch.saturating_add(lat));
                 self.q.push(at, Event { kind: STEP_START, id: slot, version: 0 });
             }
         }

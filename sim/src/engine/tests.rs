@@ -62,7 +62,7 @@ fn lone_collective(kind: CollectiveKind, per_node: u32, nodes: u32, bytes: f64, 
     let c = cluster(per_node, nodes, intra, nic);
     let n = per_node * nodes;
     let mut p = empty_program(n);
-    p.collectives.push(Collective { kind, members: (0..n).collect(), bytes });
+    p.collectives.push(Collective::new(kind, (0..n).collect(), bytes));
     let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
     push(&mut p, TaskKind::Collective, 0, &streams, 0);
     run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).expect("runs").iteration_ns
@@ -270,7 +270,7 @@ fn a_collective_waits_for_each_member_s_own_host() {
     let run_with = |per_collective: Vec<u64>| {
         let mut p = empty_program(2);
         p.ops.push(device_op(false));
-        p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: vec![0, 1], bytes: 1e3 });
+        p.collectives.push(Collective::new(CollectiveKind::AllReduce, vec![0, 1], 1e3));
         let streams: Vec<u32> = (0..2).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
         push(&mut p, TaskKind::Collective, 0, &streams, 0);
         run(&p, &Topology::new(&c), &[0], &HostCosts { per_op: vec![0], per_collective }, opts())
@@ -291,7 +291,7 @@ fn repeated_ring_steps_run_as_one_flow_per_pair() {
         let c = cluster(per_node, nodes, link(100e9, 1e-6), link(10e9, 5e-6));
         let n = per_node * nodes;
         let mut p = empty_program(n);
-        p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: (0..n).collect(), bytes: 1e8 });
+        p.collectives.push(Collective::new(CollectiveKind::AllReduce, (0..n).collect(), 1e8));
         let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::Compute)).collect();
         push(&mut p, TaskKind::Collective, 0, &streams, 0);
         run(&p, &Topology::new(&c), &[], &HostCosts::default(), opts()).expect("runs").flows
@@ -338,7 +338,7 @@ fn collectives_over_256_members_complete_and_grow_with_members() {
 fn nccl_program(n: u32, collectives: &[(CollectiveKind, f64, StreamKind)]) -> Program {
     let mut p = empty_program(n);
     for (i, &(kind, bytes, stream)) in collectives.iter().enumerate() {
-        p.collectives.push(Collective { kind, members: (0..n).collect(), bytes });
+        p.collectives.push(Collective::new(kind, (0..n).collect(), bytes));
         let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, stream)).collect();
         push(&mut p, TaskKind::Collective, i as u32, &streams, 0);
     }
@@ -413,7 +413,7 @@ fn idle_time_is_charged_to_what_ended_it() {
     p.host_copies.push(HostCopy { device: 0, to_device: false, bytes: 1e8, nvme: false });
     let copy = push(&mut p, TaskKind::HostCopy, 0, &[Program::stream_index(0, StreamKind::HostCopy)], 0);
     p.deps.push((a, copy));
-    p.collectives.push(Collective { kind: CollectiveKind::AllReduce, members: vec![0, 1], bytes: 1e6 });
+    p.collectives.push(Collective::new(CollectiveKind::AllReduce, vec![0, 1], 1e6));
     let dp = [Program::stream_index(0, StreamKind::DataParallel), Program::stream_index(1, StreamKind::DataParallel)];
     let ar = push(&mut p, TaskKind::Collective, 0, &dp, 0);
     p.deps.push((b, ar));
@@ -481,7 +481,7 @@ fn lone_all_to_all(
     let c = ClusterSpec::new(n, nodes);
     let topo = Topology::new(&c);
     let mut p = empty_program(c.device_count());
-    let col = Collective { kind: CollectiveKind::AllToAll, members: members.to_vec(), bytes };
+    let col = Collective::new(CollectiveKind::AllToAll, members.to_vec(), bytes);
     let steps = collective::expand(&col, &topo);
     p.collectives.push(col);
     let streams: Vec<u32> = members.iter().map(|&d| Program::stream_index(d, StreamKind::Compute)).collect();
@@ -511,7 +511,7 @@ fn all_to_all_moves_p_minus_1_over_p_of_each_buffer_off_each_device() {
     let bytes = 1e9;
     for (c, p) in [(&fpga, 8u32), (&fpga, 5), (&dgx, 8), (&dgx, 3)] {
         let topo = Topology::new(c);
-        let col = Collective { kind: CollectiveKind::AllToAll, members: (0..p).collect(), bytes };
+        let col = Collective::new(CollectiveKind::AllToAll, (0..p).collect(), bytes);
         let steps = collective::expand(&col, &topo);
         assert_eq!(steps.len(), 1);
         let want = (p - 1) as f64 / p as f64 * bytes;
@@ -586,5 +586,39 @@ fn all_to_all_across_nodes_is_limited_by_the_nics() {
         let nf = nodes as f64;
         let floor = per_gpu * bytes * (nf - 1.0) / nf / nic;
         assert!(t >= floor && t <= floor * 1.001 + 50e-6, "{nodes} nodes, {nics} NICs: {t} s vs {floor} s");
+    }
+}
+
+/// A task standing for `calls` back-to-back calls of a collective (`Collective::calls`: a
+/// post-step all-gather in a million small buckets) takes as long as that many tasks in a
+/// row, launch and latency included, in one task's events, on plain rings and on NCCL's.
+#[test]
+fn one_task_of_n_calls_takes_as_long_as_n_calls_in_a_row() {
+    let plain = cluster(4, 2, link(100e9, 2e-6), link(10e9, 5e-6));
+    let mut nccl = catalog::node_preset("dgx-a100-80gb").expect("preset");
+    nccl.devices = 4;
+    nccl.nics = 4;
+    for c in [plain, ClusterSpec::new(nccl, 2)] {
+        let n = 8;
+        let time = |tasks: u32, calls: u32| {
+            let mut p = empty_program(n);
+            let mut col = Collective::new(CollectiveKind::AllGather, (0..n).collect(), 2e5);
+            col.calls = calls;
+            p.collectives.push(col);
+            let streams: Vec<u32> = (0..n).map(|d| Program::stream_index(d, StreamKind::DataParallel)).collect();
+            for _ in 0..tasks {
+                push(&mut p, TaskKind::Collective, 0, &streams, 0);
+            }
+            let o = RunOptions { collective_launch_ns: 3_000, ..opts() };
+            let r = run(&p, &Topology::new(&c), &[], &HostCosts::default(), o).expect("runs");
+            (r.iteration_ns, r.events)
+        };
+        let (one, _) = time(1, 1);
+        let (seven_tasks, many_events) = time(7, 1);
+        let (seven_calls, few_events) = time(1, 7);
+        assert!(one > 3_000 && seven_tasks >= 7 * one - 7, "{one} {seven_tasks}");
+        // Each step rounds its latency and end up to the nanosecond.
+        assert!(seven_calls.abs_diff(seven_tasks) <= 7 * 4, "{seven_calls} vs {seven_tasks}");
+        assert!(few_events < many_events, "{few_events} vs {many_events}");
     }
 }

@@ -156,7 +156,7 @@ fn an_infinity_fabric_mesh_caps_flows_by_the_links_they_use() {
     eq(topo.group_cap(2), link);
 
     let caps = |members: Vec<u32>, kind| {
-        let steps = expand(&Collective { kind, members, bytes: 1e9 }, &topo);
+        let steps = expand(&Collective::new(kind, members, 1e9), &topo);
         assert!(!steps.is_empty());
         steps.iter().flat_map(|s| s.flows.iter().map(|f| (f.source, f.target, f.cap_bytes_per_s))).collect::<Vec<_>>()
     };

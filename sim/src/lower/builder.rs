@@ -78,7 +78,7 @@ pub(super) struct Builder {
     /// Collectives by (kind, size's bits, hash of the members); a second collective with the
     /// same key (a hash collision) goes to `colliding_collectives`.
     collective_ids: FastMap<(u8, u64, u64), u32>,
-    colliding_collectives: HashMap<(u8, Vec<u32>, u64), u32>,
+    colliding_collectives: HashMap<(u8, Vec<u32>, u64, u32), u32>,
     /// Gemini's warm-up log: every unit access, in program order per device.
     pub(super) unit_log: Vec<gemini::UnitAccess>,
     /// Blocking point-to-point (`plan.p2p`): the sends each compute stream's next task waits for.
@@ -257,17 +257,29 @@ impl Builder {
 
     /// The id of a collective, shared by every task with the same kind, members and size.
     pub(super) fn collective_id(&mut self, kind: CollectiveKind, members: &[u32], bytes: f64) -> u32 {
+        self.collective_calls_id(kind, members, bytes, 1)
+    }
+
+    /// The id of `calls` identical back-to-back calls of a collective as one task
+    /// ([`Collective::calls`]), shared like [`Builder::collective_id`]'s.
+    pub(super) fn collective_calls_id(&mut self, kind: CollectiveKind, members: &[u32], bytes: f64, calls: u32) -> u32 {
         let mut h = WordHasher::default();
         for &m in members {
             h.write_u32(m);
         }
         h.write_usize(members.len());
+        h.write_u32(calls);
         let key = (kind as u8, bytes.to_bits(), h.finish());
         let next = self.p.collectives.len() as u32;
         match self.collective_ids.get(&key) {
-            Some(&id) if self.p.collectives[id as usize].members == members => return id,
+            Some(&id)
+                if self.p.collectives[id as usize].members == members
+                    && self.p.collectives[id as usize].calls == calls =>
+            {
+                return id;
+            }
             Some(_) => {
-                let long_key = (kind as u8, members.to_vec(), bytes.to_bits());
+                let long_key = (kind as u8, members.to_vec(), bytes.to_bits(), calls);
                 if let Some(&id) = self.colliding_collectives.get(&long_key) {
                     return id;
                 }
@@ -277,7 +289,7 @@ impl Builder {
                 self.collective_ids.insert(key, next);
             }
         }
-        self.p.collectives.push(Collective { kind, members: members.to_vec(), bytes });
+        self.p.collectives.push(Collective { kind, members: members.to_vec(), bytes, calls });
         next
     }
 

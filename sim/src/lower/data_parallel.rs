@@ -27,6 +27,7 @@ pub(super) const PARAM_GATHER_STREAM: StreamKind = StreamKind::Gather;
 
 /// Data-parallel collectives of (stage, tp rank) across replicas, one per member group,
 /// created by the first replica that lowers it; later replicas find it by sequence number.
+/// `(bytes, calls)`: `calls` back-to-back calls of `bytes` each as one task ([`Collective::calls`]).
 pub(super) fn dp_collective(
     b: &mut Builder,
     plan: &Plan,
@@ -34,7 +35,7 @@ pub(super) fn dp_collective(
     stage: u32,
     x: u32,
     kind: CollectiveKind,
-    bytes: f64,
+    (bytes, calls): (f64, u32),
     name: &'static str,
     stream: StreamKind,
 ) -> u32 {
@@ -51,10 +52,21 @@ pub(super) fn dp_collective(
         .filter(|&&d| b.dev_index[d as usize] != NONE)
         .map(|&d| Program::stream_index(b.dev_index[d as usize], stream))
         .collect();
-    let id = b.collective_id(kind, &members, bytes);
+    let id = b.collective_calls_id(kind, &members, bytes, calls);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
     b.share(Shared::Data, group, task);
     task
+}
+
+/// `total` bytes in buckets of `bucket`, as (bytes per call, calls): the full buckets as one
+/// task of that many calls (`Collective::calls`: a million buckets of a few KB stay one task),
+/// then the remainder.
+fn buckets(total: f64, bucket: f64) -> Vec<(f64, u32)> {
+    let n = (total / bucket).ceil().max(1.0) as u32;
+    if n == 1 {
+        return vec![(total, 1)];
+    }
+    vec![(bucket, n - 1), (total - bucket * (n - 1) as f64, 1)]
 }
 
 /// Gradient sync of one bucket for every device of the group, each after that device's
@@ -72,7 +84,7 @@ fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after
             let task = if alone {
                 done
             } else {
-                let task = dp_collective(b, plan, r, stage, x, kind, bytes, "grad_sync", GRAD_SYNC_STREAM);
+                let task = dp_collective(b, plan, r, stage, x, kind, (bytes, 1), "grad_sync", GRAD_SYNC_STREAM);
                 b.p.deps.push((done, task));
                 task
             };
@@ -94,7 +106,8 @@ fn expert_grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64
     let t = b.ranks;
     (0..t)
         .map(|x| {
-            let task = super::expert_parallel::edp_collective(b, plan, r, stage, x, kind, bytes, "expert_grad_sync");
+            let task =
+                super::expert_parallel::edp_collective(b, plan, r, stage, x, kind, (bytes, 1), "expert_grad_sync");
             b.p.deps.push((after + x - (t - 1), task));
             task
         })
@@ -226,9 +239,7 @@ pub(super) fn gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, 
     // Routed experts under expert parallelism are gathered over their own group.
     expert_gather_updated_params(b, lw, st, opt_tasks);
     let total = (st.params - st.expert_params) * lw.wb;
-    let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
-    for i in 0..n {
-        let bytes = if i + 1 == n { total - plan.bucket_bytes * (n - 1) as f64 } else { plan.bucket_bytes };
+    for (i, bytes) in buckets(total, plan.bucket_bytes).into_iter().enumerate() {
         for (x, &o) in opt_tasks.iter().enumerate() {
             let g = dp_collective(
                 b,
@@ -256,9 +267,7 @@ fn expert_gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, opt_
         return;
     }
     let total = st.expert_params * lw.wb;
-    let n = (total / plan.bucket_bytes).ceil().max(1.0) as u32;
-    for i in 0..n {
-        let bytes = if i + 1 == n { total - plan.bucket_bytes * (n - 1) as f64 } else { plan.bucket_bytes };
+    for (i, bytes) in buckets(total, plan.bucket_bytes).into_iter().enumerate() {
         for (x, &o) in opt_tasks.iter().enumerate() {
             let kind = CollectiveKind::AllGather;
             let g = super::expert_parallel::edp_collective(

@@ -39,7 +39,7 @@ pub(super) fn edp_collective(
     stage: u32,
     x: u32,
     kind: CollectiveKind,
-    bytes: f64,
+    (bytes, calls): (f64, u32),
     name: &'static str,
 ) -> u32 {
     let group = [r % plan.ep, stage, x];
@@ -53,7 +53,7 @@ pub(super) fn edp_collective(
         .filter(|&&d| b.dev_index[d as usize] != NONE)
         .map(|&d| Program::stream_index(b.dev_index[d as usize], EXPERT_SYNC_STREAM))
         .collect();
-    let id = b.collective_id(kind, &members, bytes);
+    let id = b.collective_calls_id(kind, &members, bytes, calls);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
     b.share(Shared::ExpertData, group, task);
     task

@@ -264,7 +264,7 @@ fn gather_after_copies(
                 stage,
                 x,
                 CollectiveKind::AllGather,
-                part,
+                (part, 1),
                 "param_gather",
                 PARAM_GATHER_STREAM,
             );

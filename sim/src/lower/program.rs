@@ -66,8 +66,19 @@ pub struct Collective {
     pub kind: CollectiveKind,
     /// Members in cluster device numbering (ring order), simulated or not.
     pub members: Vec<u32>,
-    /// Size of the full buffer on each member.
+    /// Size of the full buffer on each member, per call.
     pub bytes: f64,
+    /// Identical calls one task stands for, back to back on one stream (a post-step
+    /// all-gather in many equal buckets): each pays the collective's latency and moves its
+    /// bytes, as that many tasks in a row would without other traffic. At least 1.
+    pub calls: u32,
+}
+
+impl Collective {
+    /// One call of `bytes` over `members`.
+    pub fn new(kind: CollectiveKind, members: Vec<u32>, bytes: f64) -> Collective {
+        Collective { kind, members, bytes, calls: 1 }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
