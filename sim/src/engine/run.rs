@@ -591,7 +591,7 @@ impl<'a> Engine<'a> {
                 }
                 // Each of a task's back-to-back calls (`Collective::calls`) launches its kernel.
                 let calls = if collective != NONE { self.p.collectives[collective as usize].calls.max(1) } else { 1 };
-                let launch = self.opts.collective_launch_ns.saturating_mul(calls as u64);
+                let launch = self.opts.collective_launch_ns.saturating_mul(calls);
                 let at = self.after(now, launch.saturating_add(lat));
                 self.q.push(at, Event { kind: STEP_START, id: slot, version: 0 });
             }

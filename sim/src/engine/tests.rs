@@ -600,7 +600,7 @@ fn one_task_of_n_calls_takes_as_long_as_n_calls_in_a_row() {
     nccl.nics = 4;
     for c in [plain, ClusterSpec::new(nccl, 2)] {
         let n = 8;
-        let time = |tasks: u32, calls: u32| {
+        let time = |tasks: u32, calls: u64| {
             let mut p = empty_program(n);
             let mut col = Collective::new(CollectiveKind::AllGather, (0..n).collect(), 2e5);
             col.calls = calls;

@@ -78,7 +78,7 @@ pub(super) struct Builder {
     /// Collectives by (kind, size's bits, hash of the members); a second collective with the
     /// same key (a hash collision) goes to `colliding_collectives`.
     collective_ids: FastMap<(u8, u64, u64), u32>,
-    colliding_collectives: HashMap<(u8, Vec<u32>, u64, u32), u32>,
+    colliding_collectives: HashMap<(u8, Vec<u32>, u64, u64), u32>,
     /// Gemini's warm-up log: every unit access, in program order per device.
     pub(super) unit_log: Vec<gemini::UnitAccess>,
     /// Blocking point-to-point (`plan.p2p`): the sends each compute stream's next task waits for.
@@ -262,13 +262,13 @@ impl Builder {
 
     /// The id of `calls` identical back-to-back calls of a collective as one task
     /// ([`Collective::calls`]), shared like [`Builder::collective_id`]'s.
-    pub(super) fn collective_calls_id(&mut self, kind: CollectiveKind, members: &[u32], bytes: f64, calls: u32) -> u32 {
+    pub(super) fn collective_calls_id(&mut self, kind: CollectiveKind, members: &[u32], bytes: f64, calls: u64) -> u32 {
         let mut h = WordHasher::default();
         for &m in members {
             h.write_u32(m);
         }
         h.write_usize(members.len());
-        h.write_u32(calls);
+        h.write_u64(calls);
         let key = (kind as u8, bytes.to_bits(), h.finish());
         let next = self.p.collectives.len() as u32;
         match self.collective_ids.get(&key) {

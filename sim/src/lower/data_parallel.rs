@@ -35,7 +35,7 @@ pub(super) fn dp_collective(
     stage: u32,
     x: u32,
     kind: CollectiveKind,
-    (bytes, calls): (f64, u32),
+    (bytes, calls): (f64, u64),
     name: &'static str,
     stream: StreamKind,
 ) -> u32 {
@@ -61,8 +61,8 @@ pub(super) fn dp_collective(
 /// `total` bytes in buckets of `bucket`, as (bytes per call, calls): the full buckets as one
 /// task of that many calls (`Collective::calls`: a million buckets of a few KB stay one task),
 /// then the remainder.
-fn buckets(total: f64, bucket: f64) -> Vec<(f64, u32)> {
-    let n = (total / bucket).ceil().max(1.0) as u32;
+fn buckets(total: f64, bucket: f64) -> Vec<(f64, u64)> {
+    let n = (total / bucket).ceil().max(1.0) as u64;
     if n == 1 {
         return vec![(total, 1)];
     }

@@ -39,7 +39,7 @@ pub(super) fn edp_collective(
     stage: u32,
     x: u32,
     kind: CollectiveKind,
-    (bytes, calls): (f64, u32),
+    (bytes, calls): (f64, u64),
     name: &'static str,
 ) -> u32 {
     let group = [r % plan.ep, stage, x];

@@ -71,7 +71,7 @@ pub struct Collective {
     /// Identical calls one task stands for, back to back on one stream (a post-step
     /// all-gather in many equal buckets): each pays the collective's latency and moves its
     /// bytes, as that many tasks in a row would without other traffic. At least 1.
-    pub calls: u32,
+    pub calls: u64,
 }
 
 impl Collective {

@@ -6,7 +6,8 @@
 //! (micro-batch or token slice), each layer's ops forward, backward and (with recomputation)
 //! forward again, plus per-layer parameter gathers, activation copies and gradient buckets;
 //! the pipeline adds sends per stage boundary; ZeRO 1-2 gather the updated parameters in
-//! `bucket_bytes` buckets. It overestimates rather than under (within about 2x of the real
+//! `bucket_bytes` buckets, at most two tasks per device (the equal buckets are one task of
+//! that many calls, `Collective::calls`). It overestimates rather than under (within about 2x of the real
 //! count on the repository's experiments).
 
 use crate::plan::{Recompute, Tier, TokenSlices};
@@ -52,20 +53,13 @@ impl ProgramSize {
             "the plan lowers to about {:.3e} tasks (about {gb:.0} GB; the limit is {MAX_TASKS} tasks)",
             self.tasks() as f64
         );
-        if self.bucket_tasks > self.pipeline_tasks {
-            (
-                "plan.bucket_bytes",
-                format!("{head}: {:.3e} parameter-gather buckets; raise plan.bucket_bytes", self.bucket_tasks as f64),
-            )
-        } else {
-            (
-                "training.micro_batch",
-                format!(
-                    "{head}: {} simulated devices x {} micro-batches (or token slices) per replica; raise training.micro_batch, lower training.global_batch, use fewer layers or keep simulation.symmetry on",
-                    self.simulated_devices, self.units
-                ),
-            )
-        }
+        (
+            "training.micro_batch",
+            format!(
+                "{head}: {} simulated devices x {} micro-batches (or token slices) per replica; raise training.micro_batch, lower training.global_batch, use fewer layers or keep simulation.symmetry on",
+                self.simulated_devices, self.units
+            ),
+        )
     }
 }
 
@@ -116,7 +110,7 @@ pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
     let bucket_tasks = if (1..3).contains(&plan.zero_stage) && plan.sync_degree() > 1 {
         let (wb, _, _) = crate::cost::memory::bytes_per_parameter(plan.precision, plan.optimizer);
         let per_device = s.workload.parameters() * wb / (pp * plan.tp as u64) as f64;
-        let buckets = (per_device / plan.bucket_bytes).ceil().clamp(1.0, 1e18) as u64;
+        let buckets = if per_device > plan.bucket_bytes { 2 } else { 1 };
         (replicas * pp * tp).saturating_mul(buckets)
     } else {
         0
