@@ -191,6 +191,37 @@ const SPEEDS_SM90: [f64; 11] = [60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 
 const SPEEDS_SM100: [f64; 12] = [90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0];
 /// `NVLS_NCHANNELS_SM90`, `NVLS_NCHANNELS_SM100`.
 const NVLS_CHANNELS: [u32; 4] = [0, 0, 16, 32];
+/// `NCCL_NVLS_CHUNKSIZE`'s default (`src/transport/nvls.cc`), bytes.
+const NVLS_CHUNK_BYTES: f64 = 131072.0;
+/// Warp groups an NVLS all-reduce's chunks pass through on one node (`src/device/all_reduce.h`,
+/// `RunWorkColl<.., NCCL_ALGO_NVLS, ..>`): scatter into the NVLS buffer, reduce and multicast
+/// through the switch, gather out of it. NCCL splits a channel's warps among them.
+const NVLS_STAGES: f64 = 3.0;
+
+/// The chunk NCCL gives each head of an NVLS all-reduce of `bytes` (`calcCollChunking` in
+/// `src/enqueue.cc`): 128 KiB, halved to 64, 32 and 16 KiB while the message is under 64, 8
+/// and 2 chunks per concurrent operation (channels x heads).
+fn nvls_chunk_bytes(bytes: f64, concurrent_ops: f64) -> f64 {
+    let mut chunk = NVLS_CHUNK_BYTES;
+    for (times, to) in [(64.0, 65536.0), (8.0, 32768.0), (2.0, 16384.0)] {
+        if bytes < times * concurrent_ops * chunk && chunk > to {
+            chunk = to;
+        }
+    }
+    chunk
+}
+
+/// The share of NVLS's rate an all-reduce of `bytes` over `ranks` GPUs on `channels` gets:
+/// each channel loops over its part, `ranks` chunks (one per head) a loop, and the loops pass
+/// through [`NVLS_STAGES`] warp groups in a pipeline; the first loop's scatter and the last
+/// loop's gather are not overlapped, so `loops` loops take `loops + stages - 1` loop times.
+/// A medium message has few loops of small chunks: 2 on 8 GPUs at 8 MiB, where the bandwidth
+/// term doubles.
+fn nvls_pipeline_share(bytes: f64, ranks: f64, channels: f64) -> f64 {
+    let chunk = nvls_chunk_bytes(bytes, channels * ranks);
+    let loops = (bytes / channels / (ranks * chunk)).ceil().max(1.0);
+    loops / (loops + NVLS_STAGES - 1.0)
+}
 
 pub(super) const GB: f64 = 1e9;
 pub(super) const US: f64 = 1e-6;
@@ -414,7 +445,8 @@ pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
         // included) and returns the reduced shard (1/p in); then each GPU stores its shard
         // with `multimem.st` (1/p out) and the switch writes every shard into every GPU (the
         // message in). Each port so carries (p+1)/p of the message each way, at NCCL's
-        // `nvlsEfficiency` x (channels - 1) / channels of its rate (NCCL's bandwidth).
+        // `nvlsEfficiency` x (channels - 1) / channels of its rate: NCCL's bandwidth, which its
+        // choice uses; the bytes move at the share its chunk pipeline leaves.
         if sys.nvls && n == 1 && proto == Proto::Simple {
             let ch = NVLS_CHANNELS[a] as f64;
             let port_bw = sys.intra_bytes_per_s * NVLS_EFFICIENCY[a] * (ch - 1.0) / ch;
@@ -425,7 +457,7 @@ pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
                 channels: NVLS_CHANNELS[a],
                 max_channels: NVLS_CHANNELS[a],
                 latency_s: lat * US,
-                bus_bytes_per_s: port_bw.min(link),
+                bus_bytes_per_s: port_bw.min(link) * nvls_pipeline_share(s.bytes, p, ch),
                 full_bus_bytes_per_s: port_bw.min(link),
                 wire_factor: 1.0,
                 link_bytes_per_byte: (p + 1.0) / p,
@@ -533,6 +565,32 @@ mod tests {
         assert_eq!(choose(&sys, &s).expect("plan").algo, Algo::Nvls);
         let ag = Shape { coll: Coll::AllGather, ..s };
         assert_eq!(choose(&sys, &ag).expect("plan").algo, Algo::Ring);
+    }
+
+    #[test]
+    fn nvls_chunks_shrink_and_few_loops_leave_a_share_of_the_rate() {
+        // 8 GPUs x 16 channels = 128 concurrent operations (calcCollChunking's thresholds).
+        let mib = 1048576.0;
+        assert_eq!(nvls_chunk_bytes(2.0 * mib, 128.0), 16384.0);
+        assert_eq!(nvls_chunk_bytes(8.0 * mib, 128.0), 32768.0);
+        assert_eq!(nvls_chunk_bytes(64.0 * mib, 128.0), 65536.0);
+        assert_eq!(nvls_chunk_bytes(1024.0 * mib, 128.0), 131072.0);
+        // 8 MiB: 512 KiB a channel, 8 heads x 32 KiB a loop, 2 loops through 3 stages.
+        assert!((nvls_pipeline_share(8.0 * mib, 8.0, 16.0) - 0.5).abs() < 1e-12);
+        assert!((nvls_pipeline_share(1024.0 * mib, 8.0, 16.0) - 64.0 / 66.0).abs() < 1e-12);
+        assert!(nvls_pipeline_share(64.0 * 1024.0 * mib, 8.0, 16.0) > 0.999);
+        // The choice keeps NCCL's own rate; the bytes move at the pipeline's share.
+        let sys = system("dgx-h100");
+        let s = Shape {
+            coll: Coll::AllReduce,
+            ranks: 8,
+            nodes: 1,
+            bytes: 8.0 * mib,
+            link_bus_bytes_per_s: sys.intra_bytes_per_s,
+        };
+        let plan = choose(&sys, &s).expect("plan");
+        assert_eq!(plan.algo, Algo::Nvls);
+        assert!((plan.bus_bytes_per_s / plan.full_bus_bytes_per_s - 0.5).abs() < 1e-12);
     }
 
     #[test]
