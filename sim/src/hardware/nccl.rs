@@ -445,8 +445,9 @@ pub fn candidates(sys: &NcclSystem, s: &Shape) -> Vec<Plan> {
         // included) and returns the reduced shard (1/p in); then each GPU stores its shard
         // with `multimem.st` (1/p out) and the switch writes every shard into every GPU (the
         // message in). Each port so carries (p+1)/p of the message each way, at NCCL's
-        // `nvlsEfficiency` x (channels - 1) / channels of its rate: NCCL's bandwidth, which its
-        // choice uses; the bytes move at the share its chunk pipeline leaves.
+        // `nvlsEfficiency` x (channels - 1) / channels of its rate. The choice compares that
+        // rate (NCCL's model has no chunk pipeline either); the bytes move at the share the
+        // chunk pipeline leaves (`nvls_pipeline_share`).
         if sys.nvls && n == 1 && proto == Proto::Simple {
             let ch = NVLS_CHANNELS[a] as f64;
             let port_bw = sys.intra_bytes_per_s * NVLS_EFFICIENCY[a] * (ch - 1.0) / ch;
@@ -579,7 +580,7 @@ mod tests {
         assert!((nvls_pipeline_share(8.0 * mib, 8.0, 16.0) - 0.5).abs() < 1e-12);
         assert!((nvls_pipeline_share(1024.0 * mib, 8.0, 16.0) - 64.0 / 66.0).abs() < 1e-12);
         assert!(nvls_pipeline_share(64.0 * 1024.0 * mib, 8.0, 16.0) > 0.999);
-        // The choice keeps NCCL's own rate; the bytes move at the pipeline's share.
+        // The choice compares the unpipelined rate; the bytes move at the pipeline's share.
         let sys = system("dgx-h100");
         let s = Shape {
             coll: Coll::AllReduce,
