@@ -4,12 +4,12 @@
 //! so that a change that loses it fails; the printed tables are the validation.
 
 use super::kernels::{gemm_s, predicted_tflops};
+use crate::util::repo_json;
 use serde_json::Value;
 use sim::hardware::kernels::{FlashKernel, GpuArch, memory_kernel_efficiency};
 
 fn microbench() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/2026-11-26-cuda-h200/microbench.json");
-    serde_json::from_str(&std::fs::read_to_string(path).expect("microbench.json")).expect("json")
+    repo_json("traces/2026-11-26-cuda-h200/microbench.json")
 }
 
 /// The catalog's memory-kernel fractions are the measured rates over the measured copy's,
@@ -180,8 +180,7 @@ fn block_layer_s(r: &Value) -> f64 {
 /// -1.9% to -4.8% at the 0.75 assumed before).
 #[test]
 fn an_eager_gpt_block_on_an_h200_against_the_model() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/2026-11-26-cuda-h200/block.json");
-    let b: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("block.json")).expect("json");
+    let b = repo_json("traces/2026-11-26-cuda-h200/block.json");
     let rows = b["block"].as_array().expect("block rows");
     assert_eq!(rows.len(), 5);
     for r in rows {

@@ -2,6 +2,7 @@
 //! fused attention per kernel generation, sequence length, head dimension and mask; and
 //! GEMM shape effects.
 
+use crate::util::repo_json;
 use serde_json::Value;
 use sim::cost::attention::efficiency;
 use sim::hardware::kernels::{Attention, FlashKernel, GpuArch, measured_peak_tflops};
@@ -20,8 +21,7 @@ pub fn predicted_tflops(arch: GpuArch, kernel: FlashKernel, pass: &str, s: f64, 
 }
 
 fn published() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/experiments/validation/kernels/published.json");
-    serde_json::from_str(&std::fs::read_to_string(path).expect("published.json")).expect("json")
+    repo_json("experiments/validation/kernels/published.json")
 }
 
 /// Every published point within 25% and the mean error under 5%: the model reproduces the
@@ -90,8 +90,7 @@ fn flash_resolves_to_the_generation_of_the_device() {
 }
 
 fn gemm_table(file: &str) -> Value {
-    let path = format!("{}/experiments/validation/kernels/{file}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(&path).expect("GEMM table")).expect("json")
+    repo_json(&format!("experiments/validation/kernels/{file}"))
 }
 
 /// Seconds the simulator charges one GEMM of `batch` x (m x k) x (k x n) on `device` at

@@ -3,7 +3,7 @@
 //! nccl_alltoall.json, and the shape of the curves (saturation, latency growing with ranks,
 //! protocol switches, all-to-all bound by NVLink inside a node and by the NICs across nodes).
 
-use crate::util::{bin, repo};
+use crate::util::{bin, repo_json};
 use serde_json::Value;
 
 /// `trainsim nccl-test --json` with these arguments: its results.
@@ -40,8 +40,7 @@ fn data() -> Value {
 }
 
 fn read_data(file: &str) -> Value {
-    let text = std::fs::read_to_string(repo(&format!("experiments/validation/data/{file}"))).expect("data");
-    serde_json::from_str(&text).expect("JSON")
+    repo_json(&format!("experiments/validation/data/{file}"))
 }
 
 #[test]

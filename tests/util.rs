@@ -17,6 +17,12 @@ pub fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
+/// A JSON file of the repository (a data table, a trace), parsed; panics naming the file.
+pub fn repo_json(rel: &str) -> Value {
+    let text = std::fs::read_to_string(repo(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
 /// The runnable example scenarios (copies of `shared/scenarios` kept in the repository).
 pub fn gpt3_175b() -> PathBuf {
     repo("experiments/core/gpt3-175b-1024xa100.json")
