@@ -217,3 +217,20 @@ fn split_k_speeds_up_small_outputs_with_deep_k_only() {
     let tiles = 2048.0 / (16.0 * 132.0);
     assert!((wide - peak_share * tiles * (128.0 / 131.0)).abs() < 1e-9, "{wide}");
 }
+
+/// llm-foundry's `attn_impl: triton` (flash-attn's FlashAttention 1 in Triton) runs at
+/// FlashAttention 1's published rates; `triton` is OpenAI's kernel, measured apart.
+#[test]
+fn flash1_triton_runs_at_flashattention_1_rates() {
+    let k = Attention::parse("flash1-triton").unwrap();
+    assert_eq!(k.name(), "flash1-triton");
+    assert_eq!(k.fused_kernel(192.0, true), None);
+    assert_eq!(k.fused_kernel(128.0, true), Some(FlashKernel::Flash1Triton));
+    for arch in [GpuArch::Ampere, GpuArch::Hopper] {
+        let e = |kernel| efficiency(Some(arch), kernel, 8192.0, 0.0, 128.0, true, false);
+        let v1_a100 = efficiency(Some(GpuArch::Ampere), FlashKernel::V1, 8192.0, 0.0, 128.0, true, false);
+        assert_eq!(e(FlashKernel::Flash1Triton), v1_a100);
+        assert_ne!(e(FlashKernel::Flash1Triton), e(FlashKernel::Triton));
+    }
+    assert!(sim::hardware::kernels::FLASH1_TRITON_SOURCE.starts_with("no published benchmark"));
+}

@@ -76,6 +76,11 @@ pub struct Fused {
     /// `apply_rope_fusion`); eager: fp32 casts around a complex multiply (torchtitan's
     /// `apply_rotary_emb`).
     pub rope: bool,
+    /// The loss as one kernel over the low-precision logits (flash-attn's `xentropy`,
+    /// Megatron-Core's `cross_entropy_loss_fusion`): forward reads the logits twice, backward
+    /// reads them and writes their gradient. Unfused: PyTorch's fp32 `log_softmax` and
+    /// `nll_loss` after an fp32 copy of the logits (see `workload::transformer::loss_bytes`).
+    pub cross_entropy: bool,
 }
 
 /// A framework's behaviour, as data.
@@ -158,6 +163,9 @@ pub fn profile(name: &str) -> Option<Framework> {
         rms_norm: true,
         swiglu: true,
         rope: true,
+        // No profile fuses the loss by default: Megatron-Core's cross_entropy_loss_fusion
+        // (--cross-entropy-loss-fusion) is off unless asked for.
+        cross_entropy: false,
     };
     let eager = Fused {
         softmax: false,
@@ -167,6 +175,7 @@ pub fn profile(name: &str) -> Option<Framework> {
         rms_norm: false,
         swiglu: false,
         rope: false,
+        cross_entropy: false,
     };
     let one_layer = Gather::PerLayer { prefetch: 1 };
     let f = match name {
@@ -464,14 +473,15 @@ pub fn reference_markdown() -> String {
         s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));
         s += &format!("| attention | {} |\n", if f.flash_attention { "fused (flash)" } else { "materialised scores" });
         s += &format!(
-            "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {}, RMSNorm {}, SwiGLU {}, rotary {} |\n\nSources:\n\n",
+            "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {}, RMSNorm {}, SwiGLU {}, rotary {}, cross-entropy {} |\n\nSources:\n\n",
             yes(f.fused.softmax),
             yes(f.fused.bias_gelu),
             yes(f.fused.bias_dropout_add),
             yes(f.fused.adam),
             yes(f.fused.rms_norm),
             yes(f.fused.swiglu),
-            yes(f.fused.rope)
+            yes(f.fused.rope),
+            yes(f.fused.cross_entropy)
         );
         for (what, src) in &f.sources {
             s += &format!("- {what}: {src}\n");

@@ -65,9 +65,16 @@ pub enum FlashKernel {
     V3,
     /// cuDNN's fused attention (PyTorch SDPA's cuDNN backend, Transformer Engine).
     Cudnn,
-    /// FlashAttention in Triton (flash-attn's `flash_attn_triton.py`; llm-foundry's
-    /// `attn_impl: triton`).
+    /// OpenAI's fused attention in Triton (`triton.ops.flash_attention`, the tutorial
+    /// `06-fused-attention.py`): the kernel the FlashAttention-2 and -3 papers benchmark as
+    /// "Triton" (`benchmarks/benchmark_flash_attention.py` imports
+    /// `triton.ops.flash_attention`).
     Triton,
+    /// FlashAttention (v1) written in Triton by its author (flash-attn's
+    /// `flash_attn/flash_attn_triton.py`, Triton 2.0.0.dev20221202), which llm-foundry
+    /// copied and ran as `attn_impl: triton` (`llmfoundry/models/layers/flash_attn_triton.py`).
+    #[serde(rename = "flash1-triton")]
+    Flash1Triton,
 }
 
 /// How attention runs: materialised scores, or one fused kernel.
@@ -86,7 +93,8 @@ impl serde::Serialize for Attention {
 
 impl Attention {
     /// Values of `training.attention`.
-    pub const NAMES: [&'static str; 7] = ["naive", "flash", "flash1", "flash2", "flash3", "cudnn", "triton"];
+    pub const NAMES: [&'static str; 8] =
+        ["naive", "flash", "flash1", "flash2", "flash3", "cudnn", "triton", "flash1-triton"];
 
     pub fn parse(name: &str) -> Option<Attention> {
         Some(match name {
@@ -97,6 +105,7 @@ impl Attention {
             "flash3" => Attention::Fused(FlashKernel::V3),
             "cudnn" => Attention::Fused(FlashKernel::Cudnn),
             "triton" => Attention::Fused(FlashKernel::Triton),
+            "flash1-triton" => Attention::Fused(FlashKernel::Flash1Triton),
             _ => return None,
         })
     }
@@ -111,6 +120,7 @@ impl Attention {
                 FlashKernel::V3 => "flash3",
                 FlashKernel::Cudnn => "cudnn",
                 FlashKernel::Triton => "triton",
+                FlashKernel::Flash1Triton => "flash1-triton",
             },
         }
     }
@@ -123,12 +133,12 @@ impl Attention {
     /// (`sixteen_bit`); otherwise attention falls back to the materialised path, as PyTorch's
     /// SDPA does. Limits: flash-attn 2.x and 3.x and cuDNN take head dimensions that are
     /// multiples of 8 up to 256 (flash-attn README, "head dimensions up to 256"); flash-attn
-    /// 1.x and the Triton kernel up to 128 (`flash_attn_triton.py`: `assert d <= 128`); none
-    /// runs fp32.
+    /// 1.x and the Triton kernels up to 128 (`flash_attn_triton.py`: `assert d <= 128`; the
+    /// Triton tutorial's `assert Lk in {16, 32, 64, 128}`); none runs fp32.
     pub fn fused_kernel(self, head_dim: f64, sixteen_bit: bool) -> Option<FlashKernel> {
         let Attention::Fused(k) = self else { return None };
         let max = match k {
-            FlashKernel::V1 | FlashKernel::Triton => 128.0,
+            FlashKernel::V1 | FlashKernel::Triton | FlashKernel::Flash1Triton => 128.0,
             _ => 256.0,
         };
         let whole = head_dim.fract() == 0.0 && (head_dim as u64).is_multiple_of(8);
@@ -154,15 +164,16 @@ impl FlashKernel {
     /// to the next one (the kernel-selection cliff). flash-attn 2.x instantiates hdim 32, 64,
     /// 96, 128, 192, 256 (`csrc/flash_attn/src/flash_fwd_hdim*.cu`), flash-attn 3.x hdim 64,
     /// 96, 128, 192, 256 (`hopper/instantiations/`), flash-attn 1.x 16, 32, 64, 128; the
-    /// Triton kernel pads to the next power of two (`BLOCK_HEADDIM =
-    /// max(next_power_of_2(d), 16)`); cuDNN takes any multiple of 8 (no padding). Dao-AILab/
-    /// flash-attention at 0251105a2fb19d2957484b7f023cd8c115286ced.
+    /// Triton kernels pad to the next power of two (`flash_attn_triton.py`: `BLOCK_HEADDIM =
+    /// max(next_power_of_2(d), 16)`; the tutorial compiles powers of two only); cuDNN takes any
+    /// multiple of 8 (no padding). Dao-AILab/flash-attention at
+    /// 0251105a2fb19d2957484b7f023cd8c115286ced.
     pub fn padded_head_dim(self, head_dim: f64) -> f64 {
         let templates: &[f64] = match self {
             FlashKernel::V1 => &[16.0, 32.0, 64.0, 128.0],
             FlashKernel::V2 | FlashKernel::Auto => &[32.0, 64.0, 96.0, 128.0, 192.0, 256.0],
             FlashKernel::V3 => &[64.0, 96.0, 128.0, 192.0, 256.0],
-            FlashKernel::Triton => return head_dim.max(16.0).log2().ceil().exp2(),
+            FlashKernel::Triton | FlashKernel::Flash1Triton => return head_dim.max(16.0).log2().ceil().exp2(),
             FlashKernel::Cudnn => return head_dim,
         };
         templates.iter().copied().find(|&t| t >= head_dim).unwrap_or(head_dim)
@@ -315,6 +326,13 @@ pub fn attention_rates(arch: Option<GpuArch>, kernel: FlashKernel) -> (&'static 
     let arch = arch.unwrap_or(GpuArch::Ampere);
     let find = |a: GpuArch, k: FlashKernel| ATTENTION_RATES.iter().find(|r| r.arch == a && r.kernel == k);
     let k = kernel.resolve(Some(arch));
+    if k == FlashKernel::Flash1Triton {
+        // No benchmark of this kernel was published; see FLASH1_TRITON_SOURCE.
+        return (
+            find(GpuArch::Ampere, FlashKernel::V1).expect("FlashAttention on A100 is in the catalog"),
+            GpuArch::Ampere,
+        );
+    }
     let r = match arch {
         GpuArch::Hopper => find(arch, k),
         // Assumed: Hopper's fractions of peak (see BLACKWELL_ATTENTION_SOURCE).
@@ -325,6 +343,16 @@ pub fn attention_rates(arch: Option<GpuArch>, kernel: FlashKernel) -> (&'static 
     let r = r.or_else(|| find(GpuArch::Ampere, FlashKernel::V2)).expect("FlashAttention-2 on A100 is in the catalog");
     (r, r.arch)
 }
+
+/// Why `flash1-triton` runs at FlashAttention (v1)'s published A100 rates, as fractions of
+/// peak on every device: nobody published its own. Its author's docstring says its forward is
+/// generally faster than the CUDA FlashAttention's, its backward slower, and forward plus
+/// backward "slightly slower"; llm-foundry's TUTORIAL.md (June 2023) says `triton` was
+/// "slightly faster than `flash`" (flash-attn 1.0.x) in MosaicML's experience. The rates the
+/// FlashAttention-2 paper gives for "Triton" are OpenAI's kernel (`triton`), not this one.
+pub const FLASH1_TRITON_SOURCE: &str = "no published benchmark: FlashAttention (v1)'s rates (Dao 2023, Figure 4, A100), \
+     after flash-attn's flash_attn_triton.py docstring (forward + backward slightly slower than the CUDA FlashAttention) \
+     and llm-foundry TUTORIAL.md (triton slightly faster than flash 1.0.x in MosaicML's experience)";
 
 /// Where Blackwell's fused-attention rates come from: no published B200/GB200 microbenchmark
 /// is in the catalog, so they are an assumption.

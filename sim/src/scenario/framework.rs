@@ -136,6 +136,7 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
             "rms_norm" => f.fused.rms_norm = *b,
             "swiglu" => f.fused.swiglu = *b,
             "rope" => f.fused.rope = *b,
+            "cross_entropy" => f.fused.cross_entropy = *b,
             _ => unreachable!("keys checked when read"),
         }
     }

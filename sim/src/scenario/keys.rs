@@ -132,7 +132,8 @@ pub const FRAMEWORK: &[&str] = &[
 ];
 
 /// `training.framework.fused`: kernels fused or not.
-pub const FUSED: &[&str] = &["softmax", "bias_gelu", "bias_dropout_add", "adam", "rms_norm", "swiglu", "rope"];
+pub const FUSED: &[&str] =
+    &["softmax", "bias_gelu", "bias_dropout_add", "adam", "rms_norm", "swiglu", "rope", "cross_entropy"];
 
 /// `plan`.
 pub const PLAN: &[&str] = &[

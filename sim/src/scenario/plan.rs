@@ -230,6 +230,7 @@ pub(super) fn parse_plan(
             rms_norm: framework.fused.rms_norm,
             swiglu: framework.fused.swiglu,
             rope: framework.fused.rope,
+            cross_entropy: framework.fused.cross_entropy,
         },
         partition,
         micro_batches,

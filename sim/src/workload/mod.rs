@@ -162,11 +162,20 @@ pub struct Fusion {
     pub rms_norm: bool,
     pub swiglu: bool,
     pub rope: bool,
+    /// The loss as one kernel over the low-precision logits (see [`crate::framework::Fused`]).
+    pub cross_entropy: bool,
 }
 
 impl Default for Fusion {
     fn default() -> Fusion {
-        Fusion { scale_mask_softmax: true, bias_dropout_add: true, rms_norm: true, swiglu: true, rope: true }
+        Fusion {
+            scale_mask_softmax: true,
+            bias_dropout_add: true,
+            rms_norm: true,
+            swiglu: true,
+            rope: true,
+            cross_entropy: false,
+        }
     }
 }
 

@@ -649,12 +649,7 @@ impl TransformerConfig {
                 e,
                 Saved { replicated_bytes: e * rows * h, ..Saved::default() },
             )),
-            // Cross-entropy in fp32 keeps the logits (4 bytes each).
-            LayerOp::Compute(mem_op(
-                "loss",
-                3.0 * 4.0 * rows * c / t,
-                Saved { sharded_bytes: 4.0 * rows * c / t, ..Saved::default() },
-            )),
+            LayerOp::Compute(loss_op(shape.fusion.cross_entropy, rows * c / t, e)),
         ]);
         ops
     }
@@ -673,6 +668,46 @@ impl TransformerConfig {
                 self.layer_ops(shape).iter().filter_map(LayerOp::compute).map(|op| op.saved.bytes(recompute)).sum()
             }
         }
+    }
+}
+
+/// Bytes the loss moves per logit, as (forward, backward, kept for backward), at `e` bytes
+/// per logit as the output layer writes them.
+///
+/// Fused (flash-attn's `xentropy`, Megatron-Core's `cross_entropy_loss_fusion`): forward reads
+/// the logits twice (the row maximum, then the sum of exponentials), backward reads them once
+/// and writes their gradient; the logits are what backward keeps.
+///
+/// Unfused (PyTorch's `F.cross_entropy`, under autocast or after `.float()`; pytorch/pytorch
+/// `aten/src/ATen/native/cuda/SoftMax.cu` and `Loss.cu`): an fp32 copy of the logits (`e`
+/// read, 4 written, none in fp32 training); `log_softmax` over a vocabulary row too long for
+/// the shared-memory variant (`cunn_SoftMaxForward`: a max pass, a sum-of-exponentials pass and
+/// the write pass, 3 reads and 1 write of 4 bytes); `nll_loss` reads one logit per row.
+/// Backward: `nll_loss_backward` zero-fills an fp32 gradient (4) and scatters one value per
+/// row; `log_softmax_backward` (`cunn_SoftMaxBackward`) sums the incoming gradient (4), then
+/// reads it and the saved output and writes its gradient (12); the copy's backward reads 4
+/// and writes `e`. Backward keeps `log_softmax`'s fp32 output. Megatron's unfused
+/// `vocab_parallel_cross_entropy` (max, subtract, exp, sum in place on an fp32 copy, and a
+/// softmax-minus-one-hot backward) makes about as many passes.
+pub fn loss_bytes(fused: bool, e: f64) -> (f64, f64, f64) {
+    if fused {
+        return (2.0 * e, 2.0 * e, e);
+    }
+    let (cast_fwd, cast_bwd) = if e < 4.0 { (e + 4.0, 4.0 + e) } else { (0.0, 0.0) };
+    (cast_fwd + 16.0, 4.0 + 16.0 + cast_bwd, 4.0)
+}
+
+/// The loss over `logits` logits per micro-batch (see [`loss_bytes`]).
+fn loss_op(fused: bool, logits: f64, e: f64) -> OpSpec {
+    let (forward, backward, kept) = loss_bytes(fused, e);
+    OpSpec {
+        name: "loss",
+        class: OpClass::Memory,
+        forward_flops: 0.0,
+        forward_bytes: forward * logits,
+        backward_flops: 0.0,
+        backward_bytes: backward * logits,
+        saved: Saved { sharded_bytes: kept * logits, ..Saved::default() },
     }
 }
 
