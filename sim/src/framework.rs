@@ -104,6 +104,11 @@ pub struct Framework {
     /// stream before the unit runs (PyTorch FSDP2, see [`GATHER_COPY_OUT_SOURCE`]); off in
     /// every profile (FSDP1's flat parameters are views of the gathered buffer), a knob.
     pub gather_copy_out: bool,
+    /// ZeRO-3 gathers every parameter tensor with its own list all-gather, as DeepSpeed did up
+    /// to 0.5.4 (2021; see [`GATHER_PER_TENSOR_SOURCE`]): one all-gather per tensor, a copy
+    /// kernel per rank out of each, and the host waiting for the gather before the module
+    /// runs. On in `deepspeed`, off in every other profile.
+    pub gather_per_tensor: bool,
     pub bucket: Bucket,
     pub grad_reduce_dtype: ReduceDtype,
     /// Fused attention rather than materialised scores (`training.attention` overrides).
@@ -122,9 +127,21 @@ pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_par
 /// (compute) stream after waiting for the all-gather's event.
 pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (FSDP2, PyTorch 2.4 and later): foreach_all_gather_copy_out waits for the all-gather event on the current stream, then copies the flat all-gather output into each parameter's unsharded tensor (torch.split_with_sizes_copy): the unit's gathered bytes read and written once more on the compute stream before its forward (and again before its backward, after reshard_after_forward)";
 
+/// Where `gather_per_tensor` comes from. microsoft/DeepSpeed v0.3.13 to v0.5.0 (March to August
+/// 2021), `deepspeed/runtime/zero/partition_parameters.py` `_allgather_param`: a
+/// `torch.cuda.synchronize()`, then `torch.distributed.all_gather(partitions, ...)` into a
+/// list of `world_size` views, per parameter; PyTorch's `ProcessGroupNCCL::allgather` runs
+/// the list form as one all-gather into a flat buffer and then one `copy_` per rank
+/// (`torch/lib/c10d/ProcessGroupNCCL.cpp`, "Copy the flattened output tensors to the
+/// outputs"); `stage3.py` `fetch_sub_module` waits for the module's gathers
+/// (`_synchronize_communication`: the handles, the communication stream and
+/// `torch.cuda.synchronize()`) before the module runs, and prefetches the next modules only
+/// when no prefetch is in flight. v0.5.5 (November 2021) coalesced the gathers.
+pub const GATHER_PER_TENSOR_SOURCE: &str = "microsoft/DeepSpeed v0.3.13-v0.5.0 (2021) deepspeed/runtime/zero/partition_parameters.py _allgather_param (torch.cuda.synchronize(), then torch.distributed.all_gather into world_size views, per parameter) and stage3.py fetch_sub_module (_synchronize_communication: torch.cuda.synchronize() before the module runs); PyTorch ProcessGroupNCCL::allgather copies the flat result into each of the world_size outputs (one copy_ per rank); coalesced from v0.5.5";
+
 const MEGATRON_2021: &str = "NVIDIA/Megatron-LM v2.5 (2021)";
 const MEGATRON_CORE: &str = "NVIDIA/Megatron-LM core_r0.9.0 (2024)";
-const DEEPSPEED: &str = "microsoft/DeepSpeed v0.14 (2024)";
+const DEEPSPEED: &str = "microsoft/DeepSpeed v0.14 (2024) configuration defaults, with ZeRO-3's parameter gathers as v0.3-v0.5.4 (2021) ran them";
 const FSDP: &str = "pytorch/pytorch v2.1 (2023), torch.distributed.fsdp";
 const COLOSSAL: &str = "hpcaitech/ColossalAI v0.3 (2023)";
 const DDP: &str = "pytorch/pytorch v2.1 (2023), torch.nn.parallel.DistributedDataParallel";
@@ -188,6 +205,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
+            gather_per_tensor: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Fp32,
             flash_attention: false,
@@ -220,6 +238,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_comm_overlap: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
+            gather_per_tensor: false,
             bucket: Bucket::Params { min_params: 40e6, per_rank_params: 1e6 },
             grad_reduce_dtype: ReduceDtype::Fp32,
             flash_attention: true,
@@ -264,6 +283,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
+            gather_per_tensor: true,
             // reduce_bucket_size 5e8 elements, in the training precision.
             bucket: Bucket::Params { min_params: 5e8, per_rank_params: 0.0 },
             grad_reduce_dtype: ReduceDtype::Params,
@@ -279,6 +299,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order: one all-gather per module of a layer (each norm, attention projection and MLP matrix)",
                 ),
                 ("bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8 elements"),
+                ("gather_per_tensor", GATHER_PER_TENSOR_SOURCE),
                 (
                     "grad_reduce_dtype",
                     "deepspeed/runtime/config.py communication_data_type: default None, the model's dtype",
@@ -299,6 +320,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
+            gather_per_tensor: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: true,
@@ -332,6 +354,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
+            gather_per_tensor: false,
             // LowLevelZeroPlugin reduce_bucket_size_in_m = 12 (million elements).
             bucket: Bucket::Params { min_params: 12e6, per_rank_params: 0.0 },
             grad_reduce_dtype: ReduceDtype::Params,
@@ -356,6 +379,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
+            gather_per_tensor: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: true,
@@ -468,6 +492,10 @@ pub fn reference_markdown() -> String {
         s += &format!("\n## `{n}`\n\nRead from {}.\n\n| behaviour | value |\n|---|---|\n", f.version);
         s += &format!("| gradient reduction | {reduce} |\n| gradient bucket | {bucket} |\n");
         s += &format!("| gradient dtype | {dtype} |\n| ZeRO-3 gathers | {gather} |\n");
+        s += &format!(
+            "| ZeRO-3 gathers each parameter tensor alone, copying it out per rank, the host waiting | {} |\n",
+            yes(f.gather_per_tensor)
+        );
         s += &format!("| parameter all-gather overlaps next forward | {} |\n", yes(f.param_gather_overlap));
         s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
         s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));

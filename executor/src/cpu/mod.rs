@@ -271,7 +271,7 @@ impl Device for CpuDevice {
                 let (n, k) = (count(name, "n", n)?, count(name, "k", k)?);
                 Ok(self.run_gemm(batch, m, n, k, op.backward))
             }
-            OpClass::Memory => self.run_memory(op, ctx),
+            OpClass::Memory | OpClass::Copies { .. } => self.run_memory(op, ctx),
         }
     }
 

@@ -195,10 +195,10 @@ impl ComputeModel {
                 };
                 flops / (self.peak16_flops * e * factor)
             }
-            OpClass::Memory => {
+            OpClass::Memory | OpClass::Copies { .. } => {
                 let family = memory_kernel(op.name);
                 if let Some(&(_, rate)) = self.op_rates.iter().find(|(f, _)| *f == family) {
-                    return bytes / rate + self.launch_s;
+                    return bytes / rate + launches(op, backward) * self.launch_s;
                 }
                 // The family's kernel reaches only a share of the streaming bandwidth.
                 let share = kernels::memory_kernel_efficiency(self.arch, family);
@@ -230,6 +230,7 @@ pub fn launches(op: &OpSpec, backward: bool) -> f64 {
         OpClass::Gemm { .. } if backward => 2.0,
         OpClass::Attention { ring, .. } if backward => 3.0 * ring.max(1) as f64,
         OpClass::Attention { ring, .. } => ring.max(1) as f64,
+        OpClass::Copies { kernels } => kernels,
         _ => 1.0,
     }
 }

@@ -43,7 +43,7 @@ impl Attribution {
                 .map(|o| match o.spec.class {
                     crate::workload::OpClass::Gemm { .. } => Part::Gemm,
                     crate::workload::OpClass::Attention { .. } => Part::Attention,
-                    crate::workload::OpClass::Memory => Part::MemoryBound,
+                    crate::workload::OpClass::Memory | crate::workload::OpClass::Copies { .. } => Part::MemoryBound,
                 })
                 .collect(),
             idle_from: vec![0; nd],

@@ -184,10 +184,12 @@ pub(super) fn emit_grad_accumulate(
 /// all-gather buffer into the parameters, on the compute stream before the unit's `phase`
 /// (`training.framework.gather_copy_out`): one copy kernel reading and writing them. Returns
 /// its first and last task.
+/// With `copies` (`training.framework.gather_per_tensor`), the list all-gathers' copies
+/// instead: one kernel per rank and tensor ([`OpSpec::gather_list_copies`]).
 pub(super) fn emit_gather_copy_out(
     b: &mut Builder,
     ctx: &StepCtx,
-    bytes: f64,
+    (bytes, copies): (f64, Option<f64>),
     layer: i32,
     phase: Phase,
     chunk: u32,
@@ -196,7 +198,10 @@ pub(super) fn emit_gather_copy_out(
     if bytes <= 0.0 {
         return None;
     }
-    let spec = OpSpec::gather_copy_out(bytes);
+    let spec = match copies {
+        Some(n) => OpSpec::gather_list_copies(bytes, n),
+        None => OpSpec::gather_copy_out(bytes),
+    };
     let op = b.shared_op(&spec, phase == Phase::Backward);
     let label = b.label(Label { op: spec.name, layer, phase, chunk });
     let first = emit_group_compute(b, ctx, op, label, mb);

@@ -44,6 +44,23 @@ pub(super) struct Gathers {
     /// Each transformer layer's gather as its modules' shares of the layer's parameters, one
     /// all-gather each (DeepSpeed ZeRO-3 fetches module by module); `[1.0]`: one per layer.
     modules: Vec<f64>,
+    /// Under `framework.gather_per_tensor`, the parameter tensors of each entry of `modules`
+    /// (one all-gather each) and of the other units; `None` otherwise.
+    tensors: Option<(Vec<f64>, f64)>,
+}
+
+/// A transformer layer's parameter tensors per module of [`module_shares`]: a weight, and a
+/// bias where the model has them (a LayerNorm has both, an RMSNorm a weight). `per_module`:
+/// one entry per module; else the layer's total as one entry.
+fn module_tensors(t: &crate::workload::TransformerConfig, per_module: bool) -> Vec<f64> {
+    let bias = if t.bias { 2.0 } else { 1.0 };
+    let norm = match t.norm {
+        crate::workload::transformer::Norm::LayerNorm => 2.0,
+        crate::workload::transformer::Norm::RmsNorm => 1.0,
+    };
+    let mut parts = vec![norm, bias, bias, norm];
+    parts.extend(std::iter::repeat_n(bias, t.mlp_matrices() as usize));
+    if per_module { parts } else { vec![parts.iter().sum()] }
 }
 
 /// A transformer layer's modules as shares of its parameters, in the order a forward pass
@@ -99,7 +116,27 @@ impl Gathers {
                 }
                 _ => vec![1.0],
             },
+            tensors: (lw.plan.framework.gather_per_tensor && lw.dynamic.is_none() && lw.s.workload.net.is_none()).then(
+                || {
+                    let per_module = matches!(lw.plan.framework.gather, crate::framework::Gather::PerModule { .. })
+                        && module_shares(&lw.s.workload.transformer).len() > 1;
+                    let t = &lw.s.workload.transformer;
+                    // The embedding or the head: its weight (and a learned position table
+                    // where positions are not rotary).
+                    let edge = if t.rotary { 1.0 } else { 2.0 };
+                    (module_tensors(t, per_module), edge)
+                },
+            ),
         }
+    }
+
+    /// Under `framework.gather_per_tensor`, the copies out of a unit's list all-gathers: one per
+    /// rank of the data-parallel group and per parameter tensor of `unit` (a layer; -1: the
+    /// embedding or the head). `None` otherwise.
+    pub(super) fn list_copies(&self, plan: &Plan, unit: i32) -> Option<f64> {
+        let (layer, edge) = self.tensors.as_ref()?;
+        let tensors = if unit < 0 { *edge } else { layer.iter().sum() };
+        Some(plan.sync_degree() as f64 * tensors)
     }
 
     /// The prefetch decision: the task (device 0 of the group; device x waits for the one x
@@ -151,9 +188,17 @@ impl Gathers {
                         self.unit_label,
                     );
                 }
-                gather_after_copies(b, plan, r, stage, x, &parts, (copy, copy), self.gate())
+                gather_after_copies(b, plan, (r, stage, x), &parts, (copy, copy), self.gate(), self.stream())
             })
             .collect()
+    }
+
+    /// The stream the gathers run on: their own, so they overlap compute and the gradient
+    /// reductions; under `framework.gather_per_tensor`, the reductions' (one NCCL stream for
+    /// the group's collectives, whose completion the host waits for before the module runs:
+    /// DeepSpeed 2021's `torch.cuda.synchronize()`).
+    fn stream(&self) -> crate::report::timeline::StreamKind {
+        if self.tensors.is_some() { super::data_parallel::GRAD_SYNC_STREAM } else { PARAM_GATHER_STREAM }
     }
 
     /// Bytes of a unit of `params` parameters once gathered, on each device.
@@ -161,13 +206,32 @@ impl Gathers {
         params * self.wb
     }
 
-    /// The all-gathers of a unit of `bytes`: one per module of a transformer layer under
-    /// per-module gathering, else one.
-    fn shares(&self, bytes: f64, unit: i32) -> Vec<f64> {
-        if unit < 0 || self.modules.len() == 1 {
-            return vec![bytes];
-        }
-        self.modules.iter().map(|m| m * bytes).collect()
+    /// The all-gathers of a unit of `bytes`, as (bytes per call, calls): one per module of a
+    /// transformer layer under per-module gathering, else one; under
+    /// `framework.gather_per_tensor` one call per parameter tensor (the bytes split evenly
+    /// over them, the latency paid per call).
+    fn shares(&self, bytes: f64, unit: i32) -> Vec<(f64, u64)> {
+        let parts: Vec<f64> = if unit < 0 || self.modules.len() == 1 {
+            vec![bytes]
+        } else {
+            self.modules.iter().map(|m| m * bytes).collect()
+        };
+        let Some((layer, edge)) = &self.tensors else { return parts.into_iter().map(|p| (p, 1)).collect() };
+        let counts: Vec<f64> = if unit < 0 {
+            vec![*edge]
+        } else if layer.len() == parts.len() {
+            layer.clone()
+        } else {
+            vec![layer.iter().sum()]
+        };
+        parts
+            .into_iter()
+            .zip(counts)
+            .map(|(p, n)| {
+                let n = n.max(1.0);
+                (p / n, n as u64)
+            })
+            .collect()
     }
 
     fn before_dynamic(&mut self, b: &mut Builder, plan: &Plan, r: u32, stage: u32, params: f64, unit: i32) -> Vec<u32> {
@@ -208,7 +272,15 @@ impl Gathers {
                     }
                     tail = copy;
                 }
-                gather_after_copies(b, plan, r, stage, x, &[params * self.wb], (head, tail), self.gate())
+                gather_after_copies(
+                    b,
+                    plan,
+                    (r, stage, x),
+                    &[(params * self.wb, 1)],
+                    (head, tail),
+                    self.gate(),
+                    PARAM_GATHER_STREAM,
+                )
             })
             .collect()
     }
@@ -238,36 +310,25 @@ impl Gathers {
     }
 }
 
-/// The all-gathers of a unit (one per entry of `bytes`, in order on the gather stream) for
+/// The all-gathers of a unit (one per entry of `bytes`, as (bytes per call, calls), in order on
+/// `stream`) for
 /// tensor-parallel rank `x` (none without data-parallel peers) after its host copies
 /// `first..=last` (on the host-copy stream, in order; [`NONE`] if none); the first of them, or
 /// the first gather, waits for task `wait + x` of the previous unit. Returns what the unit's
 /// compute waits for ([`NONE`] if nothing).
-#[allow(clippy::too_many_arguments)]
 fn gather_after_copies(
     b: &mut Builder,
     plan: &Plan,
-    r: u32,
-    stage: u32,
-    x: u32,
-    bytes: &[f64],
+    (r, stage, x): (u32, u32, u32),
+    bytes: &[(f64, u64)],
     (first, last): (u32, u32),
     wait: u32,
+    stream: crate::report::timeline::StreamKind,
 ) -> u32 {
     let (mut first_gather, mut g) = (NONE, last);
     if plan.sync_degree() > 1 {
         for &part in bytes {
-            g = dp_collective(
-                b,
-                plan,
-                r,
-                stage,
-                x,
-                CollectiveKind::AllGather,
-                (part, 1),
-                "param_gather",
-                PARAM_GATHER_STREAM,
-            );
+            g = dp_collective(b, plan, r, stage, x, CollectiveKind::AllGather, part, "param_gather", stream);
             if first_gather == NONE {
                 first_gather = g;
             }

@@ -385,7 +385,7 @@ fn deepspeed_gathers_each_module_of_a_layer() {
         let sim = crate::simulate(&with_framework(fw, z3), false);
         collectives_of_device_0(&sim.program, "param_gather")
     };
-    let (ds_bytes, ds) = gathers(r#""deepspeed""#);
+    let (ds_bytes, ds) = gathers(r#"{"name": "deepspeed", "gather_per_tensor": false}"#);
     let (fsdp_bytes, fsdp) = gathers(r#""pytorch-fsdp""#);
     assert!((ds_bytes - fsdp_bytes).abs() / fsdp_bytes < 1e-9, "the same bytes: {ds_bytes} vs {fsdp_bytes}");
     // FSDP: one gather per layer per pass plus the embedding's and the head's; DeepSpeed: six
@@ -393,6 +393,49 @@ fn deepspeed_gathers_each_module_of_a_layer() {
     let layer_gathers = (ds.len() - fsdp.len()) / 5;
     assert_eq!(ds.len() - fsdp.len(), 5 * layer_gathers, "{} vs {}", ds.len(), fsdp.len());
     assert!(layer_gathers > 0 && layer_gathers % 4 == 0 && layer_gathers < fsdp.len(), "{layer_gathers}");
+}
+
+/// DeepSpeed 2021's gathers (`gather_per_tensor`, on in `deepspeed`): a call per parameter
+/// tensor (a GPT layer with biases and LayerNorms has 12), one copy kernel per rank and tensor
+/// out of them, issued by the host, so that a run slows down as the data-parallel group grows
+/// where coalesced gathers (`false`) keep most of their speed.
+#[test]
+fn deepspeed_2021_gathers_cost_a_copy_per_rank_and_tensor() {
+    let run = |dp: u32, per_tensor: bool| {
+        let text = format!(
+            r#"{{"workload": {GPT}, "cluster": {{"node": "dgx-a100-80gb", "nodes": {}}},
+                "training": {{"global_batch": {}, "micro_batch": 2, "seq_len": 512,
+                              "framework": {{"name": "deepspeed", "gather_per_tensor": {per_tensor}}}}},
+                "plan": {{"dp": {dp}, "zero_stage": 3}}}}"#,
+            dp / 8,
+            2 * dp
+        );
+        crate::simulate(&scenario::parse(&text, &|_| Err("no files".into())).unwrap(), false)
+    };
+    let sim = run(16, true);
+    let p = &sim.program;
+    let layer_copies: Vec<f64> = p
+        .tasks
+        .iter()
+        .filter(|t| t.kind == super::TaskKind::Compute)
+        .filter(|t| p.labels[t.label as usize].op == "gather_list_copies" && p.labels[t.label as usize].layer >= 0)
+        .map(|t| match p.ops[t.payload as usize].spec.class {
+            crate::workload::OpClass::Copies { kernels } => kernels,
+            _ => panic!("copies are OpClass::Copies"),
+        })
+        .collect();
+    assert!(!layer_copies.is_empty() && layer_copies.iter().all(|&k| k == 16.0 * 12.0), "{layer_copies:?}");
+    // Each module's gather is one collective of as many calls as the module has tensors.
+    let calls: Vec<u64> = p
+        .tasks
+        .iter()
+        .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "param_gather")
+        .map(|t| p.collectives[t.payload as usize].calls)
+        .collect();
+    assert!(calls.contains(&2) && calls.iter().all(|&c| c == 1 || c == 2), "{calls:?}");
+    let slowdown = |dp| run(dp, true).report.iteration_s / run(dp, false).report.iteration_s;
+    let (small, large) = (slowdown(16), slowdown(64));
+    assert!(small > 1.0 && large > 1.5 * small, "per-tensor over coalesced: {small} at dp 16, {large} at dp 64");
 }
 
 /// FSDP2's copy-out (`gather_copy_out`): with ZeRO-3 each gathered unit is copied out on the

@@ -133,15 +133,21 @@ impl<'a> Walk<'a> {
         (f, l)
     }
 
-    /// FSDP2's copy of a unit's gathered parameters out of the all-gather buffer, before the
-    /// unit's `phase` on the compute stream (`training.framework.gather_copy_out`, with a
-    /// data-parallel gather); its first and last task.
+    /// The copy of a unit's gathered parameters out of the all-gather buffer, before the
+    /// unit's `phase` on the compute stream, with a data-parallel gather: FSDP2's one kernel
+    /// (`training.framework.gather_copy_out`), or a list all-gather's kernel per rank and
+    /// tensor (`gather_per_tensor`; see [`super::gather::Gathers::list_copies`]). Its first
+    /// and last task.
     fn copy_out(&self, b: &mut Builder, at: &At, params: f64, layer: i32, phase: Phase) -> Option<(u32, u32)> {
         let lw = self.lw;
-        if !(lw.per_unit && lw.plan.framework.gather_copy_out && lw.plan.sync_degree() > 1) {
+        if !lw.per_unit || lw.plan.sync_degree() <= 1 {
             return None;
         }
-        emit_gather_copy_out(b, &self.st.ctx, self.gathers.unit_bytes(params), layer, phase, at.c, at.mb)
+        let copies = self.gathers.list_copies(lw.plan, layer);
+        if copies.is_none() && !lw.plan.framework.gather_copy_out {
+            return None;
+        }
+        emit_gather_copy_out(b, &self.st.ctx, (self.gathers.unit_bytes(params), copies), layer, phase, at.c, at.mb)
     }
 
     /// Gradient accumulation of a unit's `params` after its backward, if this step

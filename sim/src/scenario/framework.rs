@@ -22,6 +22,7 @@ pub struct FrameworkSpec {
     tp_comm_overlap: Option<bool>,
     ep_comm_overlap: Option<bool>,
     gather_copy_out: Option<bool>,
+    gather_per_tensor: Option<bool>,
     grad_reduce_dtype: Option<ReduceDtype>,
     fused: Vec<(String, bool)>,
 }
@@ -92,6 +93,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         tp_comm_overlap: f.boolean("tp_comm_overlap")?,
         ep_comm_overlap: f.boolean("ep_comm_overlap")?,
         gather_copy_out: f.boolean("gather_copy_out")?,
+        gather_per_tensor: f.boolean("gather_per_tensor")?,
         grad_reduce_dtype,
         fused,
     }))
@@ -100,10 +102,21 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
 /// The framework a scenario runs on: the one it names with its overrides, or the plan's
 /// default (recorded in `defaults`).
 pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut Vec<String>) -> Framework {
+    // The 2021 gathers a profile applies under ZeRO-3 are listed: they slow large runs down.
+    let per_tensor_note = |f: &Framework, defaults: &mut Vec<String>| {
+        if traits.zero_stage >= 3 && f.gather_per_tensor {
+            defaults.push(format!(
+                "training.framework.gather_per_tensor = true ({}: ZeRO-3 gathers as DeepSpeed 0.3-0.5.4 ran them, a list all-gather per parameter tensor: set false for DeepSpeed 0.5.5 and later)",
+                f.name
+            ));
+        }
+    };
     let Some(s) = spec else {
         let (name, why) = framework::default_for(traits);
         defaults.push(format!("training.framework = {name} ({why})"));
-        return framework::profile(name).expect("default framework has a profile");
+        let f = framework::profile(name).expect("default framework has a profile");
+        per_tensor_note(&f, defaults);
+        return f;
     };
     let mut f = framework::profile(&s.name).expect("name checked when read");
     if let Some(g) = s.grad_reduce {
@@ -123,6 +136,10 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(b) = s.gather_copy_out {
         f.gather_copy_out = b;
+    }
+    match s.gather_per_tensor {
+        Some(b) => f.gather_per_tensor = b,
+        None => per_tensor_note(&f, defaults),
     }
     if let Some(d) = s.grad_reduce_dtype {
         f.grad_reduce_dtype = d;

@@ -127,6 +127,7 @@ pub const FRAMEWORK: &[&str] = &[
     "tp_comm_overlap",
     "ep_comm_overlap",
     "gather_copy_out",
+    "gather_per_tensor",
     "grad_reduce_dtype",
     "fused",
 ];

@@ -112,6 +112,10 @@ pub enum OpClass {
     Gemm { batch: f64, m: f64, n: f64, k: f64 },
     /// Bandwidth-bound: norms, softmax, element-wise, embedding lookups, optimizer.
     Memory,
+    /// `kernels` small copies, each its own launch (PyTorch's list all-gather copying its
+    /// result out rank by rank; `framework.gather_per_tensor`): bandwidth-bound, and every
+    /// kernel pays its launch and its host's issue.
+    Copies { kernels: f64 },
     /// One fused attention kernel over `heads` (batch x heads on the device) independent
     /// heads: `q` queries attend to `context` earlier keys plus (all of, or under a causal
     /// mask the earlier of) their own `q` keys, at head dimension `head_dim`.
@@ -139,7 +143,7 @@ impl OpClass {
             OpClass::Attention { heads, q, context, head_dim, causal, .. } => {
                 Some((heads, q, context + if causal { q / 2.0 } else { q }, head_dim))
             }
-            OpClass::Memory => None,
+            OpClass::Memory | OpClass::Copies { .. } => None,
         }
     }
 }
@@ -337,6 +341,20 @@ impl OpSpec {
         OpSpec {
             name: "gather_copy_out",
             class: OpClass::Memory,
+            forward_flops: 0.0,
+            forward_bytes: 2.0 * bytes,
+            backward_flops: 0.0,
+            backward_bytes: 2.0 * bytes,
+            saved: Saved::default(),
+        }
+    }
+
+    /// `copies` copies out of ZeRO-3 all-gathers that gathered `bytes` in all (read and
+    /// written once), one kernel each (`framework.gather_per_tensor`).
+    pub fn gather_list_copies(bytes: f64, copies: f64) -> OpSpec {
+        OpSpec {
+            name: "gather_list_copies",
+            class: OpClass::Copies { kernels: copies.max(1.0) },
             forward_flops: 0.0,
             forward_bytes: 2.0 * bytes,
             backward_flops: 0.0,
