@@ -107,7 +107,8 @@ pub struct Framework {
     /// ZeRO-3 gathers every parameter tensor with its own list all-gather, as DeepSpeed did up
     /// to 0.5.4 (2021; see [`GATHER_PER_TENSOR_SOURCE`]): one all-gather per tensor, a copy
     /// kernel per rank out of each, and the host waiting for the gather before the module
-    /// runs. On in `deepspeed`, off in every other profile.
+    /// runs; and reduces each gradient tensor with its own list reduce-scatter, a copy kernel
+    /// per rank into it. On in `deepspeed`, off in every other profile.
     pub gather_per_tensor: bool,
     pub bucket: Bucket,
     pub grad_reduce_dtype: ReduceDtype,
@@ -136,8 +137,11 @@ pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_com
 /// outputs"); `stage3.py` `fetch_sub_module` waits for the module's gathers
 /// (`_synchronize_communication`: the handles, the communication stream and
 /// `torch.cuda.synchronize()`) before the module runs, and prefetches the next modules only
-/// when no prefetch is in flight. v0.5.5 (November 2021) coalesced the gathers.
-pub const GATHER_PER_TENSOR_SOURCE: &str = "microsoft/DeepSpeed v0.3.13-v0.5.0 (2021) deepspeed/runtime/zero/partition_parameters.py _allgather_param (torch.cuda.synchronize(), then torch.distributed.all_gather into world_size views, per parameter) and stage3.py fetch_sub_module (_synchronize_communication: torch.cuda.synchronize() before the module runs); PyTorch ProcessGroupNCCL::allgather copies the flat result into each of the world_size outputs (one copy_ per rank); coalesced from v0.5.5";
+/// when no prefetch is in flight. Gradients go the same way: `_reduce_scatter_gradient` runs a
+/// list `torch.distributed.reduce_scatter` per parameter, whose `ProcessGroupNCCL` first
+/// copies each rank's input into one flat buffer ("Copy the input tensors to the flattened
+/// inputs"). v0.5.5 (November 2021) coalesced the gathers.
+pub const GATHER_PER_TENSOR_SOURCE: &str = "microsoft/DeepSpeed v0.3.13-v0.5.0 (2021) deepspeed/runtime/zero/partition_parameters.py _allgather_param (torch.cuda.synchronize(), then torch.distributed.all_gather into world_size views, per parameter; _reduce_scatter_gradient: a list reduce_scatter per parameter) and stage3.py fetch_sub_module (_synchronize_communication: torch.cuda.synchronize() before the module runs); PyTorch ProcessGroupNCCL::allgather copies the flat result into each of the world_size outputs and ::reduce_scatter each input into a flat buffer (one copy_ per rank); coalesced from v0.5.5";
 
 const MEGATRON_2021: &str = "NVIDIA/Megatron-LM v2.5 (2021)";
 const MEGATRON_CORE: &str = "NVIDIA/Megatron-LM core_r0.9.0 (2024)";

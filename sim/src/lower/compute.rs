@@ -184,12 +184,12 @@ pub(super) fn emit_grad_accumulate(
 /// all-gather buffer into the parameters, on the compute stream before the unit's `phase`
 /// (`training.framework.gather_copy_out`): one copy kernel reading and writing them. Returns
 /// its first and last task.
-/// With `copies` (`training.framework.gather_per_tensor`), the list all-gathers' copies
-/// instead: one kernel per rank and tensor ([`OpSpec::gather_list_copies`]).
+/// With `copies` (`training.framework.gather_per_tensor`), a list collective's copies
+/// instead, named `copies.0`: one kernel per rank and tensor ([`OpSpec::list_copies`]).
 pub(super) fn emit_gather_copy_out(
     b: &mut Builder,
     ctx: &StepCtx,
-    (bytes, copies): (f64, Option<f64>),
+    (bytes, copies): (f64, Option<(&'static str, f64)>),
     layer: i32,
     phase: Phase,
     chunk: u32,
@@ -199,7 +199,7 @@ pub(super) fn emit_gather_copy_out(
         return None;
     }
     let spec = match copies {
-        Some(n) => OpSpec::gather_list_copies(bytes, n),
+        Some((name, n)) => OpSpec::list_copies(name, bytes, n),
         None => OpSpec::gather_copy_out(bytes),
     };
     let op = b.shared_op(&spec, phase == Phase::Backward);

@@ -72,7 +72,18 @@ fn buckets(total: f64, bucket: f64) -> Vec<(f64, u64)> {
 /// Gradient sync of one bucket for every device of the group, each after that device's
 /// task `after + x - (t-1)`; with the optimizer on the host, each device then copies its
 /// reduced shard to host memory. Returns the last task per device.
-fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32, to_host: bool) -> Vec<u32> {
+/// `calls`: the reduction as that many back-to-back calls of an even share of `bytes` each.
+#[allow(clippy::too_many_arguments)]
+fn grad_sync(
+    b: &mut Builder,
+    plan: &Plan,
+    r: u32,
+    stage: u32,
+    bytes: f64,
+    after: u32,
+    to_host: bool,
+    calls: u64,
+) -> Vec<u32> {
     let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
     let t = b.ranks;
     let label = b.label(Label { op: "grad_to_host", layer: -1, phase: Phase::Sync, chunk: stage });
@@ -84,7 +95,18 @@ fn grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after
             let task = if alone {
                 done
             } else {
-                let task = dp_collective(b, plan, r, stage, x, kind, (bytes, 1), "grad_sync", GRAD_SYNC_STREAM);
+                let calls = calls.max(1);
+                let task = dp_collective(
+                    b,
+                    plan,
+                    r,
+                    stage,
+                    x,
+                    kind,
+                    (bytes / calls as f64, calls),
+                    "grad_sync",
+                    GRAD_SYNC_STREAM,
+                );
                 b.p.deps.push((done, task));
                 task
             };
@@ -140,6 +162,9 @@ pub(super) struct GradSync {
     pending_expert: Option<f64>,
     /// With the optimizer on the host, each reduced bucket is copied there.
     to_host: bool,
+    /// Calls per bucket's reduction: a layer's parameter tensors under
+    /// `framework.gather_per_tensor` (DeepSpeed 2021's reduce-scatter per tensor), else 1.
+    calls: u64,
     /// Per device of the group, the last task of the latest bucket's reduction (and copy);
     /// empty before the first. The optimizer step waits for it.
     pub(super) last_sync: Vec<u32>,
@@ -160,6 +185,15 @@ impl GradSync {
             pending_bytes: 0.0,
             pending_expert: (lw.plan.ep > 1 && lw.plan.replicas() > lw.plan.ep).then_some(0.0),
             to_host: lw.host_opt,
+            calls: if lw.z3
+                && lw.plan.framework.gather_per_tensor
+                && lw.dynamic.is_none()
+                && lw.s.workload.net.is_none()
+            {
+                super::gather::layer_tensors(&lw.s.workload.transformer) as u64
+            } else {
+                1
+            },
             last_sync: Vec::new(),
             last_expert_sync: Vec::new(),
         }
@@ -197,7 +231,8 @@ impl GradSync {
     pub(super) fn add_layer(&mut self, b: &mut Builder, plan: &Plan, bytes: f64, expert_bytes: f64, after: u32) {
         self.pending_bytes += bytes * self.dtype_scale;
         if self.pending_bytes >= self.bucket_bytes {
-            self.last_sync = grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host);
+            self.last_sync =
+                grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host, self.calls);
             self.pending_bytes = 0.0;
         }
         if let Some(pending) = self.pending_expert.as_mut() {
@@ -213,7 +248,8 @@ impl GradSync {
     /// step's last task `after`.
     pub(super) fn flush(&mut self, b: &mut Builder, plan: &Plan, after: u32) {
         if self.pending_bytes > 0.0 {
-            self.last_sync = grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host);
+            self.last_sync =
+                grad_sync(b, plan, self.r, self.stage, self.pending_bytes, after, self.to_host, self.calls);
             self.pending_bytes = 0.0;
         }
         if let Some(pending) = self.pending_expert.as_mut().filter(|p| **p > 0.0) {

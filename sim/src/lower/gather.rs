@@ -63,6 +63,11 @@ fn module_tensors(t: &crate::workload::TransformerConfig, per_module: bool) -> V
     if per_module { parts } else { vec![parts.iter().sum()] }
 }
 
+/// A transformer layer's parameter tensors (see [`module_tensors`]).
+pub(super) fn layer_tensors(t: &crate::workload::TransformerConfig) -> f64 {
+    module_tensors(t, false)[0]
+}
+
 /// A transformer layer's modules as shares of its parameters, in the order a forward pass
 /// meets them: norm, attention's input projection, its output projection, norm, and each MLP
 /// matrix (an MoE layer's experts count as its MLP).

@@ -425,6 +425,21 @@ fn deepspeed_2021_gathers_cost_a_copy_per_rank_and_tensor() {
         })
         .collect();
     assert!(!layer_copies.is_empty() && layer_copies.iter().all(|&k| k == 16.0 * 12.0), "{layer_copies:?}");
+    // The gradients too: a copy per rank and tensor into each layer's reduce-scatter, which
+    // is a call per tensor.
+    let reduce_copies = p
+        .tasks
+        .iter()
+        .filter(|t| t.kind == super::TaskKind::Compute && p.labels[t.label as usize].op == "reduce_list_copies")
+        .count();
+    assert_eq!(reduce_copies, layer_copies.len() / 2, "one per layer's backward (gathers: forward and backward)");
+    let reduce_calls: Vec<u64> = p
+        .tasks
+        .iter()
+        .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "grad_sync")
+        .map(|t| p.collectives[t.payload as usize].calls)
+        .collect();
+    assert!(!reduce_calls.is_empty() && reduce_calls.iter().all(|&c| c == 12), "{reduce_calls:?}");
     // Each module's gather is one collective of as many calls as the module has tensors.
     let calls: Vec<u64> = p
         .tasks

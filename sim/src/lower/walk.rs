@@ -143,11 +143,33 @@ impl<'a> Walk<'a> {
         if !lw.per_unit || lw.plan.sync_degree() <= 1 {
             return None;
         }
-        let copies = self.gathers.list_copies(lw.plan, layer);
+        let copies = self.gathers.list_copies(lw.plan, layer).map(|n| ("gather_list_copies", n));
         if copies.is_none() && !lw.plan.framework.gather_copy_out {
             return None;
         }
         emit_gather_copy_out(b, &self.st.ctx, (self.gathers.unit_bytes(params), copies), layer, phase, at.c, at.mb)
+    }
+
+    /// Under `framework.gather_per_tensor`, a layer's list reduce-scatters copy each rank's
+    /// share of its `bytes` of gradients into one buffer first (PyTorch's list
+    /// `reduce_scatter`): a kernel per rank and tensor, on the compute stream after the layer's
+    /// backward; the last task of the group's last device.
+    fn reduce_copies(&self, b: &mut Builder, at: &At, bytes: f64, layer: u32) -> Option<u32> {
+        let lw = self.lw;
+        if !lw.z3 || lw.plan.sync_degree() <= 1 {
+            return None;
+        }
+        let n = self.gathers.list_copies(lw.plan, layer as i32)?;
+        emit_gather_copy_out(
+            b,
+            &self.st.ctx,
+            (bytes, Some(("reduce_list_copies", n))),
+            layer as i32,
+            Phase::Backward,
+            at.c,
+            at.mb,
+        )
+        .map(|c| c.1)
     }
 
     /// Gradient accumulation of a unit's `params` after its backward, if this step
@@ -222,6 +244,8 @@ impl<'a> Walk<'a> {
             if at.sync_grads {
                 // Routed experts under expert parallelism are reduced over their own group.
                 let expert = lw.lp_expert[l as usize];
+                let la = self.reduce_copies(b, at, (lw.lp[l as usize] - expert) * gb, l).unwrap_or(la);
+                last = la;
                 self.grads.add_layer(b, plan, (lw.lp[l as usize] - expert) * gb, expert * gb, la);
             }
         }

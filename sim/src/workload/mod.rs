@@ -349,11 +349,12 @@ impl OpSpec {
         }
     }
 
-    /// `copies` copies out of ZeRO-3 all-gathers that gathered `bytes` in all (read and
-    /// written once), one kernel each (`framework.gather_per_tensor`).
-    pub fn gather_list_copies(bytes: f64, copies: f64) -> OpSpec {
+    /// `copies` copies of `bytes` in all (read and written once), one kernel each: out of
+    /// ZeRO-3's list all-gathers (`gather_list_copies`) or into its list reduce-scatters
+    /// (`reduce_list_copies`) under `framework.gather_per_tensor`.
+    pub fn list_copies(name: &'static str, bytes: f64, copies: f64) -> OpSpec {
         OpSpec {
-            name: "gather_list_copies",
+            name,
             class: OpClass::Copies { kernels: copies.max(1.0) },
             forward_flops: 0.0,
             forward_bytes: 2.0 * bytes,
