@@ -433,20 +433,17 @@ fn deepspeed_2021_gathers_cost_a_copy_per_rank_and_tensor() {
         .filter(|t| t.kind == super::TaskKind::Compute && p.labels[t.label as usize].op == "reduce_list_copies")
         .count();
     assert_eq!(reduce_copies, layer_copies.len() / 2, "one per layer's backward (gathers: forward and backward)");
-    let reduce_calls: Vec<u64> = p
-        .tasks
-        .iter()
-        .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "grad_sync")
-        .map(|t| p.collectives[t.payload as usize].calls)
-        .collect();
+    let calls_of = |op: &str| -> Vec<u64> {
+        p.tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == op)
+            .map(|t| p.collectives[t.payload as usize].calls)
+            .collect()
+    };
+    let reduce_calls = calls_of("grad_sync");
     assert!(!reduce_calls.is_empty() && reduce_calls.iter().all(|&c| c == 12), "{reduce_calls:?}");
     // Each module's gather is one collective of as many calls as the module has tensors.
-    let calls: Vec<u64> = p
-        .tasks
-        .iter()
-        .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "param_gather")
-        .map(|t| p.collectives[t.payload as usize].calls)
-        .collect();
+    let calls = calls_of("param_gather");
     assert!(calls.contains(&2) && calls.iter().all(|&c| c == 1 || c == 2), "{calls:?}");
     let slowdown = |dp| run(dp, true).report.iteration_s / run(dp, false).report.iteration_s;
     let (small, large) = (slowdown(16), slowdown(64));
