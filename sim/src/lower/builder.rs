@@ -91,9 +91,10 @@ pub(super) struct Builder {
     pub(super) held_tp: Vec<Vec<u32>>,
     /// Each op's copy that runs on fewer compute units (`TpOverlap`), by op.
     pub(super) narrowed_ops: HashMap<u32, u32>,
-    /// Memory ops made outside a block (gradient accumulation, FSDP2's copy-out), one per
-    /// (device class, name, forward and backward bytes, pass): units that move as much share it.
-    shared_ops: HashMap<(u16, &'static str, u64, u64, bool), u32>,
+    /// Memory ops made outside a block (gradient accumulation, FSDP2's copy-out, list
+    /// collectives' copies), one per (device class, name, forward and backward bytes, kernels,
+    /// pass): units that move as much share it.
+    shared_ops: HashMap<(u16, &'static str, u64, u64, u64, bool), u32>,
 }
 
 /// Collectives shared by a group's replicas ([`Builder::shared_next`]): data-parallel
@@ -185,7 +186,11 @@ impl Builder {
 
     /// The op of `spec` for this device class and pass, made on first use and shared after.
     pub(super) fn shared_op(&mut self, spec: &OpSpec, backward: bool) -> u32 {
-        let key = (self.class, spec.name, spec.forward_bytes.to_bits(), spec.backward_bytes.to_bits(), backward);
+        // Kernels per op too: a run of copies (`OpClass::Copies`) with the same bytes may
+        // launch more or fewer of them.
+        let kernels = crate::cost::launches(spec, backward).to_bits();
+        let key =
+            (self.class, spec.name, spec.forward_bytes.to_bits(), spec.backward_bytes.to_bits(), kernels, backward);
         if let Some(&op) = self.shared_ops.get(&key) {
             return op;
         }

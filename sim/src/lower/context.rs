@@ -67,6 +67,9 @@ pub(super) struct Lowering<'s> {
     pub(super) dynamic: Option<Dynamic>,
     /// Parameters are fetched or gathered before every use of a unit (ZeRO-3 or Gemini).
     pub(super) per_unit: bool,
+    /// ZeRO-3 gathers and reduces each parameter tensor on its own, with a copy per rank
+    /// (`framework.gather_per_tensor`; transformers, not Gemini).
+    pub(super) per_tensor: bool,
 }
 
 impl<'s> Lowering<'s> {
@@ -156,6 +159,7 @@ impl<'s> Lowering<'s> {
             z3: z >= 3,
             dynamic: off.dynamic,
             per_unit: z >= 3 || off.dynamic.is_some(),
+            per_tensor: z >= 3 && plan.framework.gather_per_tensor && off.dynamic.is_none() && s.workload.net.is_none(),
         }
     }
 

@@ -185,15 +185,7 @@ impl GradSync {
             pending_bytes: 0.0,
             pending_expert: (lw.plan.ep > 1 && lw.plan.replicas() > lw.plan.ep).then_some(0.0),
             to_host: lw.host_opt,
-            calls: if lw.z3
-                && lw.plan.framework.gather_per_tensor
-                && lw.dynamic.is_none()
-                && lw.s.workload.net.is_none()
-            {
-                super::gather::layer_tensors(&lw.s.workload.transformer) as u64
-            } else {
-                1
-            },
+            calls: if lw.per_tensor { super::gather::layer_tensors(&lw.s.workload.transformer) as u64 } else { 1 },
             last_sync: Vec::new(),
             last_expert_sync: Vec::new(),
         }

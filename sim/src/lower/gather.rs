@@ -121,17 +121,15 @@ impl Gathers {
                 }
                 _ => vec![1.0],
             },
-            tensors: (lw.plan.framework.gather_per_tensor && lw.dynamic.is_none() && lw.s.workload.net.is_none()).then(
-                || {
-                    let per_module = matches!(lw.plan.framework.gather, crate::framework::Gather::PerModule { .. })
-                        && module_shares(&lw.s.workload.transformer).len() > 1;
-                    let t = &lw.s.workload.transformer;
-                    // The embedding or the head: its weight (and a learned position table
-                    // where positions are not rotary).
-                    let edge = if t.rotary { 1.0 } else { 2.0 };
-                    (module_tensors(t, per_module), edge)
-                },
-            ),
+            tensors: lw.per_tensor.then(|| {
+                let per_module = matches!(lw.plan.framework.gather, crate::framework::Gather::PerModule { .. })
+                    && module_shares(&lw.s.workload.transformer).len() > 1;
+                let t = &lw.s.workload.transformer;
+                // The embedding or the head: its weight (and a learned position table
+                // where positions are not rotary).
+                let edge = if t.rotary { 1.0 } else { 2.0 };
+                (module_tensors(t, per_module), edge)
+            }),
         }
     }
 

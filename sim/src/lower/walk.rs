@@ -156,7 +156,7 @@ impl<'a> Walk<'a> {
     /// backward; the last task of the group's last device.
     fn reduce_copies(&self, b: &mut Builder, at: &At, bytes: f64, layer: u32) -> Option<u32> {
         let lw = self.lw;
-        if !lw.z3 || lw.plan.sync_degree() <= 1 {
+        if !lw.per_tensor || lw.plan.sync_degree() <= 1 {
             return None;
         }
         let n = self.gathers.list_copies(lw.plan, layer as i32)?;
