@@ -162,13 +162,14 @@ fn print_time_breakdown(r: &sim::report::Report) {
     );
     let mut header = format!("              {:<32}", "device");
     for &i in &used {
-        header += &format!("{}{:>7}", bar(i), PART_COLUMNS[i]);
+        header += &format!("{} {:>6}", bar(i), PART_COLUMNS[i]);
     }
     println!("{header}");
     let row = |label: String, values: &dyn Fn(usize) -> String| {
         let mut line = format!("              {label:<32}");
         for &i in &used {
-            line += &format!("{}{:>7}", bar(i), values(i));
+            // A space before every value: a wide one (1234.567 ms) still stands apart.
+            line += &format!("{} {:>6}", bar(i), values(i));
         }
         println!("{line}");
     };
@@ -183,7 +184,22 @@ fn print_time_breakdown(r: &sim::report::Report) {
     }
     let parts = critical.parts();
     let (unit, scale) = if r.iteration_s < 1.0 { ("ms", 1e3) } else { ("s", 1.0) };
-    row(format!("critical, {unit}"), &|i| format!("{:.3}", parts[i].1 * scale));
+    row(format!("critical, {unit}"), &|i| short(parts[i].1 * scale));
+}
+
+/// A non-negative number in at most six characters where it is under a million, with as many
+/// decimals as fit (3 under 10, none from 1000).
+fn short(v: f64) -> String {
+    let decimals = if v < 10.0 {
+        3
+    } else if v < 100.0 {
+        2
+    } else if v < 1000.0 {
+        1
+    } else {
+        0
+    };
+    format!("{v:.decimals$}")
 }
 
 pub fn presets(json: bool) {
@@ -260,5 +276,18 @@ pub fn presets(json: bool) {
     }
     for (name, _, net) in sim::workload::catalog::nets() {
         println!("  {:<14} {:>9.3} B  ({} layers of their own)", name, net.parameters() / 1e9, net.layers.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short;
+
+    #[test]
+    fn a_part_fits_its_column() {
+        for v in [0.0, 1.088, 9.9994, 99.99, 370.518, 999.9, 1234.5, 99_999.0] {
+            assert!(short(v).len() <= 6, "{v} as {}", short(v));
+            assert!((short(v).parse::<f64>().unwrap() - v).abs() <= 0.5, "{v} as {}", short(v));
+        }
     }
 }

@@ -234,6 +234,10 @@ fn the_summary_prints_the_breakdown_table() {
     assert!(table[0].contains("% of the") && table[1].contains("gemm") && table[1].contains("bubble"), "{text}");
     assert!(table[2].contains("critical: device") && table[3].contains("stage 0: 2 x"), "{text}");
     assert!(table[7].contains("critical, ms"), "{text}");
+    // The critical device's parts in milliseconds stand apart and add up to the iteration.
+    let iteration_s: f64 = table[0].split_whitespace().find_map(|w| w.parse().ok()).expect("iteration in the title");
+    let ms: f64 = table[7].split_whitespace().filter_map(|w| w.parse::<f64>().ok()).sum();
+    assert!((ms - 1e3 * iteration_s).abs() < 0.01 * 1e3 * iteration_s, "{ms} ms against {iteration_s} s: {}", table[7]);
     // Each class row's percentages add up to 100.
     for row in &table[2..7] {
         let pct: f64 = row.split_whitespace().filter_map(|w| w.parse::<f64>().ok()).skip(1).sum();
