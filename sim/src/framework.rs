@@ -83,6 +83,36 @@ pub struct Fused {
     pub cross_entropy: bool,
 }
 
+/// A training metric a trainer computes over each micro-batch's logits after its backward,
+/// without gradients (`training.framework.train_metrics`; see [`TRAIN_METRICS_SOURCE`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainMetric {
+    /// Composer's `LanguageCrossEntropy`: PyTorch's unfused cross-entropy over the logits.
+    CrossEntropy,
+    /// Composer's `LanguagePerplexity`: the same cross-entropy again (its subclass).
+    Perplexity,
+    /// llm-foundry's `TokenAccuracy`: an argmax over the logits.
+    TokenAccuracy,
+}
+
+impl TrainMetric {
+    pub const NAMES: [&'static str; 3] = ["cross_entropy", "perplexity", "token_accuracy"];
+
+    pub fn parse(name: &str) -> Option<TrainMetric> {
+        match name {
+            "cross_entropy" => Some(TrainMetric::CrossEntropy),
+            "perplexity" => Some(TrainMetric::Perplexity),
+            "token_accuracy" => Some(TrainMetric::TokenAccuracy),
+            _ => None,
+        }
+    }
+}
+
+/// Where `train_metrics` comes from: Composer runs every training metric of the model after
+/// each micro-batch's backward, and llm-foundry's models name theirs.
+pub const TRAIN_METRICS_SOURCE: &str = "mosaicml/composer v0.13-v0.16 composer/trainer/trainer.py _train_microbatch: after microbatch_loss.backward(), _eval_train_metrics(device_batch) under torch.no_grad() and the autocast precision context, every metric's update over the micro-batch's outputs; composer/metrics/nlp.py LanguageCrossEntropy.update: torch.nn.CrossEntropyLoss(reduction='sum') over the logits (log_softmax autocasts to fp32), LanguagePerplexity subclasses it; mosaicml/llm-foundry llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM: train metrics [LanguageCrossEntropy, LanguagePerplexity] (5f43bf160, May 2023; b2a43a147, October 2023; use_train_metrics defaults to true), llmfoundry/metrics/__init__.py DEFAULT_CAUSAL_LM_TRAIN_METRICS adds token_accuracy (an argmax) from 813d596bf (March 2024)";
+
 /// A framework's behaviour, as data.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Framework {
@@ -115,6 +145,9 @@ pub struct Framework {
     /// Fused attention rather than materialised scores (`training.attention` overrides).
     pub flash_attention: bool,
     pub fused: Fused,
+    /// Metrics computed over each micro-batch's logits after its backward (none in every
+    /// profile: a trainer's, such as Composer's, not the parallel library's).
+    pub train_metrics: Vec<TrainMetric>,
     /// (behaviour, source) pairs.
     pub sources: Vec<(&'static str, &'static str)>,
 }
@@ -214,6 +247,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce_dtype: ReduceDtype::Fp32,
             flash_attention: false,
             fused: all_fused,
+            train_metrics: Vec::new(),
             sources: vec![
                 (
                     "grad_reduce",
@@ -247,6 +281,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce_dtype: ReduceDtype::Fp32,
             flash_attention: true,
             fused: all_fused,
+            train_metrics: Vec::new(),
             sources: vec![
                 (
                     "grad_reduce",
@@ -293,6 +328,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: false,
             fused: Fused { adam: true, ..eager },
+            train_metrics: Vec::new(),
             sources: vec![
                 (
                     "grad_reduce",
@@ -329,6 +365,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: true,
             fused: eager,
+            train_metrics: Vec::new(),
             sources: vec![
                 (
                     "gather",
@@ -364,6 +401,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: false,
             fused: Fused { adam: true, ..eager },
+            train_metrics: Vec::new(),
             sources: vec![
                 ("grad_reduce", "colossalai/booster/plugin/low_level_zero_plugin.py overlap_communication=True"),
                 ("bucket", "low_level_zero_plugin.py reduce_bucket_size_in_m=12"),
@@ -388,6 +426,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce_dtype: ReduceDtype::Params,
             flash_attention: true,
             fused: eager,
+            train_metrics: Vec::new(),
             sources: vec![
                 (
                     "grad_reduce",
@@ -466,6 +505,9 @@ pub fn reference_markdown() -> String {
     s += &format!("{EP_COMM_OVERLAP_SOURCE}.\n");
     s += &format!(
         "\n`gather_copy_out` is off in every profile (FSDP1's flat parameters are views of the gathered buffer); PyTorch FSDP2 (torchtitan) turns it on:\n{GATHER_COPY_OUT_SOURCE}.\n"
+    );
+    s += &format!(
+        "\n`train_metrics` is empty in every profile (a trainer's metrics, not the parallel library's); Composer with llm-foundry's models computes `[\"cross_entropy\", \"perplexity\"]` (and `token_accuracy` from March 2024):\n{TRAIN_METRICS_SOURCE}.\n"
     );
     let yes = |b: bool| if b { "yes" } else { "no" };
     for n in NAMES {

@@ -27,6 +27,9 @@ pub(super) struct UnitBlocks {
     kind_of: Vec<usize>,
     pub(super) embed: Block,
     pub(super) head: Block,
+    /// The trainer's metrics over the logits after each micro-batch's backward (no ops
+    /// without `training.framework.train_metrics`).
+    pub(super) metrics: Block,
     /// Whether the embedding and head exist as blocks (a net folds them into its layers).
     pub(super) edges: bool,
     /// Bytes each layer's output puts on a stage boundary.
@@ -86,11 +89,13 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
             .collect();
         let empty = b.block(Vec::new(), Recompute::None, 0.0);
         let empty2 = b.block(Vec::new(), Recompute::None, 0.0);
+        let empty3 = b.block(Vec::new(), Recompute::None, 0.0);
         return UnitBlocks {
             layers,
             kind_of: (0..net.layers.len()).collect(),
             embed: empty,
             head: empty2,
+            metrics: empty3,
             edges: false,
             boundary,
         };
@@ -131,7 +136,8 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
     // Embedding and head are not recomputed.
     let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, 0.0);
     let head = b.block(w.head_ops(edge_shape), Recompute::None, 0.0);
-    UnitBlocks { layers, kind_of, embed, head, edges: true, boundary: vec![boundary_bytes; w.layers as usize] }
+    let metrics = b.block(w.metric_ops(edge_shape, &plan.framework.train_metrics), Recompute::None, 0.0);
+    UnitBlocks { layers, kind_of, embed, head, metrics, edges: true, boundary: vec![boundary_bytes; w.layers as usize] }
 }
 
 impl Builder {

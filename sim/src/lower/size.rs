@@ -94,7 +94,9 @@ pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
         None => {
             let shape = LayerShape { activation_bytes: 2.0, ..plan.layer_shape() };
             let layer = w.layer_ops(shape).len() as u64;
-            let edges = (w.embedding_ops(shape).len() + w.head_ops(shape).len()) as u64;
+            let edges = (w.embedding_ops(shape).len()
+                + w.head_ops(shape).len()
+                + w.metric_ops(shape, &plan.framework.train_metrics).len()) as u64;
             (layer * passes * w.layers as u64 + 2 * edges) * tp
         }
     };

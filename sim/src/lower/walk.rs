@@ -263,6 +263,12 @@ impl<'a> Walk<'a> {
             self.grads.flush(b, plan, last);
         }
         self.link(b, links, at, Pass::Backward, gathered, (first, last));
+        // The trainer's metrics over this micro-batch's logits, once its backward is done
+        // (Composer's `_eval_train_metrics`): on the compute stream, after the gradient is on
+        // its way to the previous stage.
+        if c == lw.chunks - 1 && ub.edges && !ub.metrics.ops.is_empty() {
+            emit_block(b, &st.ctx, &ub.metrics, -1, Phase::Forward, c, mb, 0.0, 0.0);
+        }
     }
 
     /// Layer `l`'s backward: its gather (which also serves the recomputation), the fetch of

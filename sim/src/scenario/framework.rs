@@ -9,7 +9,7 @@
 
 use super::keys;
 use super::reader::{Obj, Result, invalid};
-use crate::framework::{self, Framework, Gather, GradReduce, PlanTraits, ReduceDtype};
+use crate::framework::{self, Framework, Gather, GradReduce, PlanTraits, ReduceDtype, TrainMetric};
 use serde_json::Value;
 
 /// A framework as written: its name and the knobs the scenario sets.
@@ -25,6 +25,7 @@ pub struct FrameworkSpec {
     gather_per_tensor: Option<bool>,
     grad_reduce_dtype: Option<ReduceDtype>,
     fused: Vec<(String, bool)>,
+    train_metrics: Option<Vec<TrainMetric>>,
 }
 
 fn name_of(v: &Value, path: &str) -> Result<String> {
@@ -85,8 +86,13 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
             }
         }
     }
+    let train_metrics = match f.get("train_metrics") {
+        None => None,
+        Some(v) => Some(metrics(v, &f.key("train_metrics"))?),
+    };
     Ok(Some(FrameworkSpec {
         name,
+        train_metrics,
         grad_reduce,
         gather_prefetch,
         param_gather_overlap: f.boolean("param_gather_overlap")?,
@@ -97,6 +103,28 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         grad_reduce_dtype,
         fused,
     }))
+}
+
+/// `train_metrics`: a list of metric names, each at most once.
+fn metrics(v: &Value, path: &str) -> Result<Vec<TrainMetric>> {
+    let allowed = TrainMetric::NAMES.join(", ");
+    let items = v
+        .as_array()
+        .ok_or_else(|| invalid(path, format!("expected a list of metric names (allowed: {allowed}), got {}", super::reader::show(v))))?;
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        let name = item.as_str().ok_or_else(|| invalid(&at, format!("expected a metric name, got {}", super::reader::show(item))))?;
+        let m = TrainMetric::parse(name).ok_or_else(|| {
+            let hint = super::suggest::did_you_mean(name, TrainMetric::NAMES);
+            invalid(&at, format!("unknown metric \"{name}\"{hint}; allowed: {allowed}"))
+        })?;
+        if out.contains(&m) {
+            return Err(invalid(&at, format!("\"{name}\" is listed twice")));
+        }
+        out.push(m);
+    }
+    Ok(out)
 }
 
 /// The framework a scenario runs on: the one it names with its overrides, or the plan's
@@ -143,6 +171,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(d) = s.grad_reduce_dtype {
         f.grad_reduce_dtype = d;
+    }
+    if let Some(m) = &s.train_metrics {
+        f.train_metrics = m.clone();
     }
     for (k, b) in &s.fused {
         match k.as_str() {

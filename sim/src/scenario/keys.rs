@@ -130,6 +130,7 @@ pub const FRAMEWORK: &[&str] = &[
     "gather_per_tensor",
     "grad_reduce_dtype",
     "fused",
+    "train_metrics",
 ];
 
 /// `training.framework.fused`: kernels fused or not.

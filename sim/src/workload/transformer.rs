@@ -615,11 +615,7 @@ impl TransformerConfig {
         let t = shape.tp as f64;
         let e = shape.activation_bytes;
         let c = self.head_classes();
-        // Classification heads read one token per sample; language models every token.
-        let rows = match self.input {
-            Input::Tokens { .. } => b * s,
-            Input::Patches { .. } => b,
-        };
+        let rows = self.head_rows(shape);
         let final_norm = if self.norm == Norm::RmsNorm && !shape.fusion.rms_norm {
             let (moved, kept) = shape.fusion.norm_bytes(true, e);
             mem_op("final_norm", moved * b * s * h, Saved { replicated_bytes: kept * b * s * h, ..Saved::default() })
@@ -649,9 +645,38 @@ impl TransformerConfig {
                 e,
                 Saved { replicated_bytes: e * rows * h, ..Saved::default() },
             )),
-            LayerOp::Compute(loss_op(shape.fusion.cross_entropy, rows * c / t, e)),
+            LayerOp::Compute(loss_op(shape.fusion.cross_entropy, self.logits(shape), e)),
         ]);
         ops
+    }
+
+    /// The metrics a trainer computes over each micro-batch's logits after its backward, as
+    /// one op run forward without gradients on the device holding the logits (none without
+    /// metrics; see [`crate::framework::TrainMetric`] and [`metric_bytes`]).
+    pub fn metric_ops(&self, shape: LayerShape, metrics: &[crate::framework::TrainMetric]) -> Vec<LayerOp> {
+        if metrics.is_empty() {
+            return Vec::new();
+        }
+        let e = shape.activation_bytes;
+        let per_logit: f64 = metrics.iter().map(|&m| metric_bytes(m, e)).sum();
+        let metrics = mem_op("train_metrics", per_logit * self.logits(shape), Saved::default());
+        vec![LayerOp::Compute(OpSpec { backward_bytes: 0.0, ..metrics })]
+    }
+
+    /// Logits one device computes per micro-batch: every token's row of the vocabulary (one
+    /// row per sample for a classification head), split over the tensor ranks.
+    fn logits(&self, shape: LayerShape) -> f64 {
+        self.head_rows(shape) * self.head_classes() / shape.tp as f64
+    }
+
+    /// Rows the head reads per micro-batch: a language model every token, a classification
+    /// head one token per sample.
+    fn head_rows(&self, shape: LayerShape) -> f64 {
+        let b = shape.micro_batch as f64;
+        match self.input {
+            Input::Tokens { .. } => b * shape.seq_len as f64,
+            Input::Patches { .. } => b,
+        }
     }
 
     /// Activation bytes one layer keeps for backward per micro-batch, summed over its ops,
@@ -695,6 +720,17 @@ pub fn loss_bytes(fused: bool, e: f64) -> (f64, f64, f64) {
     }
     let (cast_fwd, cast_bwd) = if e < 4.0 { (e + 4.0, 4.0 + e) } else { (0.0, 0.0) };
     (cast_fwd + 16.0, 4.0 + 16.0 + cast_bwd, 4.0)
+}
+
+/// Bytes a training metric moves per logit of `e` bytes: Composer's cross-entropy and
+/// perplexity each run PyTorch's unfused cross-entropy forward over the logits (the forward
+/// of [`loss_bytes`], unfused), token accuracy an argmax reading each logit once.
+pub fn metric_bytes(m: crate::framework::TrainMetric, e: f64) -> f64 {
+    use crate::framework::TrainMetric;
+    match m {
+        TrainMetric::CrossEntropy | TrainMetric::Perplexity => loss_bytes(false, e).0,
+        TrainMetric::TokenAccuracy => e,
+    }
 }
 
 /// The loss over `logits` logits per micro-batch (see [`loss_bytes`]).
