@@ -504,3 +504,56 @@ fn fsdp2_copies_each_gathered_unit_out_before_it_runs() {
     let (n2, _, _) = copies(on, r#"{"dp": 16, "zero_stage": 2}"#);
     assert_eq!(n2, 0, "no gather, no copy");
 }
+
+/// Composer's training metrics (`train_metrics`): one op per micro-batch on the device that
+/// holds the logits, right after that micro-batch's backward on its compute stream, moving
+/// PyTorch's unfused cross-entropy forward (22 bytes per bf16 logit) for each of the two;
+/// none by default; the step takes their time longer; under a pipeline only the last stage
+/// runs them.
+#[test]
+fn trainer_metrics_run_after_each_micro_batch_backward() {
+    let on = r#"{"name": "pytorch-fsdp", "train_metrics": ["cross_entropy", "perplexity"]}"#;
+    let metrics = |sim: &crate::Simulation| -> Vec<u32> {
+        let p = &sim.program;
+        (0..p.tasks.len() as u32)
+            .filter(|&t| {
+                let t = &p.tasks[t as usize];
+                t.kind == super::TaskKind::Compute && p.labels[t.label as usize].op == "train_metrics"
+            })
+            .collect()
+    };
+    let plain = crate::simulate(&with_framework(r#""pytorch-fsdp""#, r#"{"dp": 16}"#), false);
+    assert!(metrics(&plain).is_empty(), "none by default");
+    let s = with_framework(on, r#"{"dp": 16}"#);
+    let sim = crate::simulate(&s, false);
+    let p = &sim.program;
+    let tasks = metrics(&sim);
+    // Two micro-batches of 2 x 512 tokens per replica, on each lowered device.
+    let micro_batches = 2;
+    assert_eq!(tasks.len(), micro_batches * p.devices.len(), "{tasks:?}");
+    let logits = 2.0 * 512.0 * s.workload.transformer.head_classes();
+    for &t in &tasks {
+        let task = &p.tasks[t as usize];
+        assert_eq!(p.ops[task.payload as usize].spec.forward_bytes, 2.0 * 22.0 * logits);
+        // It follows its micro-batch's backward on its stream: the task before it is one
+        // of it, and none comes after.
+        use crate::report::timeline::Phase;
+        let stream = &p.streams[task.stream as usize];
+        let at = stream.iter().position(|&x| x == t).expect("on its stream");
+        let backward_of_mb = |x: &u32| {
+            let x = &p.tasks[*x as usize];
+            x.micro_batch == task.micro_batch && p.labels[x.label as usize].phase == Phase::Backward
+        };
+        assert!(backward_of_mb(&stream[at - 1]), "micro-batch {}: not after its backward", task.micro_batch);
+        assert!(!stream[at..].iter().any(backward_of_mb), "micro-batch {}: backward after it", task.micro_batch);
+    }
+    assert!(sim.report.iteration_s > plain.report.iteration_s);
+    // Four stages: the last one's devices run them, the others none.
+    let piped = crate::simulate(&with_framework(on, r#"{"dp": 4, "pp": 4}"#), false);
+    let p = &piped.program;
+    let stages: std::collections::BTreeSet<u32> = metrics(&piped)
+        .iter()
+        .map(|&t| p.stages[super::Program::stream_device(p.tasks[t as usize].stream) as usize])
+        .collect();
+    assert_eq!(stages.into_iter().collect::<Vec<_>>(), vec![3]);
+}

@@ -108,6 +108,23 @@ fn frameworks_are_checked_where_they_are_read() {
     assert_eq!(s.plan.framework.name, "megatron-lm-2021");
     assert_eq!(s.plan.framework.grad_reduce, crate::framework::GradReduce::AfterBackward);
     assert_eq!(s.plan.framework.grad_reduce_dtype, crate::framework::ReduceDtype::Params);
+    // Training metrics: a list of known names, each once.
+    let metrics = |m: serde_json::Value| {
+        move |v: &mut serde_json::Value| {
+            v["training"]["framework"] = json!({"name": "pytorch-fsdp", "train_metrics": m})
+        }
+    };
+    let e = error(metrics(json!("cross_entropy")));
+    assert!(e.contains("training.framework.train_metrics") && e.contains("a list of metric names"), "{e}");
+    let e = error(metrics(json!(["cross_entropy", "perplexty"])));
+    assert!(e.contains("train_metrics[1]") && e.contains("did you mean `perplexity`"), "{e}");
+    let e = error(metrics(json!(["perplexity", "perplexity"])));
+    assert!(e.contains("train_metrics[1]") && e.contains("twice"), "{e}");
+    let mut v = base();
+    metrics(json!(["cross_entropy", "token_accuracy"]))(&mut v);
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    use crate::framework::TrainMetric;
+    assert_eq!(s.plan.framework.train_metrics, vec![TrainMetric::CrossEntropy, TrainMetric::TokenAccuracy]);
 }
 
 /// FlashAttention-3 exists for Hopper only: named on an A100 it is refused, on an H100 run.
