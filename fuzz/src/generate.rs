@@ -398,6 +398,12 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.3, "tp_comm_overlap", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "ep_comm_overlap", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "grad_reduce_dtype", |r| json!(*r.pick(&["params", "fp32"])));
+        opt(&mut f, r, 0.2, "gather_copy_out", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "gather_per_tensor", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.3, "train_metrics", |r| {
+            let all = ["cross_entropy", "perplexity", "token_accuracy"];
+            json!(all.iter().filter(|_| r.chance(0.5)).collect::<Vec<_>>())
+        });
         opt(
             &mut f,
             r,
