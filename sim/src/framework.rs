@@ -113,6 +113,9 @@ impl TrainMetric {
 /// each micro-batch's backward, and llm-foundry's models name theirs.
 pub const TRAIN_METRICS_SOURCE: &str = "mosaicml/composer v0.13-v0.16 composer/trainer/trainer.py _train_microbatch: after microbatch_loss.backward(), _eval_train_metrics(device_batch) under torch.no_grad() and the autocast precision context, every metric's update over the micro-batch's outputs; composer/metrics/nlp.py LanguageCrossEntropy.update: torch.nn.CrossEntropyLoss(reduction='sum') over the logits (log_softmax autocasts to fp32), LanguagePerplexity subclasses it; mosaicml/llm-foundry llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM: train metrics [LanguageCrossEntropy, LanguagePerplexity] (5f43bf160, May 2023; b2a43a147, October 2023; use_train_metrics defaults to true), llmfoundry/metrics/__init__.py DEFAULT_CAUSAL_LM_TRAIN_METRICS adds token_accuracy (an argmax) from 813d596bf (March 2024)";
 
+/// Where `recompute_early_stop` comes from.
+pub const RECOMPUTE_EARLY_STOP_SOURCE: &str = "pytorch/pytorch torch/utils/checkpoint.py (v2.1 and later): non-reentrant checkpoint (use_reentrant=False) stops recomputation as soon as every tensor the original forward saved for backward has been recomputed (_enable_checkpoint_early_stop = True by default, set_checkpoint_early_stop; pytorch#90105, #96866, March 2023); autograd saves a GEMM's inputs before running it, so a layer whose last saving op is the MLP's down projection skips that GEMM and the residual add after it. FSDP's checkpoint_wrapper defaults to CheckpointImpl.NO_REENTRANT (torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py); torch 1.13-2.0 and reentrant checkpoints (Megatron's and DeepSpeed's CheckpointFunction) rerun the whole layer";
+
 /// A framework's behaviour, as data.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Framework {
@@ -148,6 +151,10 @@ pub struct Framework {
     /// Metrics computed over each micro-batch's logits after its backward (none in every
     /// profile: a trainer's, such as Composer's, not the parallel library's).
     pub train_metrics: Vec<TrainMetric>,
+    /// Full recomputation stops once the tensors the layer's backward keeps are rebuilt,
+    /// skipping the layer's last GEMM and what follows it (PyTorch 2.1's non-reentrant
+    /// checkpoint; see [`RECOMPUTE_EARLY_STOP_SOURCE`]). On in `pytorch-fsdp`.
+    pub recompute_early_stop: bool,
     /// (behaviour, source) pairs.
     pub sources: Vec<(&'static str, &'static str)>,
 }
@@ -248,6 +255,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             flash_attention: false,
             fused: all_fused,
             train_metrics: Vec::new(),
+            recompute_early_stop: false,
             sources: vec![
                 (
                     "grad_reduce",
@@ -282,6 +290,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             flash_attention: true,
             fused: all_fused,
             train_metrics: Vec::new(),
+            recompute_early_stop: false,
             sources: vec![
                 (
                     "grad_reduce",
@@ -329,6 +338,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             flash_attention: false,
             fused: Fused { adam: true, ..eager },
             train_metrics: Vec::new(),
+            recompute_early_stop: false,
             sources: vec![
                 (
                     "grad_reduce",
@@ -366,6 +376,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             flash_attention: true,
             fused: eager,
             train_metrics: Vec::new(),
+            recompute_early_stop: true,
             sources: vec![
                 (
                     "gather",
@@ -376,6 +387,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "torch/distributed/fsdp/_runtime_utils.py: each unit's reduce-scatter in its post-backward hook on a separate stream",
                 ),
                 ("grad_reduce_dtype", "torch.distributed.fsdp.MixedPrecision: reduce_dtype defaults to param_dtype"),
+                ("recompute_early_stop", RECOMPUTE_EARLY_STOP_SOURCE),
                 (
                     "attention",
                     "torch.nn.functional.scaled_dot_product_attention selects the FlashAttention-2 kernel on sm80+ (PyTorch 2.1)",
@@ -402,6 +414,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             flash_attention: false,
             fused: Fused { adam: true, ..eager },
             train_metrics: Vec::new(),
+            recompute_early_stop: false,
             sources: vec![
                 ("grad_reduce", "colossalai/booster/plugin/low_level_zero_plugin.py overlap_communication=True"),
                 ("bucket", "low_level_zero_plugin.py reduce_bucket_size_in_m=12"),
@@ -427,6 +440,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             flash_attention: true,
             fused: eager,
             train_metrics: Vec::new(),
+            recompute_early_stop: false,
             sources: vec![
                 (
                     "grad_reduce",

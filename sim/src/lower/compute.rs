@@ -77,8 +77,37 @@ pub(super) fn emit_block(
     (first, last)
 }
 
-/// Re-run a layer's forward before its backward: all of it (full) or the core attention
-/// (selective). Returns the first and last task ids as [`emit_block`] does.
+/// What a recomputation reruns of a layer's forward.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rerun {
+    /// All of it.
+    Full,
+    /// All of it up to the last tensor its backward keeps (`framework.recompute_early_stop`):
+    /// PyTorch's non-reentrant checkpoint stops recomputing once every tensor the backward
+    /// saved has been rebuilt, and a GEMM saves its input before it runs, so a layer ending in
+    /// a GEMM (the MLP's down projection) and a residual add skips both (see
+    /// [`early_stop_end`]).
+    EarlyStop,
+    /// The core attention only.
+    Selective,
+}
+
+/// How many of a block's ops a recomputation that stops early runs: up to the last op that
+/// keeps anything for backward, without it when it is a GEMM (which keeps only its input,
+/// saved before its kernel runs).
+pub(super) fn early_stop_end(ops: &[LayerOp]) -> usize {
+    let last =
+        ops.iter().rposition(|op| op.compute().is_some_and(|s| s.saved.bytes(crate::plan::Recompute::None) > 0.0));
+    match last {
+        Some(j) if is_gemm(ops.get(j)) => j,
+        Some(j) => j + 1,
+        None => 0,
+    }
+}
+
+/// Re-run a layer's forward before its backward: all of it, all of it up to the last tensor
+/// its backward keeps, or the core attention ([`Rerun`]). Returns the first and last task ids
+/// as [`emit_block`] does.
 pub(super) fn emit_recompute(
     b: &mut Builder,
     ctx: &StepCtx,
@@ -86,13 +115,15 @@ pub(super) fn emit_recompute(
     layer: i32,
     chunk: u32,
     mb: u32,
-    selective_only: bool,
+    rerun: Rerun,
     alloc: f64,
 ) -> (u32, u32) {
     let mut first = NONE;
     let mut last = NONE;
     let mut overlap = TpOverlap::default();
-    for (j, op) in blk.ops.iter().enumerate() {
+    let selective_only = rerun == Rerun::Selective;
+    let end = if rerun == Rerun::EarlyStop { early_stop_end(&blk.ops) } else { blk.ops.len() };
+    for (j, op) in blk.ops[..end].iter().enumerate() {
         match op {
             LayerOp::Compute(spec) => {
                 if selective_only && spec.saved.selective_bytes == 0.0 && spec.name != "scores" {

@@ -557,3 +557,55 @@ fn trainer_metrics_run_after_each_micro_batch_backward() {
         .collect();
     assert_eq!(stages.into_iter().collect::<Vec<_>>(), vec![3]);
 }
+
+/// PyTorch 2.1's non-reentrant checkpoint stops recomputing once the layer's saved tensors are
+/// rebuilt (`recompute_early_stop`, on in `pytorch-fsdp`): the recomputation skips the MLP's
+/// down projection (a GEMM, whose saved input exists before it runs) and the residual add after
+/// it, and nothing else; off, it reruns the whole layer. With dropout after it, its mask is
+/// the last tensor kept, and the down projection reruns.
+#[test]
+fn early_stopping_recomputation_skips_the_last_gemm() {
+    let plan = r#"{"dp": 16, "zero_stage": 3, "recompute": "full"}"#;
+    let scenario = |fw: &str, dropout: bool| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "dropout": {dropout}}}}},
+                "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
+                "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512, "framework": {fw}}},
+                "plan": {plan}}}"#
+        );
+        scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"))
+    };
+    // Layer 0's recomputed ops of micro-batch 0, in order, and the iteration.
+    let recomputed = |fw: &str, dropout: bool| {
+        let s = scenario(fw, dropout);
+        let sim = crate::simulate(&s, false);
+        let p = &sim.program;
+        let ops: Vec<&str> = p
+            .tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Compute && t.micro_batch == 0)
+            .map(|t| &p.labels[t.label as usize])
+            .filter(|l| l.layer == 0 && l.phase == crate::report::timeline::Phase::Recompute)
+            .map(|l| l.op)
+            .collect();
+        let names: Vec<&str> = s
+            .workload
+            .transformer
+            .layer_ops(s.plan.layer_shape())
+            .iter()
+            .filter_map(|o| o.compute().map(|c| c.name))
+            .collect();
+        (ops, names, sim.report.iteration_s)
+    };
+    let off = r#"{"name": "pytorch-fsdp", "recompute_early_stop": false}"#;
+    let (full, names, t_full) = recomputed(off, false);
+    assert_eq!(full, names, "the whole layer without early stop");
+    let (early, _, t_early) = recomputed(r#""pytorch-fsdp""#, false);
+    let fc2 = names.iter().position(|n| *n == "fc2").expect("a down projection");
+    assert_eq!(early, names[..fc2].to_vec(), "up to the down projection");
+    assert!(t_early < t_full, "{t_early} vs {t_full}");
+    let (with_dropout, names, _) = recomputed(r#""pytorch-fsdp""#, true);
+    let fc2 = names.iter().position(|n| *n == "fc2").expect("a down projection");
+    assert!(with_dropout.len() > fc2 && with_dropout.len() < names.len(), "{with_dropout:?} of {names:?}");
+    assert_eq!(with_dropout, names[..with_dropout.len()].to_vec());
+}

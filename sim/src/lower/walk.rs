@@ -6,7 +6,7 @@
 
 use super::blocks::{Block, UnitBlocks};
 use super::builder::Builder;
-use super::compute::{emit_block, emit_gather_copy_out, emit_grad_accumulate, emit_recompute};
+use super::compute::{Rerun, emit_block, emit_gather_copy_out, emit_grad_accumulate, emit_recompute};
 use super::context::{Lowering, Stage};
 use super::data_parallel::GradSync;
 use super::gather::Gathers;
@@ -288,14 +288,15 @@ impl<'a> Walk<'a> {
         let mut unit_first = self.copy_out(b, at, lw.lp[l as usize], l as i32, Phase::Backward).map_or(NONE, |c| c.0);
         match plan.recompute {
             Recompute::Full => {
-                let (f, _) = emit_recompute(b, ctx, layer, l as i32, c, mb, false, layer.saved_full);
+                let rerun = if plan.framework.recompute_early_stop { Rerun::EarlyStop } else { Rerun::Full };
+                let (f, _) = emit_recompute(b, ctx, layer, l as i32, c, mb, rerun, layer.saved_full);
                 if unit_first == NONE {
                     unit_first = f;
                 }
                 free += layer.saved_full;
             }
             Recompute::Selective => {
-                let (f, _) = emit_recompute(b, ctx, layer, l as i32, c, mb, true, 0.0);
+                let (f, _) = emit_recompute(b, ctx, layer, l as i32, c, mb, Rerun::Selective, 0.0);
                 if unit_first == NONE {
                     unit_first = f;
                 }

@@ -26,6 +26,7 @@ pub struct FrameworkSpec {
     grad_reduce_dtype: Option<ReduceDtype>,
     fused: Vec<(String, bool)>,
     train_metrics: Option<Vec<TrainMetric>>,
+    recompute_early_stop: Option<bool>,
 }
 
 fn name_of(v: &Value, path: &str) -> Result<String> {
@@ -93,6 +94,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
     Ok(Some(FrameworkSpec {
         name,
         train_metrics,
+        recompute_early_stop: f.boolean("recompute_early_stop")?,
         grad_reduce,
         gather_prefetch,
         param_gather_overlap: f.boolean("param_gather_overlap")?,
@@ -173,6 +175,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(d) = s.grad_reduce_dtype {
         f.grad_reduce_dtype = d;
+    }
+    if let Some(b) = s.recompute_early_stop {
+        f.recompute_early_stop = b;
     }
     if let Some(m) = &s.train_metrics {
         f.train_metrics = m.clone();

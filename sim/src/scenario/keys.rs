@@ -131,6 +131,7 @@ pub const FRAMEWORK: &[&str] = &[
     "grad_reduce_dtype",
     "fused",
     "train_metrics",
+    "recompute_early_stop",
 ];
 
 /// `training.framework.fused`: kernels fused or not.

@@ -125,6 +125,17 @@ fn frameworks_are_checked_where_they_are_read() {
     let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
     use crate::framework::TrainMetric;
     assert_eq!(s.plan.framework.train_metrics, vec![TrainMetric::CrossEntropy, TrainMetric::TokenAccuracy]);
+    // Early-stopping recomputation: PyTorch FSDP's by default, a boolean knob elsewhere.
+    assert!(s.plan.framework.recompute_early_stop, "pytorch-fsdp stops early");
+    let e = error(|v| v["training"]["framework"] = json!({"name": "deepspeed", "recompute_early_stop": "yes"}));
+    assert!(e.contains("training.framework.recompute_early_stop"), "{e}");
+    let mut v = base();
+    v["training"]["framework"] = json!({"name": "megatron-core"});
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert!(!s.plan.framework.recompute_early_stop, "Megatron's checkpoint reruns whole layers");
+    v["training"]["framework"] = json!({"name": "megatron-core", "recompute_early_stop": true});
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert!(s.plan.framework.recompute_early_stop);
 }
 
 /// FlashAttention-3 exists for Hopper only: named on an A100 it is refused, on an H100 run.
