@@ -35,7 +35,7 @@ pub fn optimizer_traffic_bytes(precision: Precision, optimizer: Optimizer) -> f6
 /// or none when ZeRO-Offload streams gradients to the host optimizer.
 pub fn accumulated_grad_bytes(plan: &Plan) -> f64 {
     let (_, g, _) = bytes_per_parameter(plan.precision, plan.optimizer);
-    match (plan.offload.optimizer != Tier::Device, plan.zero_stage >= 2) {
+    match (plan.offload.optimizer != Tier::Device, plan.zero_stage >= plan.gradient_shard_stage()) {
         (true, true) => 0.0,
         (false, true) => g / plan.sync_degree() as f64,
         (_, false) => g,

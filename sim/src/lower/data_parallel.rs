@@ -144,7 +144,8 @@ pub(super) struct GradSync {
     /// optimizer on the host under ZeRO-2 and 3 (gradients stream there even without peers).
     enabled: bool,
     /// ZeRO-2 and 3 reduce every micro-batch's gradients (into this device's shard); below,
-    /// only each chunk's last backward micro-batch reduces the accumulated gradients.
+    /// and under ZeRO-2 with `grad_reduce: after_backward`, only each chunk's last backward
+    /// micro-batch reduces the accumulated gradients ([`Plan::gradient_shard_stage`]).
     every_micro_batch: bool,
     /// The last backward micro-batch of each chunk on the stage.
     last_bwd: HashMap<u32, u32>,
@@ -178,7 +179,7 @@ impl GradSync {
             r: st.r,
             stage: st.stage,
             enabled: lw.sync > 1 || (lw.host_opt && lw.z >= 2),
-            every_micro_batch: lw.z >= 2,
+            every_micro_batch: lw.z >= lw.plan.gradient_shard_stage(),
             last_bwd: last_backward(&st.order),
             bucket_bytes: Self::bucket_bytes(lw),
             dtype_scale: lw.plan.framework.grad_reduce_bytes(lw.gb) / lw.gb.max(f64::MIN_POSITIVE),

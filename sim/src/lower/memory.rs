@@ -33,7 +33,7 @@ pub(super) fn stage_memory(
     let mut device = MemoryBreakdown {
         weights: frozen_weights + if lw.host_params { 0.0 } else { lw.sharded_bytes(st, 3, wb) },
         // With the optimizer on the host, gradients go there bucket by bucket.
-        gradients: if lw.host_opt && lw.z >= 2 { 0.0 } else { lw.sharded_bytes(st, 2, gb) },
+        gradients: if lw.host_opt && lw.z >= 2 { 0.0 } else { lw.sharded_bytes(st, plan.gradient_shard_stage(), gb) },
         optimizer: if lw.host_opt { 0.0 } else { lw.sharded_bytes(st, 1, ob) },
         activations: 0.0,
         buffers,

@@ -609,3 +609,27 @@ fn early_stopping_recomputation_skips_the_last_gemm() {
     assert!(with_dropout.len() > fc2 && with_dropout.len() < names.len(), "{with_dropout:?} of {names:?}");
     assert_eq!(with_dropout, names[..with_dropout.len()].to_vec());
 }
+
+/// ZeRO-2 under a framework that reduces after the last micro-batch's backward (PyTorch's
+/// pipelining of FSDP2): one gradient reduction per step instead of one per micro-batch, and
+/// the whole stage's gradients held until it (not the shard).
+#[test]
+fn reducing_after_backward_holds_zero2_gradients_whole() {
+    let z2 = r#"{"dp": 16, "zero_stage": 2}"#;
+    let run = |fw: &str| {
+        let sim = crate::simulate(&with_framework(fw, z2), false);
+        let p = &sim.program;
+        let syncs = p
+            .tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "grad_sync")
+            .filter(|t| p.collectives[t.payload as usize].members.contains(&0))
+            .count();
+        (syncs, p.static_memory[0].gradients)
+    };
+    let (per_micro_batch, shard) = run(r#""pytorch-fsdp""#);
+    let (once, whole) = run(r#"{"name": "pytorch-fsdp", "grad_reduce": "after_backward"}"#);
+    // Each replica runs two micro-batches (64 sequences over 16 replicas, 2 at a time).
+    assert!(per_micro_batch >= 2 * once && once >= 1, "{per_micro_batch} vs {once}");
+    assert!((whole / shard - 16.0).abs() < 1e-9, "{whole} vs {shard}");
+}

@@ -373,6 +373,15 @@ impl Plan {
             && self.tp_mode == crate::workload::TpMode::OneD
     }
 
+    /// The ZeRO stage from which each device keeps only its shard of the gradients: 2, or 3
+    /// when the framework reduces after the last micro-batch's backward (`grad_reduce:
+    /// after_backward`), which holds the whole stage's gradients until that one reduction
+    /// (PyTorch's pipelining of FSDP2: gradient sync off until the last backward). ZeRO-3
+    /// reduce-scatters each layer's gradients after its backward in any case.
+    pub fn gradient_shard_stage(&self) -> u8 {
+        if self.framework.grad_reduce == crate::framework::GradReduce::AfterBackward { 3 } else { 2 }
+    }
+
     /// Devices that hold the same weights and sum their gradients: the data-parallel
     /// replicas, times the ring under ring sequence parallelism.
     pub fn sync_degree(&self) -> u32 {
