@@ -32,8 +32,15 @@ pub(super) fn stage_memory(
     };
     let mut device = MemoryBreakdown {
         weights: frozen_weights + if lw.host_params { 0.0 } else { lw.sharded_bytes(st, 3, wb) },
-        // With the optimizer on the host, gradients go there bucket by bucket.
-        gradients: if lw.host_opt && lw.z >= 2 { 0.0 } else { lw.sharded_bytes(st, plan.gradient_shard_stage(), gb) },
+        // With the optimizer on the host, gradients go there bucket by bucket. They are kept
+        // in the dtype they are reduced in: Megatron accumulates into fp32 `main_grad` buffers
+        // under bf16 (`accumulate_allreduce_grads_in_fp32`; Megatron-Core's distributed
+        // optimizer guide: 4 bytes of gradient per parameter, 18 in all without sharding).
+        gradients: if lw.host_opt && lw.z >= 2 {
+            0.0
+        } else {
+            lw.sharded_bytes(st, plan.gradient_shard_stage(), plan.framework.grad_reduce_bytes(gb))
+        },
         optimizer: if lw.host_opt { 0.0 } else { lw.sharded_bytes(st, 1, ob) },
         activations: 0.0,
         buffers,

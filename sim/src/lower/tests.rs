@@ -36,6 +36,21 @@ fn zero_stages_shard_model_states_as_published() {
     }
 }
 
+/// Megatron keeps its gradients in fp32 `main_grad` buffers under bf16: 2 + 4 + 12 = 18 bytes
+/// of model states per parameter without sharding, 6 + 12/N with the distributed optimizer
+/// (ZeRO-1) (Megatron-Core's distributed optimizer guide).
+#[test]
+fn megatron_keeps_fp32_gradients() {
+    let n = 16u32;
+    for (z, per_param) in [(0u8, 18.0), (1, 6.0 + 12.0 / n as f64)] {
+        let s = with_framework(r#""megatron-core""#, &format!(r#"{{"dp": {n}, "zero_stage": {z}}}"#));
+        let psi = s.workload.parameters();
+        let m = super::lower(&s).static_memory[0];
+        let states = m.weights + m.gradients + m.optimizer;
+        assert!((states - per_param * psi).abs() <= 1e-6 * states, "z={z}: {} bytes per parameter", states / psi);
+    }
+}
+
 #[test]
 fn offloaded_states_leave_the_device_for_the_host() {
     let on = scenario(r#"{"dp": 8, "zero_stage": 3}"#, r#""dgx-a100-40gb""#, 1, GPT);

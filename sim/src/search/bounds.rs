@@ -260,7 +260,11 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let z = if sync > 1 || host_params { plan.zero_stage } else { 0 };
     let shard = |at_least: u8| if z >= at_least { sync as f64 } else { 1.0 };
     let per_param = (if host_params { 0.0 } else { wb / shard(3) })
-        + (if host_opt && z >= 2 { 0.0 } else { gb / shard(plan.gradient_shard_stage()) })
+        + (if host_opt && z >= 2 {
+            0.0
+        } else {
+            plan.framework.grad_reduce_bytes(gb) / shard(plan.gradient_shard_stage())
+        })
         + (if host_opt { 0.0 } else { ob / shard(1) });
     let saved_layer = if plan.offload.activations != Tier::Device {
         0.0
