@@ -6,6 +6,7 @@
 //! Every value carries its source in [`Framework::sources`] (and `docs/reference/frameworks.md`,
 //! which `tests/docs.rs` keeps in step with [`NAMES`]).
 
+use crate::hardware::kernels::{Attention, FlashKernel};
 use serde::Serialize;
 
 /// The frameworks a scenario can name in `training.framework`.
@@ -145,8 +146,9 @@ pub struct Framework {
     pub gather_per_tensor: bool,
     pub bucket: Bucket,
     pub grad_reduce_dtype: ReduceDtype,
-    /// Fused attention rather than materialised scores (`training.attention` overrides).
-    pub flash_attention: bool,
+    /// The attention the framework runs (`training.attention` overrides): materialised scores,
+    /// or a fused kernel (`te` under Megatron-Core: Transformer Engine's choice per GPU).
+    pub attention: Attention,
     pub fused: Fused,
     /// Metrics computed over each micro-batch's logits after its backward (none in every
     /// profile: a trainer's, such as Composer's, not the parallel library's).
@@ -252,7 +254,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather_per_tensor: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Fp32,
-            flash_attention: false,
+            attention: Attention::Naive,
             fused: all_fused,
             train_metrics: Vec::new(),
             recompute_early_stop: false,
@@ -287,7 +289,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather_per_tensor: false,
             bucket: Bucket::Params { min_params: 40e6, per_rank_params: 1e6 },
             grad_reduce_dtype: ReduceDtype::Fp32,
-            flash_attention: true,
+            attention: Attention::Fused(FlashKernel::Te),
             fused: all_fused,
             train_metrics: Vec::new(),
             recompute_early_stop: false,
@@ -314,7 +316,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "attention",
-                    "megatron/core/transformer/custom_layers/transformer_engine.py TEDotProductAttention (cuDNN / FlashAttention fused attention)",
+                    "megatron/core/transformer/custom_layers/transformer_engine.py TEDotProductAttention; Transformer Engine's get_attention_backend prefers cuDNN's FusedAttention (F16_arbitrary_seqlen) over FlashAttention on sm90 and later (\"Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance reasons\"), FlashAttention-2 on Ampere: `te`",
                 ),
                 (
                     "fused",
@@ -335,7 +337,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             // reduce_bucket_size 5e8 elements, in the training precision.
             bucket: Bucket::Params { min_params: 5e8, per_rank_params: 0.0 },
             grad_reduce_dtype: ReduceDtype::Params,
-            flash_attention: false,
+            attention: Attention::Naive,
             fused: Fused { adam: true, ..eager },
             train_metrics: Vec::new(),
             recompute_early_stop: false,
@@ -373,7 +375,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather_per_tensor: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Params,
-            flash_attention: true,
+            attention: Attention::Fused(FlashKernel::Auto),
             fused: eager,
             train_metrics: Vec::new(),
             recompute_early_stop: true,
@@ -390,7 +392,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ("recompute_early_stop", RECOMPUTE_EARLY_STOP_SOURCE),
                 (
                     "attention",
-                    "torch.nn.functional.scaled_dot_product_attention selects the FlashAttention-2 kernel on sm80+ (PyTorch 2.1)",
+                    "torch.nn.functional.scaled_dot_product_attention selects the FlashAttention-2 kernel on sm80+, Hopper included (PyTorch 2.1; its cuDNN backend became the H100 default only in 2.5.0 and was turned off again in 2.5.1): `flash`",
                 ),
                 (
                     "fused",
@@ -411,7 +413,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             // LowLevelZeroPlugin reduce_bucket_size_in_m = 12 (million elements).
             bucket: Bucket::Params { min_params: 12e6, per_rank_params: 0.0 },
             grad_reduce_dtype: ReduceDtype::Params,
-            flash_attention: false,
+            attention: Attention::Naive,
             fused: Fused { adam: true, ..eager },
             train_metrics: Vec::new(),
             recompute_early_stop: false,
@@ -437,7 +439,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather_per_tensor: false,
             bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
             grad_reduce_dtype: ReduceDtype::Params,
-            flash_attention: true,
+            attention: Attention::Fused(FlashKernel::Auto),
             fused: eager,
             train_metrics: Vec::new(),
             recompute_early_stop: false,
@@ -559,7 +561,11 @@ pub fn reference_markdown() -> String {
         s += &format!("| parameter all-gather overlaps next forward | {} |\n", yes(f.param_gather_overlap));
         s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
         s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));
-        s += &format!("| attention | {} |\n", if f.flash_attention { "fused (flash)" } else { "materialised scores" });
+        let attention = match f.attention {
+            Attention::Naive => "materialised scores".to_string(),
+            a => format!("fused (`{}`)", a.name()),
+        };
+        s += &format!("| attention | {attention} |\n");
         s += &format!(
             "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {}, RMSNorm {}, SwiGLU {}, rotary {}, cross-entropy {} |\n\nSources:\n\n",
             yes(f.fused.softmax),

@@ -54,9 +54,16 @@ pub fn arch_of(device: &DeviceSpec) -> Option<GpuArch> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FlashKernel {
-    /// The generation appropriate to the device (`"flash"`): FlashAttention-3 on Hopper,
-    /// FlashAttention-2 on Ampere, FlashAttention (v1) before.
+    /// The generation appropriate to the device (`"flash"`): FlashAttention-2 on Ampere and
+    /// Hopper (flash-attn 2.x, and PyTorch's SDPA, which vendors it), cuDNN's on Blackwell,
+    /// FlashAttention (v1) before. FlashAttention-3 is named (`"flash3"`): a separate Hopper
+    /// build of flash-attn (`flash_attn_interface`), in beta from July 2024.
     Auto,
+    /// What Transformer Engine's `DotProductAttention` runs (`"te"`, Megatron-Core's default):
+    /// cuDNN's fused attention on Hopper and later (Transformer Engine turns FlashAttention off
+    /// there "to give FusedAttention preference on Hopper+ for performance reasons",
+    /// `get_attention_backend`), FlashAttention-2 on Ampere.
+    Te,
     /// FlashAttention (Dao et al. 2022), flash-attn 1.x.
     V1,
     /// FlashAttention-2 (Dao 2023), flash-attn 2.x.
@@ -93,13 +100,14 @@ impl serde::Serialize for Attention {
 
 impl Attention {
     /// Values of `training.attention`.
-    pub const NAMES: [&'static str; 8] =
-        ["naive", "flash", "flash1", "flash2", "flash3", "cudnn", "triton", "flash1-triton"];
+    pub const NAMES: [&'static str; 9] =
+        ["naive", "flash", "te", "flash1", "flash2", "flash3", "cudnn", "triton", "flash1-triton"];
 
     pub fn parse(name: &str) -> Option<Attention> {
         Some(match name {
             "naive" => Attention::Naive,
             "flash" => Attention::Fused(FlashKernel::Auto),
+            "te" => Attention::Fused(FlashKernel::Te),
             "flash1" => Attention::Fused(FlashKernel::V1),
             "flash2" => Attention::Fused(FlashKernel::V2),
             "flash3" => Attention::Fused(FlashKernel::V3),
@@ -115,6 +123,7 @@ impl Attention {
             Attention::Naive => "naive",
             Attention::Fused(k) => match k {
                 FlashKernel::Auto => "flash",
+                FlashKernel::Te => "te",
                 FlashKernel::V1 => "flash1",
                 FlashKernel::V2 => "flash2",
                 FlashKernel::V3 => "flash3",
@@ -147,15 +156,16 @@ impl Attention {
 }
 
 impl FlashKernel {
-    /// The generation `Auto` stands for on `arch`. On Blackwell FlashAttention-3 does not run
-    /// (it is written for Hopper's TMA and WGMMA); the fused kernel that frameworks run there
-    /// is cuDNN's (Transformer Engine's default backend), so `"flash"` means cuDNN.
+    /// The kernel `Auto` and `Te` stand for on `arch`. On Blackwell FlashAttention-2 and -3 do
+    /// not run (FlashAttention-3 is written for Hopper's TMA and WGMMA); the fused kernel that
+    /// frameworks run there is cuDNN's (Transformer Engine's default backend), so `"flash"`
+    /// means cuDNN.
     pub fn resolve(self, arch: Option<GpuArch>) -> FlashKernel {
         match (self, arch) {
-            (FlashKernel::Auto, Some(GpuArch::Hopper)) => FlashKernel::V3,
+            (FlashKernel::Te, Some(GpuArch::Hopper | GpuArch::Blackwell)) => FlashKernel::Cudnn,
             (FlashKernel::Auto, Some(GpuArch::Blackwell)) => FlashKernel::Cudnn,
-            (FlashKernel::Auto, Some(GpuArch::Ampere) | None) => FlashKernel::V2,
-            (FlashKernel::Auto, _) => FlashKernel::V1,
+            (FlashKernel::Auto | FlashKernel::Te, Some(GpuArch::Ampere | GpuArch::Hopper) | None) => FlashKernel::V2,
+            (FlashKernel::Auto | FlashKernel::Te, _) => FlashKernel::V1,
             (k, _) => k,
         }
     }
@@ -171,7 +181,7 @@ impl FlashKernel {
     pub fn padded_head_dim(self, head_dim: f64) -> f64 {
         let templates: &[f64] = match self {
             FlashKernel::V1 => &[16.0, 32.0, 64.0, 128.0],
-            FlashKernel::V2 | FlashKernel::Auto => &[32.0, 64.0, 96.0, 128.0, 192.0, 256.0],
+            FlashKernel::V2 | FlashKernel::Auto | FlashKernel::Te => &[32.0, 64.0, 96.0, 128.0, 192.0, 256.0],
             FlashKernel::V3 => &[64.0, 96.0, 128.0, 192.0, 256.0],
             FlashKernel::Triton | FlashKernel::Flash1Triton => return head_dim.max(16.0).log2().ceil().exp2(),
             FlashKernel::Cudnn => return head_dim,

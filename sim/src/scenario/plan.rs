@@ -657,9 +657,7 @@ fn resolve_attention(
     defaults: &mut Vec<String>,
 ) -> Result<crate::hardware::kernels::Attention> {
     use crate::hardware::kernels::Attention;
-    let requested = asked.unwrap_or_else(|| {
-        Attention::parse(if framework.flash_attention { "flash" } else { "naive" }).expect("a known attention")
-    });
+    let requested = asked.unwrap_or(framework.attention);
     let volta = requested.is_fused() && has_volta(cluster);
     if volta && cp > 1 {
         return Err(invalid(

@@ -250,7 +250,7 @@ fn fused_attention_falls_back_to_materialised_on_v100s() {
     assert_eq!(v100.plan.attention, Attention::Naive);
     let said: Vec<&String> = v100.defaults_applied.iter().filter(|d| d.starts_with("training.attention")).collect();
     assert_eq!(said.len(), 1, "{said:?}");
-    assert!(said[0].contains("megatron-core's \"flash\" has no kernel for V100s"), "{}", said[0]);
+    assert!(said[0].contains("megatron-core's \"te\" has no kernel for V100s"), "{}", said[0]);
     let asked = run("p3.16xlarge", Some("flash2"));
     assert_eq!(asked.plan.attention, Attention::Naive);
     assert!(
