@@ -166,6 +166,12 @@ fn print_time_breakdown(r: &sim::report::Report) {
     }
     println!("{header}");
     let row = |label: String, values: &dyn Fn(usize) -> String| {
+        // A long device name is cut to the column (its full name is in the cluster line).
+        let label = if label.chars().count() > 32 {
+            format!("{}…", label.chars().take(31).collect::<String>())
+        } else {
+            label
+        };
         let mut line = format!("              {label:<32}");
         for &i in &used {
             // A space before every value: a wide one (1234.567 ms) still stands apart.
