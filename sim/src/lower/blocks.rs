@@ -17,6 +17,9 @@ pub(super) struct Block {
     pub(super) saved: f64,
     /// Activation bytes kept without recomputation (what a full recomputation rebuilds).
     pub(super) saved_full: f64,
+    /// How many of `ops` a recomputation that stops early reruns (see
+    /// [`super::compute::early_stop_end`]), decided once per block.
+    pub(super) early_stop_end: usize,
 }
 
 /// The blocks of one unit shape, and what crosses a stage boundary for it.
@@ -165,6 +168,7 @@ impl Builder {
         if recompute == Recompute::Full {
             saved = full_input_bytes;
         }
-        Block { ops, fwd, bwd, saved, saved_full: saved_none }
+        let early_stop_end = super::compute::early_stop_end(&ops);
+        Block { ops, fwd, bwd, saved, saved_full: saved_none, early_stop_end }
     }
 }

@@ -122,7 +122,7 @@ pub(super) fn emit_recompute(
     let mut last = NONE;
     let mut overlap = TpOverlap::default();
     let selective_only = rerun == Rerun::Selective;
-    let end = if rerun == Rerun::EarlyStop { early_stop_end(&blk.ops) } else { blk.ops.len() };
+    let end = if rerun == Rerun::EarlyStop { blk.early_stop_end } else { blk.ops.len() };
     for (j, op) in blk.ops[..end].iter().enumerate() {
         match op {
             LayerOp::Compute(spec) => {
