@@ -67,15 +67,22 @@ pub struct ComputeModel {
     weights_on_chip: bool,
     arch: Option<GpuArch>,
     tiling: GemmTiling,
-    /// The 16-bit tensor peak: attention's products under fp8 training.
+    /// The 16-bit tensor peak: the GEMMs that stay 16-bit under fp8 training.
     peak16_flops: f64,
     /// GEMMs run in fp8 (with cast-transpose kernels around them).
     fp8: bool,
 }
 
-/// The materialised attention's batched products, which stay 16-bit under fp8 training.
-fn attention_product(name: &str) -> bool {
-    matches!(name, "scores" | "attn_v" | "flash_attn")
+/// The GEMMs that stay 16-bit under fp8 training, with no cast around them: the attention's
+/// products; the output layer (`logits`), which no framework runs in fp8 (Megatron-Core builds
+/// it as its own `tensor_parallel.ColumnParallelLinear`, outside Transformer Engine's fp8
+/// autocast, `megatron/core/models/gpt/gpt_model.py`; torchtitan converts every linear but
+/// `output`, `torchtitan/float8.py` `module_filter_fn`, December 2024; DeepSeek-V3 keeps "the
+/// output head" and "MoE gating modules" in BF16 or FP32, technical report section 3.3.1); and
+/// the MoE router (Megatron-Core's `TopKRouter` multiplies by its weight with
+/// `torch.nn.functional.linear`, also outside Transformer Engine).
+fn sixteen_bit_gemm(name: &str) -> bool {
+    matches!(name, "scores" | "attn_v" | "flash_attn" | "logits" | "router")
 }
 
 impl ComputeModel {
@@ -180,8 +187,8 @@ impl ComputeModel {
                     let passes = if backward { 2.0 } else { 1.0 };
                     bytes = (bytes - passes * batch * k * n * bytes_per_elem(op, batch, m, n, k, backward)).max(0.0);
                 }
-                let peak = if self.fp8 && attention_product(op.name) { self.peak16_flops } else { self.peak_flops };
-                if self.fp8 && !attention_product(op.name) {
+                let peak = if self.fp8 && sixteen_bit_gemm(op.name) { self.peak16_flops } else { self.peak_flops };
+                if self.fp8 && !sixteen_bit_gemm(op.name) {
                     extra_s = self.fp8_cast_s(batch, m, n, k, backward);
                 }
                 let kernels = if backward { 2.0 } else { 1.0 };
@@ -285,5 +292,25 @@ mod tests {
         let off = ComputeModel::new(&dev, Precision::Fp16, None).op_s(&fc, false);
         let on = ComputeModel::new(&dev, Precision::Fp16, None).with_weights_on_chip(true).op_s(&fc, false);
         assert!(on < 0.5 * off, "on chip {on} vs off {off}");
+    }
+
+    #[test]
+    fn fp8_training_keeps_the_output_layer_and_the_router_in_16_bit() {
+        let dev = catalog::device("h100-sxm").expect("preset");
+        let bf16 = ComputeModel::new(&dev, Precision::Bf16, None);
+        let fp8 = ComputeModel::new(&dev, Precision::Fp8, None);
+        // A large compute-bound shape: fp8 halves a block GEMM (less its casts), not the head's.
+        let (m, n, k) = (16384.0, 16384.0, 8192.0);
+        for name in ["logits", "router"] {
+            let op = gemm(name, m, n, k);
+            for backward in [false, true] {
+                let (a, b) = (bf16.op_s(&op, backward), fp8.op_s(&op, backward));
+                assert!((a - b).abs() < 1e-12 * a, "{name}: bf16 {a} s, fp8 {b} s");
+            }
+        }
+        let fc1 = gemm("fc1", m, n, k);
+        let (a, b) = (bf16.op_s(&fc1, false), fp8.op_s(&fc1, false));
+        assert!(b < 0.6 * a && b > 0.45 * a, "fc1: bf16 {a} s, fp8 {b} s");
+        assert!(b > fp8.fp8_cast_s(1.0, m, n, k, false), "fc1's fp8 time includes its casts");
     }
 }
