@@ -122,12 +122,13 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
 pub fn stage_devices(s: &Scenario) -> Vec<StageDevice> {
     let plan = &s.plan;
     let topo = Topology::new(&s.cluster);
-    let reference = s.cluster.node.device.peak_flops.at(plan.precision) * s.cluster.node.device.gemm_efficiency;
+    let node_device = &s.cluster.node.device;
+    let reference = node_device.peak_flops.at(plan.precision) * node_device.gemm_efficiency_at(plan.precision);
     (0..plan.pp)
         .map(|k| {
             // Each stage's own device: its speed relative to the node's, its memory.
             let dev = s.cluster.device_of(plan.device(0, k, 0));
-            let speed = dev.peak_flops.at(plan.precision) * dev.gemm_efficiency / reference;
+            let speed = dev.peak_flops.at(plan.precision) * dev.gemm_efficiency_at(plan.precision) / reference;
             let memory = s.options.usable_bytes(dev) - s.options.framework_bytes(dev);
             let (bw, lat) = if k + 1 < plan.pp {
                 let (a, b) = (plan.device(0, k, 0), plan.device(0, k + 1, 0));

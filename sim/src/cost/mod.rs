@@ -67,8 +67,10 @@ pub struct ComputeModel {
     weights_on_chip: bool,
     arch: Option<GpuArch>,
     tiling: GemmTiling,
-    /// The 16-bit tensor peak: the GEMMs that stay 16-bit under fp8 training.
+    /// The 16-bit tensor peak and large-GEMM efficiency: the GEMMs that stay 16-bit under fp8
+    /// training.
     peak16_flops: f64,
+    gemm16_efficiency: f64,
     /// GEMMs run in fp8 (with cast-transpose kernels around them).
     fp8: bool,
 }
@@ -89,7 +91,7 @@ impl ComputeModel {
     pub fn new(device: &DeviceSpec, precision: Precision, calibration: Option<Calibration>) -> ComputeModel {
         let (ge, me, launch) = match calibration {
             Some(c) => (c.gemm_efficiency, c.mem_efficiency, c.kernel_launch_s),
-            None => (device.gemm_efficiency, device.mem_efficiency, device.kernel_launch_s),
+            None => (device.gemm_efficiency_at(precision), device.mem_efficiency, device.kernel_launch_s),
         };
         ComputeModel {
             peak_flops: device.peak_flops.at(precision),
@@ -108,6 +110,7 @@ impl ComputeModel {
             } else {
                 Precision::Bf16
             }),
+            gemm16_efficiency: device.gemm_efficiency,
             fp8: precision == Precision::Fp8 && device.peak_flops.fp8.is_some(),
         }
     }
@@ -135,10 +138,16 @@ impl ComputeModel {
     /// takes the least time is modelled as chosen; its reduction's traffic is folded into
     /// the efficiency.
     pub fn gemm_efficiency(&self, batch: f64, m: f64, n: f64, k: f64) -> f64 {
+        self.shape_efficiency(self.gemm_efficiency, self.peak_flops, batch, m, n, k)
+    }
+
+    /// [`Self::gemm_efficiency`] from a large-GEMM efficiency `base` at a `peak` (the training
+    /// precision's, or the 16-bit one for the GEMMs that stay 16-bit under fp8).
+    fn shape_efficiency(&self, base: f64, peak: f64, batch: f64, m: f64, n: f64, k: f64) -> f64 {
         let t = &self.tiling;
         let k_eff = |k: f64| (k / t.k_step) / (k / t.k_step + t.prologue_steps);
         if !self.quantize {
-            return self.gemm_efficiency * k_eff(k);
+            return base * k_eff(k);
         }
         let util = |(tile_m, tile_n): (f64, f64), split: f64| {
             let tm = (m / tile_m).ceil().max(1.0);
@@ -150,7 +159,7 @@ impl ComputeModel {
         };
         let at = |split: f64| {
             let tiles = t.tiles.iter().map(|&tile| util(tile, split)).fold(0.0, f64::max);
-            self.gemm_efficiency * tiles * k_eff(k / split)
+            base * tiles * k_eff(k / split)
         };
         let mut best = at(1.0);
         let flops = 2.0 * batch * m * n * k;
@@ -163,9 +172,9 @@ impl ComputeModel {
                 break;
             }
             // The split's compute and its partial sums' round trip, as one efficiency.
-            let compute_s = flops / (self.peak_flops * at(split));
+            let compute_s = flops / (peak * at(split));
             let reduce_s = self.memory_s(2.0 * split * batch * m * n * 4.0);
-            best = best.max(flops / (self.peak_flops * (compute_s + reduce_s)));
+            best = best.max(flops / (peak * (compute_s + reduce_s)));
         }
         best
     }
@@ -187,12 +196,17 @@ impl ComputeModel {
                     let passes = if backward { 2.0 } else { 1.0 };
                     bytes = (bytes - passes * batch * k * n * bytes_per_elem(op, batch, m, n, k, backward)).max(0.0);
                 }
-                let peak = if self.fp8 && sixteen_bit_gemm(op.name) { self.peak16_flops } else { self.peak_flops };
+                let (peak, base) = if self.fp8 && sixteen_bit_gemm(op.name) {
+                    (self.peak16_flops, self.gemm16_efficiency)
+                } else {
+                    (self.peak_flops, self.gemm_efficiency)
+                };
                 if self.fp8 && !sixteen_bit_gemm(op.name) {
                     extra_s = self.fp8_cast_s(batch, m, n, k, backward);
                 }
                 let kernels = if backward { 2.0 } else { 1.0 };
-                flops / (peak * self.gemm_efficiency(batch, m, n, k) * factor) + kernels * self.tiling.fixed_s
+                let efficiency = self.shape_efficiency(base, peak, batch, m, n, k);
+                flops / (peak * efficiency * factor) + kernels * self.tiling.fixed_s
             }
             OpClass::Attention { q, context, head_dim, causal, kernel, ring, .. } => {
                 let e = if ring > 1 {
@@ -310,7 +324,8 @@ mod tests {
         }
         let fc1 = gemm("fc1", m, n, k);
         let (a, b) = (bf16.op_s(&fc1, false), fp8.op_s(&fc1, false));
-        assert!(b < 0.6 * a && b > 0.45 * a, "fc1: bf16 {a} s, fp8 {b} s");
+        // Twice the peak at a smaller share of it (0.64 against 0.72 on H100), plus the casts.
+        assert!(b < 0.7 * a && b > 0.5 * a, "fc1: bf16 {a} s, fp8 {b} s");
         assert!(b > fp8.fp8_cast_s(1.0, m, n, k, false), "fc1's fp8 time includes its casts");
     }
 }

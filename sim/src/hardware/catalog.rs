@@ -42,6 +42,7 @@ fn gpu(
         mem_bandwidth_bytes_per_s: mem_bw * GB,
         compute_units: sms,
         gemm_efficiency,
+        fp8_gemm_efficiency: None,
         // STREAM-class kernels reach ~85-90% of HBM bandwidth on these parts (default).
         mem_efficiency: 0.85,
         // Launch plus inter-kernel gap of an eager framework (default).
@@ -68,6 +69,7 @@ fn fpga(name: &str, dsp: f64, sram_bytes: f64, mem_bytes: f64, mem_bw: f64, sour
         compute_units: 1,
         // A systolic array sized to the layer keeps most DSPs busy (default).
         gemm_efficiency: 0.8,
+        fp8_gemm_efficiency: None,
         mem_efficiency: 0.8,
         kernel_launch_s: 1e-6,
         fpga: Some(fabric),
@@ -111,6 +113,17 @@ pub fn devices() -> Vec<DeviceSpec> {
     // still (708 of 1307.4 bf16 TFLOP/s, 54%; ROCm blog "Measuring Max-Achievable FLOPs - Part
     // 2", 2025), so no boost-clock allowance applies. H200 NVL takes the H200's 0.72 (the same
     // die at 600 W: assumed, no measurement of the NVL card).
+    // fp8 GEMMs reach a smaller share of their own (twice as high) peak: the same table's FP8
+    // (`float8_e4m3fn`) rows put H100 SXM at 1402.6 of 1979 (70.9%, torch 2.7.0+cu126), H200
+    // SXM 1453.4 (73.4%, 2.7.1+cu128), B200 3432.5 of 4500 (76.3%), GB200 3615.6 of 5000
+    // (72.3%). Each preset's fp8 efficiency is its bf16 one scaled by its fp8 ceiling over its
+    // bf16 ceiling (the same allowance below the burst): H100 0.72 x 70.9/80.3 = 0.64, H200 (and
+    // H200 NVL, assumed) 0.72 x 73.4/80.3 = 0.66, B200 0.72 x 76.3/77.6 = 0.71, GB200 0.68 x
+    // 72.3/72.9 = 0.67. trainsim's own H200 run agrees: torch._scaled_mm's largest fp8 GEMMs
+    // peaked at 1,448 TFLOP/s (0.73) and fell to 1,050-1,160 at the power limit
+    // (traces/2026-11-26-cuda-h200/microbench.json, `fp8_gemm`), and 8192-cubed fp8 GEMMs back
+    // to back for 15 s settled at 1,274 (0.644; the bf16 ones at 0.675): fp8 loses at least as
+    // much as bf16 to the 700 W limit. MI300X: no fp8 ceiling measured; its bf16 0.51 applies.
     let v100 = "NVIDIA V100 datasheet via ".to_string() + SPECS;
     let a100 = "NVIDIA A100 datasheet via ".to_string() + SPECS;
     let h100 = "NVIDIA H100 datasheet via ".to_string() + SPECS;
@@ -119,68 +132,83 @@ pub fn devices() -> Vec<DeviceSpec> {
         gpu("v100-sxm2-32gb", 15.7, 125.0, None, None, 32.0 * GIB, 900.0, 80, 0.85, &v100),
         gpu("a100-sxm-40gb", 19.5, 312.0, Some(312.0), None, 40.0 * GIB, 1555.0, 108, 0.78, &a100),
         gpu("a100-sxm-80gb", 19.5, 312.0, Some(312.0), None, 80.0 * GIB, 2039.0, 108, 0.78, &a100),
-        gpu("h100-sxm", 66.9, 989.4, Some(989.4), Some(1978.9), 80.0 * GIB, 3350.0, 132, 0.72, &h100),
-        gpu(
-            "h200",
-            66.9,
-            989.4,
-            Some(989.4),
-            Some(1978.9),
-            141.0 * GB,
-            4800.0,
-            132,
-            0.72,
-            &("NVIDIA H200 product page via ".to_string() + SPECS),
-        ),
+        DeviceSpec {
+            fp8_gemm_efficiency: Some(0.64),
+            ..gpu("h100-sxm", 66.9, 989.4, Some(989.4), Some(1978.9), 80.0 * GIB, 3350.0, 132, 0.72, &h100)
+        },
+        DeviceSpec {
+            fp8_gemm_efficiency: Some(0.66),
+            ..gpu(
+                "h200",
+                66.9,
+                989.4,
+                Some(989.4),
+                Some(1978.9),
+                141.0 * GB,
+                4800.0,
+                132,
+                0.72,
+                &("NVIDIA H200 product page via ".to_string() + SPECS),
+            )
+        },
         // H200 NVL, the PCIe card (600 W): NVIDIA's H200 product page, NVL column, tensor rates
         // "with sparsity" halved: bf16/fp16 1,671 -> 835.5, fp8 3,341 -> 1,670.5; fp32 60;
         // 141 GB at 4.8 TB/s as the SXM part. 15% below the SXM part's peak at the lower power.
-        gpu(
-            "h200-nvl",
-            60.0,
-            835.5,
-            Some(835.5),
-            Some(1670.5),
-            141.0 * GB,
-            4800.0,
-            132,
-            0.72,
-            &("NVIDIA H200 product page (NVL column; sparse rates halved) via ".to_string() + SPECS),
-        ),
+        DeviceSpec {
+            fp8_gemm_efficiency: Some(0.66),
+            ..gpu(
+                "h200-nvl",
+                60.0,
+                835.5,
+                Some(835.5),
+                Some(1670.5),
+                141.0 * GB,
+                4800.0,
+                132,
+                0.72,
+                &("NVIDIA H200 product page (NVL column; sparse rates halved) via ".to_string() + SPECS),
+            )
+        },
         // B200 as on HGX B200 (1,000 W): NVIDIA Blackwell datasheet, "Individual Blackwell GPU
         // Specifications", HGX B200 column, tensor rates with sparsity halved: fp16/bf16 4.5 ->
         // 2.25 PFLOP/s dense, fp8 9 -> 4.5; fp32 75 TFLOP/s; 180 GB at 7.7 TB/s (the DGX B200
         // page's 64 TB/s for eight would be 8). 180 GB is what a GPU shows (nvidia-smi: 183,359
         // MiB = 179.1 GiB) of its 192 GB of HBM3e; binary, as the H100's 80 GB. 148 SMs (CUDA
         // device query on HGX B200).
-        gpu(
-            "b200",
-            75.0,
-            2250.0,
-            Some(2250.0),
-            Some(4500.0),
-            180.0 * GIB,
-            7700.0,
-            148,
-            0.72,
-            &("NVIDIA Blackwell datasheet (HGX B200 column; sparse rates halved) via ".to_string() + SPECS),
-        ),
+        DeviceSpec {
+            fp8_gemm_efficiency: Some(0.71),
+            ..gpu(
+                "b200",
+                75.0,
+                2250.0,
+                Some(2250.0),
+                Some(4500.0),
+                180.0 * GIB,
+                7700.0,
+                148,
+                0.72,
+                &("NVIDIA Blackwell datasheet (HGX B200 column; sparse rates halved) via ".to_string() + SPECS),
+            )
+        },
         // The Blackwell GPU of GB200 NVL72 (up to 1,200 W): the same table's GB200 NVL72
         // column: fp16/bf16 5 -> 2.5 PFLOP/s dense, fp8 10 -> 5; fp32 80; 186 GB at 8 TB/s
         // (nvidia-smi: 189,471 MiB = 185.0 GiB). SMs as B200's (148; assumed, the die is the
         // same).
-        gpu(
-            "gb200",
-            80.0,
-            2500.0,
-            Some(2500.0),
-            Some(5000.0),
-            186.0 * GIB,
-            8000.0,
-            148,
-            0.68,
-            &("NVIDIA Blackwell datasheet (GB200 NVL72 column; sparse rates halved) via ".to_string() + SPECS),
-        ),
+        DeviceSpec {
+            fp8_gemm_efficiency: Some(0.67),
+            ..gpu(
+                "gb200",
+                80.0,
+                2500.0,
+                Some(2500.0),
+                Some(5000.0),
+                186.0 * GIB,
+                8000.0,
+                148,
+                0.68,
+                &("NVIDIA Blackwell datasheet (GB200 NVL72 column; sparse rates halved) via ".to_string() + SPECS),
+            )
+        },
         // AMD Instinct MI300X (750 W): AMD's datasheet, dense rates: fp16/bf16 1,307.4 TFLOP/s,
         // fp8 2,614.9, fp32 (vector and matrix) 163.4; 192 GB HBM3 (192 GiB in ROCm's GPU
         // table) at 5.3 TB/s; 304 compute units. Its kernels: no CDNA 3 measurement is in the
@@ -247,6 +275,7 @@ pub fn cpu_core() -> DeviceSpec {
         mem_bandwidth_bytes_per_s: 10.0 * GB,
         compute_units: 1,
         gemm_efficiency: 0.7,
+        fp8_gemm_efficiency: None,
         mem_efficiency: 0.7,
         kernel_launch_s: 1e-6,
         fpga: None,
@@ -267,6 +296,7 @@ pub fn host_cpu() -> DeviceSpec {
         mem_bandwidth_bytes_per_s: 200.0 * GB,
         compute_units: 64,
         gemm_efficiency: 0.7,
+        fp8_gemm_efficiency: None,
         mem_efficiency: 0.7,
         kernel_launch_s: 1e-6,
         fpga: None,

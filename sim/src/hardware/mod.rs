@@ -203,8 +203,11 @@ pub struct DeviceSpec {
     pub mem_bandwidth_bytes_per_s: f64,
     /// Parallel compute units (SMs); drives wave quantization of GEMMs.
     pub compute_units: u32,
-    /// Fraction of peak a large, well-shaped GEMM reaches (cuBLAS-class kernels).
+    /// Fraction of peak a large, well-shaped GEMM reaches (cuBLAS-class kernels), at 16 bits.
     pub gemm_efficiency: f64,
+    /// The same fraction of the fp8 peak for fp8 GEMMs, where it differs (none: `gemm_efficiency`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fp8_gemm_efficiency: Option<f64>,
     /// Fraction of memory bandwidth a streaming kernel reaches.
     pub mem_efficiency: f64,
     /// Fixed cost of starting one kernel.
@@ -216,6 +219,16 @@ pub struct DeviceSpec {
     pub op_efficiency: Vec<(String, f64)>,
     /// Where the numbers come from.
     pub source: String,
+}
+
+impl DeviceSpec {
+    /// Fraction of the `precision` peak a large GEMM at that precision reaches.
+    pub fn gemm_efficiency_at(&self, precision: Precision) -> f64 {
+        match precision {
+            Precision::Fp8 => self.fp8_gemm_efficiency.unwrap_or(self.gemm_efficiency),
+            _ => self.gemm_efficiency,
+        }
+    }
 }
 
 /// One direction of a full-duplex link (each direction has this bandwidth).

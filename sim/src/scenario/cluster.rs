@@ -68,6 +68,7 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
             mem_bandwidth_bytes_per_s: o.req("mem_bandwidth_bytes_per_s", Obj::positive)?,
             compute_units: 1,
             gemm_efficiency: 0.8,
+            fp8_gemm_efficiency: None,
             mem_efficiency: 0.85,
             kernel_launch_s: 3e-6,
             fpga: None,
@@ -132,6 +133,9 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
     }
     if let Some(x) = o.fraction("gemm_efficiency")? {
         d.gemm_efficiency = x;
+    }
+    if let Some(x) = o.fraction("fp8_gemm_efficiency")? {
+        d.fp8_gemm_efficiency = Some(x);
     }
     if let Some(x) = o.fraction("mem_efficiency")? {
         d.mem_efficiency = x;

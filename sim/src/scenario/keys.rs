@@ -89,6 +89,7 @@ pub const DEVICE: &[&str] = &[
     "mem_bandwidth_bytes_per_s",
     "compute_units",
     "gemm_efficiency",
+    "fp8_gemm_efficiency",
     "mem_efficiency",
     "kernel_launch_s",
     "dsp_count",

@@ -171,14 +171,14 @@ fn check_device(d: &DeviceSpec, precision: Precision, path: &str) -> Result<()> 
             ),
         ));
     }
-    let flops = peak * d.gemm_efficiency;
+    let flops = peak * d.gemm_efficiency_at(precision);
     if out_of(flops, MIN_FLOPS, MAX_FLOPS) {
         return Err(invalid(
             &format!("{path}.peak_flops"),
             format!(
                 "{peak:e} FLOP/s at {} x gemm_efficiency {} = {flops:e}; allowed: {MIN_FLOPS:e} to {MAX_FLOPS:e} FLOP/s",
                 precision.name(),
-                d.gemm_efficiency
+                d.gemm_efficiency_at(precision)
             ),
         ));
     }

@@ -142,7 +142,12 @@ impl Scenario {
         }
         let peak = d.peak_flops.at(precision);
         if gemm_applies && peak > 0.0 {
-            d.gemm_efficiency = m.gemm_flops_per_s / peak;
+            // An fp8 rate is the fp8 GEMMs'; the GEMMs that stay 16-bit keep the preset's.
+            if precision == Precision::Fp8 && d.kind == DeviceKind::Gpu {
+                d.fp8_gemm_efficiency = Some(m.gemm_flops_per_s / peak);
+            } else {
+                d.gemm_efficiency = m.gemm_flops_per_s / peak;
+            }
         }
         d.mem_efficiency = m.mem_bytes_per_s / d.mem_bandwidth_bytes_per_s;
         d.kernel_launch_s = m.launch_s;

@@ -231,6 +231,20 @@ fn a_profile_s_gemm_rate_applies_only_at_its_precision() {
     cpu.device_kind = crate::hardware::DeviceKind::Cpu;
     s.calibrate(&cpu);
     assert_eq!(s.cluster.node.device.gemm_efficiency, applied);
+    // An fp8 profile on an fp8 scenario sets the fp8 GEMMs' efficiency and leaves the
+    // 16-bit one (attention, the output layer) at the preset's.
+    let mut v = base();
+    v["cluster"]["node"] = json!("dgx-h100");
+    v["training"]["precision"] = json!("fp8");
+    let mut s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    let sixteen = s.cluster.node.device.gemm_efficiency;
+    let mut fp8 = rates(Some(1.0));
+    fp8.gemm_flops_per_s = 1200e12;
+    fp8.device = "cuda:0 (NVIDIA H100 80GB HBM3, sm_90, 79 GiB)".into();
+    s.calibrate(&fp8);
+    let d = &s.cluster.node.device;
+    assert_eq!(d.gemm_efficiency, sixteen);
+    assert!((d.fp8_gemm_efficiency.expect("set") - 1200e12 / 1978.9e12).abs() < 1e-9, "{d:?}");
 }
 
 /// FlashAttention has no V100 kernel: on a cluster of V100s the framework's default "flash"
