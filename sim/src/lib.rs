@@ -209,8 +209,12 @@ fn dispatch(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimError
         // Resolve the partition policy first; with no fitting partition the uniform one stays
         // and the report says it does not fit.
         let mut r = s.clone();
-        if let Ok(parts) = partition::resolve(s) {
-            r.plan.partition = parts;
+        match partition::resolve(s) {
+            Ok(parts) => r.plan.partition = parts,
+            Err(why) => r.notes.push(format!(
+                "plan.partition: {why} (by the partitioner's memory estimate); the uniform partition {:?} was simulated",
+                r.plan.partition
+            )),
         }
         r.plan.partition_policy = None;
         let first = try_simulate(&r, record)?;
