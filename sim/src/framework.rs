@@ -84,6 +84,34 @@ pub struct Fused {
     pub cross_entropy: bool,
 }
 
+/// The casts around an fp8 GEMM (`training.framework.fp8_casts`; see [`FP8_CASTS_SOURCE`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fp8Casts {
+    /// Transformer Engine: one fused cast-transpose per GEMM input (the input and the weight
+    /// forward, the output gradient backward), the transposes kept for the backward GEMMs.
+    Te,
+    /// torchao's `Float8Linear` with dynamic tensor-wise scaling (torchtitan): each operand an
+    /// abs-max pass then a scaled cast, the high-precision input and weight kept and cast again
+    /// in backward, the output gradient cast twice (one per backward GEMM).
+    Torchao,
+}
+
+impl Fp8Casts {
+    pub const NAMES: [&'static str; 2] = ["te", "torchao"];
+
+    pub fn parse(name: &str) -> Option<Fp8Casts> {
+        match name {
+            "te" => Some(Fp8Casts::Te),
+            "torchao" => Some(Fp8Casts::Torchao),
+            _ => None,
+        }
+    }
+}
+
+/// Where `fp8_casts` comes from.
+pub const FP8_CASTS_SOURCE: &str = "te: NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py (fp8_cast_transpose_fused of the input and the weight in forward, the fp8 transposes saved for backward; the output gradient's cast-transpose in backward); torchao: pytorch/ao torchao/float8/float8_linear.py matmul_with_hp_or_float8_args (forward saves input_hp and weight_hp_t and casts both with hp_tensor_to_float8_dynamic: tensor_to_scale's abs-max over the tensor, then the scaled cast; backward casts grad_output for grad_input and again for grad_weight, the weight again for grad_input and the input again for grad_weight), the only scaling torchtitan's Float8Handler supported in December 2024 (torchtitan/float8.py: 'only dynamic tensor scaling (the default) is supported')";
+
 /// A training metric a trainer computes over each micro-batch's logits after its backward,
 /// without gradients (`training.framework.train_metrics`; see [`TRAIN_METRICS_SOURCE`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -157,6 +185,8 @@ pub struct Framework {
     /// skipping the layer's last GEMM and what follows it (PyTorch 2.1's non-reentrant
     /// checkpoint; see [`RECOMPUTE_EARLY_STOP_SOURCE`]). On in `pytorch-fsdp`.
     pub recompute_early_stop: bool,
+    /// The casts around fp8 GEMMs (Transformer Engine's in every profile; torchao's is a knob).
+    pub fp8_casts: Fp8Casts,
     /// (behaviour, source) pairs.
     pub sources: Vec<(&'static str, &'static str)>,
 }
@@ -258,6 +288,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             fused: all_fused,
             train_metrics: Vec::new(),
             recompute_early_stop: false,
+            fp8_casts: Fp8Casts::Te,
             sources: vec![
                 (
                     "grad_reduce",
@@ -293,6 +324,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             fused: all_fused,
             train_metrics: Vec::new(),
             recompute_early_stop: false,
+            fp8_casts: Fp8Casts::Te,
             sources: vec![
                 (
                     "grad_reduce",
@@ -341,6 +373,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             fused: Fused { adam: true, ..eager },
             train_metrics: Vec::new(),
             recompute_early_stop: false,
+            fp8_casts: Fp8Casts::Te,
             sources: vec![
                 (
                     "grad_reduce",
@@ -379,6 +412,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             fused: eager,
             train_metrics: Vec::new(),
             recompute_early_stop: true,
+            fp8_casts: Fp8Casts::Te,
             sources: vec![
                 (
                     "gather",
@@ -417,6 +451,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             fused: Fused { adam: true, ..eager },
             train_metrics: Vec::new(),
             recompute_early_stop: false,
+            fp8_casts: Fp8Casts::Te,
             sources: vec![
                 ("grad_reduce", "colossalai/booster/plugin/low_level_zero_plugin.py overlap_communication=True"),
                 ("bucket", "low_level_zero_plugin.py reduce_bucket_size_in_m=12"),
@@ -443,6 +478,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             fused: eager,
             train_metrics: Vec::new(),
             recompute_early_stop: false,
+            fp8_casts: Fp8Casts::Te,
             sources: vec![
                 (
                     "grad_reduce",
@@ -521,6 +557,9 @@ pub fn reference_markdown() -> String {
     s += &format!("{EP_COMM_OVERLAP_SOURCE}.\n");
     s += &format!(
         "\n`gather_copy_out` is off in every profile (FSDP1's flat parameters are views of the gathered buffer); PyTorch FSDP2 (torchtitan) turns it on:\n{GATHER_COPY_OUT_SOURCE}.\n"
+    );
+    s += &format!(
+        "\n`fp8_casts` is `te` in every profile (Transformer Engine's fused cast-transposes); torchtitan's Float8 training runs torchao's dynamic casts, `torchao`:\n{FP8_CASTS_SOURCE}.\n"
     );
     s += &format!(
         "\n`train_metrics` is empty in every profile (a trainer's metrics, not the parallel library's); Composer with llm-foundry's models computes `[\"cross_entropy\", \"perplexity\"]` (and `token_accuracy` from March 2024):\n{TRAIN_METRICS_SOURCE}.\n"

@@ -41,7 +41,9 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let w = &s.workload.transformer;
     let plan = &s.plan;
     let sh = s.plan.layer_shape();
-    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates);
+    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None)
+        .with_op_rates(&s.op_rates)
+        .with_fp8_casts(plan.framework.fp8_casts);
     let (wb, _, _) = bytes_per_parameter(plan.precision, plan.optimizer);
     let t = plan.tp_mode.weight_shards(plan.tp) as f64;
     let head_params = if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 };
@@ -61,7 +63,9 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let w = &s.workload.transformer;
     let plan = &s.plan;
     let sh = s.plan.layer_shape();
-    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates);
+    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None)
+        .with_op_rates(&s.op_rates)
+        .with_fp8_casts(plan.framework.fp8_casts);
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
     let per_param = wb + gb + ob;
     if let Some(net) = &s.workload.net {

@@ -73,6 +73,8 @@ pub struct ComputeModel {
     gemm16_efficiency: f64,
     /// GEMMs run in fp8 (with cast-transpose kernels around them).
     fp8: bool,
+    /// Which casts surround an fp8 GEMM (the framework's).
+    fp8_casts: crate::framework::Fp8Casts,
 }
 
 /// The GEMMs that stay 16-bit under fp8 training, with no cast around them: the attention's
@@ -112,7 +114,14 @@ impl ComputeModel {
             }),
             gemm16_efficiency: device.gemm_efficiency,
             fp8: precision == Precision::Fp8 && device.peak_flops.fp8.is_some(),
+            fp8_casts: crate::framework::Fp8Casts::Te,
         }
+    }
+
+    /// The framework's casts around fp8 GEMMs (Transformer Engine's unless set).
+    pub fn with_fp8_casts(mut self, casts: crate::framework::Fp8Casts) -> ComputeModel {
+        self.fp8_casts = casts;
+        self
     }
 
     /// Keep GEMM weights on chip (not read from device memory).
@@ -229,12 +238,25 @@ impl ComputeModel {
         compute.max(self.memory_s(bytes)) + extra_s + launches(op, backward) * self.launch_s
     }
 
-    /// Transformer Engine's fp8 casts around one GEMM, as memory-bound kernels: forward casts
-    /// (and transposes) the input and the weight, backward the output gradient.
+    /// The fp8 casts around one GEMM (input m x k, weight k x n, output m x n), as memory-bound
+    /// kernels. Transformer Engine: forward casts (and transposes) the input and the weight,
+    /// backward the output gradient. torchao's dynamic casts: forward casts the input and the
+    /// weight (an abs-max pass and a cast each); backward casts the output gradient for each
+    /// of its two GEMMs (one abs-max, two casts) and the kept 16-bit input and weight again.
     pub fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool) -> f64 {
-        let per = kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM;
-        let (elems, casts) = if backward { (m * n, 1.0) } else { (m * k + k * n, 2.0) };
-        self.memory_s(per * batch * elems) + casts * self.launch_s
+        use crate::framework::Fp8Casts;
+        let (bytes, casts) = match (self.fp8_casts, backward) {
+            (Fp8Casts::Te, false) => (kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM * (m * k + k * n), 2.0),
+            (Fp8Casts::Te, true) => (kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM * m * n, 1.0),
+            (Fp8Casts::Torchao, false) => (kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM * (m * k + k * n), 4.0),
+            (Fp8Casts::Torchao, true) => {
+                // The gradient: one abs-max (2 bytes) and two casts (3 each); input and weight
+                // cast again.
+                let grad = (2.0 + 2.0 * (kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM - 2.0)) * m * n;
+                (grad + kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM * (m * k + k * n), 7.0)
+            }
+        };
+        self.memory_s(bytes * batch) + casts * self.launch_s
     }
 
     pub fn launch_s(&self) -> f64 {
@@ -327,5 +349,23 @@ mod tests {
         // Twice the peak at a smaller share of it (0.64 against 0.72 on H100), plus the casts.
         assert!(b < 0.7 * a && b > 0.5 * a, "fc1: bf16 {a} s, fp8 {b} s");
         assert!(b > fp8.fp8_cast_s(1.0, m, n, k, false), "fc1's fp8 time includes its casts");
+    }
+
+    /// torchao's dynamic casts move 5 bytes per element where Transformer Engine's fused
+    /// cast-transpose moves 4, and its backward casts the gradient twice and the input and
+    /// weight again: 18 bytes per (square) GEMM's element where Transformer Engine moves 4.
+    #[test]
+    fn torchao_casts_move_what_its_float8_linear_reads_and_writes() {
+        let mut dev = catalog::device("h100-sxm").expect("preset");
+        dev.kernel_launch_s = 0.0;
+        let te = ComputeModel::new(&dev, Precision::Fp8, None);
+        let ao = ComputeModel::new(&dev, Precision::Fp8, None).with_fp8_casts(crate::framework::Fp8Casts::Torchao);
+        let d = 4096.0;
+        let elem = te.memory_s(d * d);
+        for (backward, te_bytes, ao_bytes) in [(false, 8.0, 10.0), (true, 4.0, 18.0)] {
+            let (a, b) = (te.fp8_cast_s(1.0, d, d, d, backward), ao.fp8_cast_s(1.0, d, d, d, backward));
+            assert!((a / elem - te_bytes).abs() < 1e-9, "te backward={backward}: {} bytes", a / elem);
+            assert!((b / elem - ao_bytes).abs() < 1e-9, "torchao backward={backward}: {} bytes", b / elem);
+        }
     }
 }

@@ -462,6 +462,15 @@ pub const MIN_SPLIT_K: f64 = 256.0;
 /// delayed scaling's amax bookkeeping, negligible next to them).
 pub const FP8_CAST_TRANSPOSE_BYTES_PER_ELEM: f64 = 4.0;
 
+/// Bytes per element of one of torchao's dynamic tensor-wise casts of a 16-bit tensor to fp8
+/// (`hp_tensor_to_float8_dynamic`): an abs-max pass that reads it (2) and a scaled cast that
+/// reads it again and writes the fp8 copy (2 + 1), two kernels however torch.compile fuses
+/// them, since the cast needs the whole tensor's maximum first (`torchao/float8/
+/// float8_scaling_utils.py`, `tensor_to_scale` then `hp_tensor_and_scale_to_float8`).
+/// trainsim's eager H200 run of the same three steps (abs-max, scale, cast) moved about 15
+/// bytes per element (traces/2026-11-26-cuda-h200/README.md); compiled, they fuse to these 5.
+pub const FP8_DYNAMIC_CAST_BYTES_PER_ELEM: f64 = 5.0;
+
 /// Achieved bandwidth of each memory-bound kernel family (`cost::memory_kernel`) on an NVIDIA
 /// GPU, as a fraction of the device's streaming (copy) bandwidth, `mem_efficiency` x peak.
 ///

@@ -9,7 +9,7 @@
 
 use super::keys;
 use super::reader::{Obj, Result, invalid};
-use crate::framework::{self, Framework, Gather, GradReduce, PlanTraits, ReduceDtype, TrainMetric};
+use crate::framework::{self, Fp8Casts, Framework, Gather, GradReduce, PlanTraits, ReduceDtype, TrainMetric};
 use serde_json::Value;
 
 /// A framework as written: its name and the knobs the scenario sets.
@@ -27,6 +27,7 @@ pub struct FrameworkSpec {
     fused: Vec<(String, bool)>,
     train_metrics: Option<Vec<TrainMetric>>,
     recompute_early_stop: Option<bool>,
+    fp8_casts: Option<Fp8Casts>,
 }
 
 fn name_of(v: &Value, path: &str) -> Result<String> {
@@ -72,6 +73,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         "fp32" => Some(ReduceDtype::Fp32),
         _ => None,
     })?;
+    let fp8_casts = f.choice("fp8_casts", &Fp8Casts::NAMES, Fp8Casts::parse)?;
     let gather_prefetch = f.count("gather_prefetch")?;
     if let Some(p) = gather_prefetch
         && p > 64
@@ -95,6 +97,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         name,
         train_metrics,
         recompute_early_stop: f.boolean("recompute_early_stop")?,
+        fp8_casts,
         grad_reduce,
         gather_prefetch,
         param_gather_overlap: f.boolean("param_gather_overlap")?,
@@ -178,6 +181,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(b) = s.recompute_early_stop {
         f.recompute_early_stop = b;
+    }
+    if let Some(c) = s.fp8_casts {
+        f.fp8_casts = c;
     }
     if let Some(m) = &s.train_metrics {
         f.train_metrics = m.clone();

@@ -133,6 +133,7 @@ pub const FRAMEWORK: &[&str] = &[
     "fused",
     "train_metrics",
     "recompute_early_stop",
+    "fp8_casts",
 ];
 
 /// `training.framework.fused`: kernels fused or not.

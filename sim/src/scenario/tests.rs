@@ -136,6 +136,12 @@ fn frameworks_are_checked_where_they_are_read() {
     v["training"]["framework"] = json!({"name": "megatron-core", "recompute_early_stop": true});
     let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
     assert!(s.plan.framework.recompute_early_stop);
+    assert_eq!(s.plan.framework.fp8_casts, crate::framework::Fp8Casts::Te, "Transformer Engine's casts by default");
+    v["training"]["framework"] = json!({"name": "pytorch-fsdp", "fp8_casts": "torchao"});
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!(s.plan.framework.fp8_casts, crate::framework::Fp8Casts::Torchao);
+    let e = error(|v| v["training"]["framework"] = json!({"name": "pytorch-fsdp", "fp8_casts": "torchaoo"}));
+    assert!(e.contains("training.framework.fp8_casts") && e.contains("torchao"), "{e}");
 }
 
 /// FlashAttention-3 exists for Hopper only: named on an A100 it is refused, on an H100 run.
