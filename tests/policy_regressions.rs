@@ -247,3 +247,30 @@ fn interleaved_chunks_may_be_uneven() {
     assert!(!ok);
     assert!(err.contains("plan.partition") && err.contains("summing to 126"), "{err}");
 }
+
+/// Without virtual stages too, layers the stages do not divide leave the ends short (the
+/// first stage carries the embedding, the last the head and the loss): DeepSeek-V3's 61
+/// layers over 16 stages are 3, 3, 4, ..., 4, 3, stated in defaults_applied; until session 22
+/// the extra layers went to the last stages, beside the head. `"uniform"` still does that.
+#[test]
+fn uneven_stages_leave_the_ends_short_by_default() {
+    let text = |partition: Option<&str>| {
+        let mut v = json!({"workload": {"preset": "deepseek-v3"}, "cluster": {"node": "dgx-h100", "nodes": 128},
+            "training": {"global_batch": 1024, "micro_batch": 1, "seq_len": 4096, "precision": "bf16"},
+            "plan": {"dp": 64, "pp": 16, "ep": 64, "zero_stage": 1, "recompute": "full"}});
+        if let Some(p) = partition {
+            v["plan"]["partition"] = json!(p);
+        }
+        v.to_string()
+    };
+    let s = sim::scenario::parse(&text(None), &|_| Err("no files".into())).expect("valid");
+    let mut want = vec![4u32; 16];
+    for c in [0, 1, 15] {
+        want[c] = 3;
+    }
+    assert_eq!(s.plan.partition, want);
+    assert!(s.defaults_applied.iter().any(|d| d.contains("plan.partition = uneven")), "{:?}", s.defaults_applied);
+    let u = sim::scenario::parse(&text(Some("uniform")), &|_| Err("no files".into())).expect("valid");
+    assert_eq!(u.plan.partition[..3], [3, 3, 3]);
+    assert_eq!(u.plan.partition[15], 4);
+}

@@ -318,7 +318,7 @@ fn check_token_slicing(o: &Obj) -> Result<()> {
 }
 
 /// `partition`: "uniform", "balanced", "parameters", "explore" or layers per chunk; by default
-/// uniform, or with virtual stages that do not divide the layers, one fewer layer on the end chunks.
+/// uniform, or where the chunks do not divide the layers, one fewer layer on the end chunks.
 /// Returns the layers per chunk and the policy that replaces them before lowering, if any.
 fn parse_partition(
     o: &Obj,
@@ -329,7 +329,9 @@ fn parse_partition(
 ) -> Result<(Vec<u32>, Option<PartitionPolicy>)> {
     let mut partition_policy = None;
     let partition = match o.get("partition") {
-        None if virtual_stages > 1 && !model_layers.is_multiple_of(chunks) => {
+        // The first chunk also carries the embedding and the last the head and the loss: the
+        // shorter chunks go to the ends, as Meta split Llama 3 405B (`Plan::ends_short_partition`).
+        None if !model_layers.is_multiple_of(chunks) => {
             let p = Plan::ends_short_partition(model_layers, chunks);
             let size = model_layers.div_ceil(chunks);
             let short: Vec<usize> = (0..p.len()).filter(|&c| p[c] < size).collect();
