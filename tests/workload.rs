@@ -210,6 +210,24 @@ fn layer_activation_memory_matches_korthikanti() {
     }
 }
 
+/// Under Transformer Engine's fp8 the four linear layers keep their inputs as fp8 transposes: the
+/// 2sbh, 2sbh, 2sbh and 8sbh of Korthikanti's 34sbh at 1 byte, 27sbh in all; the attention
+/// products keep theirs at 16 bits (5as/h unchanged).
+#[test]
+fn te_fp8_keeps_the_linear_layers_inputs_at_one_byte() {
+    for (a, h) in [(16, 1024), (96, 12288)] {
+        let cfg = TransformerConfig::gpt(2, h, a, 51200, 2048);
+        let (b, s) = (2u32, 1024u32);
+        let sbh = s as f64 * b as f64 * h as f64;
+        let mut fp8 = shape(b, s, 1, false);
+        fp8.fusion.fp8_gemm_inputs = true;
+        let core = 5.0 * a as f64 * s as f64 / h as f64;
+        assert_close(cfg.layer_activation_bytes(fp8, Recompute::None), sbh * (27.0 + core), 0.01, "TE fp8");
+        // Full recomputation keeps the layer's input only, at 16 bits either way.
+        assert_close(cfg.layer_activation_bytes(fp8, Recompute::Full), 2.0 * sbh, 0.01, "TE fp8, full");
+    }
+}
+
 /// Korthikanti's GPT-3 example: selective recomputation saves 70% of the activations (5as/h = 80).
 #[test]
 fn selective_recompute_saves_70_percent_on_gpt3() {

@@ -85,7 +85,7 @@ pub struct ComputeModel {
 /// output head" and "MoE gating modules" in BF16 or FP32, technical report section 3.3.1); and
 /// the MoE router (Megatron-Core's `TopKRouter` multiplies by its weight with
 /// `torch.nn.functional.linear`, also outside Transformer Engine).
-fn sixteen_bit_gemm(name: &str) -> bool {
+pub(crate) fn sixteen_bit_gemm(name: &str) -> bool {
     matches!(name, "scores" | "attn_v" | "flash_attn" | "logits" | "router")
 }
 

@@ -231,6 +231,8 @@ pub(super) fn parse_plan(
             swiglu: framework.fused.swiglu,
             rope: framework.fused.rope,
             cross_entropy: framework.fused.cross_entropy,
+            fp8_gemm_inputs: t.precision == crate::hardware::Precision::Fp8
+                && framework.fp8_casts == crate::framework::Fp8Casts::Te,
         },
         partition,
         micro_batches,

@@ -168,6 +168,11 @@ pub struct Fusion {
     pub rope: bool,
     /// The loss as one kernel over the low-precision logits (see [`crate::framework::Fused`]).
     pub cross_entropy: bool,
+    /// Each fp8 GEMM keeps its input for backward as the fp8 transpose its weight-gradient GEMM
+    /// reads (1 byte an element), not the 16-bit tensor: Transformer Engine's `Linear` under
+    /// fp8 saves `inputmat_t` (`transformer_engine/pytorch/module/linear.py`). torchao's
+    /// `Float8Linear` keeps the 16-bit input; trainsim's 16-bit GEMMs keep theirs.
+    pub fp8_gemm_inputs: bool,
 }
 
 impl Default for Fusion {
@@ -179,6 +184,7 @@ impl Default for Fusion {
             swiglu: true,
             rope: true,
             cross_entropy: false,
+            fp8_gemm_inputs: false,
         }
     }
 }

@@ -336,6 +336,28 @@ impl TransformerConfig {
 
     /// The ops of layer `l` (from 0) at `shape`.
     pub fn layer_ops_at(&self, l: u32, shape: LayerShape) -> Vec<LayerOp> {
+        let mut ops = self.layer_ops_16(l, shape);
+        if shape.fusion.fp8_gemm_inputs && shape.activation_bytes > 1.0 {
+            // The fp8 GEMMs keep their inputs at 1 byte an element (see `Fusion`).
+            let scale = 1.0 / shape.activation_bytes;
+            for op in ops.iter_mut().filter_map(|op| match op {
+                LayerOp::Compute(c)
+                    if matches!(c.class, OpClass::Gemm { .. }) && !crate::cost::sixteen_bit_gemm(c.name) =>
+                {
+                    Some(c)
+                }
+                _ => None,
+            }) {
+                op.saved.replicated_bytes *= scale;
+                op.saved.sharded_bytes *= scale;
+                op.saved.selective_bytes *= scale;
+            }
+        }
+        ops
+    }
+
+    /// The ops of layer `l` with every kept activation at the activation precision.
+    fn layer_ops_16(&self, l: u32, shape: LayerShape) -> Vec<LayerOp> {
         if shape.tp > 1 && shape.tp_mode == super::TpMode::Ring {
             return super::ring::layer_ops(self, shape);
         }
