@@ -225,7 +225,7 @@ fn device(r: &mut R, cat: &Catalog, precision: &str, s: &mut Scenario) -> Value 
         d.remove("peak_flops");
     }
     opt(&mut d, r, 0.2, "compute_units", |r| json!(count(r, &[1, 8, 108, 132], (1, 1 << 20), 0.2)));
-    for k in ["gemm_efficiency", "mem_efficiency"] {
+    for k in ["gemm_efficiency", "fp8_gemm_efficiency", "mem_efficiency"] {
         opt(&mut d, r, 0.2, k, |r| json!(*r.pick(&[1.0, 0.5, 1e-6, 0.85])));
     }
     opt(&mut d, r, 0.2, "kernel_launch_s", |r| json!(*r.pick(&[0.0, 3e-6, 1e-3, 1.0])));
@@ -400,6 +400,8 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.3, "grad_reduce_dtype", |r| json!(*r.pick(&["params", "fp32"])));
         opt(&mut f, r, 0.2, "gather_copy_out", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "gather_per_tensor", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "recompute_early_stop", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "fp8_casts", |r| json!(*r.pick(&["te", "torchao"])));
         opt(&mut f, r, 0.3, "train_metrics", |r| {
             let all = ["cross_entropy", "perplexity", "token_accuracy"];
             json!(all.iter().filter(|_| r.chance(0.5)).collect::<Vec<_>>())
