@@ -75,6 +75,10 @@ pub struct ComputeModel {
     fp8: bool,
     /// Which casts surround an fp8 GEMM (the framework's).
     fp8_casts: crate::framework::Fp8Casts,
+    /// Share of a GEMM's forward calls that cast its weight: Transformer Engine casts each
+    /// weight once per step and reuses the fp8 copy over the step's micro-batches
+    /// (`is_first_microbatch`), 1 / micro-batches; torchao casts it every call, 1.
+    fp8_weight_casts: f64,
 }
 
 /// The GEMMs that stay 16-bit under fp8 training, with no cast around them: the attention's
@@ -115,12 +119,23 @@ impl ComputeModel {
             gemm16_efficiency: device.gemm_efficiency,
             fp8: precision == Precision::Fp8 && device.peak_flops.fp8.is_some(),
             fp8_casts: crate::framework::Fp8Casts::Te,
+            fp8_weight_casts: 1.0,
         }
     }
 
-    /// The framework's casts around fp8 GEMMs (Transformer Engine's unless set).
-    pub fn with_fp8_casts(mut self, casts: crate::framework::Fp8Casts) -> ComputeModel {
+    /// The framework's casts around fp8 GEMMs (Transformer Engine's unless set), for steps of
+    /// `micro_batches` micro-batches: Transformer Engine's modules cast each weight on the
+    /// step's first micro-batch and reuse the cached fp8 copy on the others (the
+    /// `is_first_microbatch` argument of `transformer_engine.pytorch.Linear.forward`: "during
+    /// FP8 training, it allows caching of the FP8 versions of the weights"; Megatron-Core's
+    /// `forward_step` calls `set_is_first_microbatch` on the first, `pipeline_parallel/
+    /// schedules.py`).
+    pub fn with_fp8_casts(mut self, casts: crate::framework::Fp8Casts, micro_batches: u32) -> ComputeModel {
         self.fp8_casts = casts;
+        self.fp8_weight_casts = match casts {
+            crate::framework::Fp8Casts::Te => 1.0 / f64::from(micro_batches.max(1)),
+            crate::framework::Fp8Casts::Torchao => 1.0,
+        };
         self
     }
 
@@ -239,14 +254,18 @@ impl ComputeModel {
     }
 
     /// The fp8 casts around one GEMM (input m x k, weight k x n, output m x n), as memory-bound
-    /// kernels. Transformer Engine: forward casts (and transposes) the input and the weight,
-    /// backward the output gradient. torchao's dynamic casts: forward casts the input and the
+    /// kernels. Transformer Engine: forward casts (and transposes) the input, and the weight on
+    /// the step's first micro-batch only (amortised over the micro-batches), backward the output
+    /// gradient. torchao's dynamic casts: forward casts the input and the
     /// weight (an abs-max pass and a cast each); backward casts the output gradient for each
     /// of its two GEMMs (one abs-max, two casts) and the kept 16-bit input and weight again.
     pub fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool) -> f64 {
         use crate::framework::Fp8Casts;
         let (bytes, casts) = match (self.fp8_casts, backward) {
-            (Fp8Casts::Te, false) => (kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM * (m * k + k * n), 2.0),
+            (Fp8Casts::Te, false) => {
+                let w = self.fp8_weight_casts;
+                (kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM * (m * k + w * k * n), 1.0 + w)
+            }
             (Fp8Casts::Te, true) => (kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM * m * n, 1.0),
             (Fp8Casts::Torchao, false) => (kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM * (m * k + k * n), 4.0),
             (Fp8Casts::Torchao, true) => {
@@ -353,13 +372,14 @@ mod tests {
 
     /// torchao's dynamic casts move 5 bytes per element where Transformer Engine's fused
     /// cast-transpose moves 4, and its backward casts the gradient twice and the input and
-    /// weight again: 18 bytes per (square) GEMM's element where Transformer Engine moves 4.
+    /// weight again: 18 bytes per (square) GEMM's element where Transformer Engine moves 4;
+    /// torchao casts the weight on every micro-batch, Transformer Engine on the first.
     #[test]
     fn torchao_casts_move_what_its_float8_linear_reads_and_writes() {
         let mut dev = catalog::device("h100-sxm").expect("preset");
         dev.kernel_launch_s = 0.0;
         let te = ComputeModel::new(&dev, Precision::Fp8, None);
-        let ao = ComputeModel::new(&dev, Precision::Fp8, None).with_fp8_casts(crate::framework::Fp8Casts::Torchao);
+        let ao = ComputeModel::new(&dev, Precision::Fp8, None).with_fp8_casts(crate::framework::Fp8Casts::Torchao, 4);
         let d = 4096.0;
         let elem = te.memory_s(d * d);
         for (backward, te_bytes, ao_bytes) in [(false, 8.0, 10.0), (true, 4.0, 18.0)] {
@@ -367,5 +387,9 @@ mod tests {
             assert!((a / elem - te_bytes).abs() < 1e-9, "te backward={backward}: {} bytes", a / elem);
             assert!((b / elem - ao_bytes).abs() < 1e-9, "torchao backward={backward}: {} bytes", b / elem);
         }
+        // Over four micro-batches Transformer Engine casts each weight once: forward 4 + 4/4.
+        let te4 = ComputeModel::new(&dev, Precision::Fp8, None).with_fp8_casts(crate::framework::Fp8Casts::Te, 4);
+        assert!((te4.fp8_cast_s(1.0, d, d, d, false) / elem - 5.0).abs() < 1e-9);
+        assert!((te4.fp8_cast_s(1.0, d, d, d, true) / elem - 4.0).abs() < 1e-9);
     }
 }

@@ -196,7 +196,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
         let dev = s.cluster.device_of(plan.device(0, k, 0));
         classes.push(dev);
         let model = ComputeModel::new(dev, plan.precision, None)
-            .with_fp8_casts(plan.framework.fp8_casts)
+            .with_fp8_casts(plan.framework.fp8_casts, plan.micro_batches)
             .with_op_rates(&s.op_rates)
             .with_weights_on_chip(dev.fpga.is_some());
         let straggle = 1.0 + s.options.device_variability(dev) * slowest;
