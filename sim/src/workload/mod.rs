@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod grid;
 pub mod hf;
+mod loss;
 pub mod moe;
 pub mod net;
 pub mod ring;
@@ -415,4 +416,23 @@ pub struct LayerShape {
     pub fusion: Fusion,
     /// Bytes of an activation element (2 for fp16/bf16).
     pub activation_bytes: f64,
+}
+
+/// Each fp8 GEMM among `ops` keeps its input at 1 byte an element instead of `e` (Transformer
+/// Engine's saved fp8 transposes, see [`Fusion::fp8_gemm_inputs`]); the GEMMs that stay 16-bit
+/// keep theirs.
+pub(crate) fn keep_fp8_gemm_inputs(ops: &mut [LayerOp], e: f64) {
+    if e <= 1.0 {
+        return;
+    }
+    for op in ops.iter_mut().filter_map(|op| match op {
+        LayerOp::Compute(c) if matches!(c.class, OpClass::Gemm { .. }) && !crate::cost::sixteen_bit_gemm(c.name) => {
+            Some(c)
+        }
+        _ => None,
+    }) {
+        op.saved.replicated_bytes /= e;
+        op.saved.sharded_bytes /= e;
+        op.saved.selective_bytes /= e;
+    }
 }

@@ -11,6 +11,8 @@
 //! breakdown in `docs/reference/activation_memory_korthikanti2022.json`): summed over a GPT
 //! layer this gives `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes.
 
+use super::loss::loss_op;
+pub use super::loss::{loss_bytes, metric_bytes};
 use super::{Axis, Comm, LayerOp, LayerShape, OpClass, OpSpec, Saved};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -337,21 +339,8 @@ impl TransformerConfig {
     /// The ops of layer `l` (from 0) at `shape`.
     pub fn layer_ops_at(&self, l: u32, shape: LayerShape) -> Vec<LayerOp> {
         let mut ops = self.layer_ops_16(l, shape);
-        if shape.fusion.fp8_gemm_inputs && shape.activation_bytes > 1.0 {
-            // The fp8 GEMMs keep their inputs at 1 byte an element (see `Fusion`).
-            let scale = 1.0 / shape.activation_bytes;
-            for op in ops.iter_mut().filter_map(|op| match op {
-                LayerOp::Compute(c)
-                    if matches!(c.class, OpClass::Gemm { .. }) && !crate::cost::sixteen_bit_gemm(c.name) =>
-                {
-                    Some(c)
-                }
-                _ => None,
-            }) {
-                op.saved.replicated_bytes *= scale;
-                op.saved.sharded_bytes *= scale;
-                op.saved.selective_bytes *= scale;
-            }
+        if shape.fusion.fp8_gemm_inputs {
+            super::keep_fp8_gemm_inputs(&mut ops, shape.activation_bytes);
         }
         ops
     }
@@ -715,57 +704,6 @@ impl TransformerConfig {
                 self.layer_ops(shape).iter().filter_map(LayerOp::compute).map(|op| op.saved.bytes(recompute)).sum()
             }
         }
-    }
-}
-
-/// Bytes the loss moves per logit, as (forward, backward, kept for backward), at `e` bytes
-/// per logit as the output layer writes them.
-///
-/// Fused (flash-attn's `xentropy`, Megatron-Core's `cross_entropy_loss_fusion`): forward reads
-/// the logits twice (the row maximum, then the sum of exponentials), backward reads them once
-/// and writes their gradient; the logits are what backward keeps.
-///
-/// Unfused (PyTorch's `F.cross_entropy`, under autocast or after `.float()`; pytorch/pytorch
-/// `aten/src/ATen/native/cuda/SoftMax.cu` and `Loss.cu`): an fp32 copy of the logits (`e`
-/// read, 4 written, none in fp32 training); `log_softmax` over a vocabulary row too long for
-/// the shared-memory variant (`cunn_SoftMaxForward`: a max pass, a sum-of-exponentials pass and
-/// the write pass, 3 reads and 1 write of 4 bytes); `nll_loss` reads one logit per row.
-/// Backward: `nll_loss_backward` zero-fills an fp32 gradient (4) and scatters one value per
-/// row; `log_softmax_backward` (`cunn_SoftMaxBackward`) sums the incoming gradient (4), then
-/// reads it and the saved output and writes its gradient (12); the copy's backward reads 4
-/// and writes `e`. Backward keeps `log_softmax`'s fp32 output. Megatron's unfused
-/// `vocab_parallel_cross_entropy` (max, subtract, exp, sum in place on an fp32 copy, and a
-/// softmax-minus-one-hot backward) makes about as many passes.
-pub fn loss_bytes(fused: bool, e: f64) -> (f64, f64, f64) {
-    if fused {
-        return (2.0 * e, 2.0 * e, e);
-    }
-    let (cast_fwd, cast_bwd) = if e < 4.0 { (e + 4.0, 4.0 + e) } else { (0.0, 0.0) };
-    (cast_fwd + 16.0, 4.0 + 16.0 + cast_bwd, 4.0)
-}
-
-/// Bytes a training metric moves per logit of `e` bytes: Composer's cross-entropy and
-/// perplexity each run PyTorch's unfused cross-entropy forward over the logits (the forward
-/// of [`loss_bytes`], unfused), token accuracy an argmax reading each logit once.
-pub fn metric_bytes(m: crate::framework::TrainMetric, e: f64) -> f64 {
-    use crate::framework::TrainMetric;
-    match m {
-        TrainMetric::CrossEntropy | TrainMetric::Perplexity => loss_bytes(false, e).0,
-        TrainMetric::TokenAccuracy => e,
-    }
-}
-
-/// The loss over `logits` logits per micro-batch (see [`loss_bytes`]).
-fn loss_op(fused: bool, logits: f64, e: f64) -> OpSpec {
-    let (forward, backward, kept) = loss_bytes(fused, e);
-    OpSpec {
-        name: "loss",
-        class: OpClass::Memory,
-        forward_flops: 0.0,
-        forward_bytes: forward * logits,
-        backward_flops: 0.0,
-        backward_bytes: backward * logits,
-        saved: Saved { sharded_bytes: kept * logits, ..Saved::default() },
     }
 }
 
