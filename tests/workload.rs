@@ -415,3 +415,71 @@ fn a_fused_loss_is_faster_and_keeps_less_memory() {
     let freed = eager.peak_memory_bytes - fused.peak_memory_bytes;
     assert!(freed >= 0.9 * 2.0 * logits, "freed {freed} bytes");
 }
+
+/// DeepSeek-V3 on Megatron-Core with selective recomputation of Megatron-Core's modules: each
+/// module drops what its checkpoint frees (`layernorm` the down projection's and the router's
+/// inputs; `mla_up_proj` the queries, keys and values the fused attention keeps, its output
+/// stays; `moe_act` the expert down projection's input; `moe` all of the MoE block but the
+/// router's input) and reruns its ops, so the peak falls and the step grows. Dense Llama
+/// layers keep their norms inside Transformer Engine's fused linears: `layernorm` changes
+/// nothing there, `mlp` drops the activation's and the down projection's inputs.
+#[test]
+fn recompute_modules_free_what_their_checkpoints_free() {
+    let scenario = |preset: &str, nodes: u32, plan: serde_json::Value| {
+        let v = json!({"workload": {"preset": preset}, "cluster": {"node": "dgx-h100", "nodes": nodes},
+            "training": {"global_batch": 1024, "micro_batch": 1, "seq_len": 4096, "precision": "bf16",
+                         "framework": "megatron-core"},
+            "plan": plan});
+        util::parse(&v.to_string())
+    };
+    let saved = |s: &sim::scenario::Scenario, layer: u32| {
+        let w = &s.workload.transformer;
+        let ops = w.layer_ops_at(layer, s.plan.layer_shape());
+        let kept = sim::workload::recompute::kept_bytes(&ops, s.plan.recompute, s.plan.recompute_modules);
+        let by = move |n: &str| -> f64 {
+            ops.iter()
+                .filter_map(LayerOp::compute)
+                .filter(|o| o.name == n)
+                .map(|o| o.saved.bytes(Recompute::None))
+                .sum()
+        };
+        (kept, by)
+    };
+    let ds = |modules: serde_json::Value| {
+        scenario(
+            "deepseek-v3",
+            128,
+            json!({"dp": 64, "pp": 16, "ep": 64, "zero_stage": 1, "recompute": "selective",
+            "recompute_modules": modules}),
+        )
+    };
+    let base = ds(json!(["core_attn"]));
+    let (kept, by) = saved(&base, 60);
+    let o = by("out_proj");
+    let (lnmla, _) = saved(&ds(json!(["core_attn", "layernorm", "mla_up_proj"])), 60);
+    assert_close(kept - lnmla, by("q_down") + by("router") + by("flash_attn") - o, 1e-9, "layernorm + mla_up_proj");
+    let (act, _) = saved(&ds(json!(["core_attn", "moe_act"])), 60);
+    assert_close(kept - act, by("expert_fc2"), 1e-9, "moe_act");
+    let (moe, _) = saved(&ds(json!(["core_attn", "moe"])), 60);
+    let moe_ops = ["route", "expert_fc1", "expert_act", "expert_fc2", "unpermute", "shared_act", "shared_fc2"];
+    assert_close(kept - moe, moe_ops.iter().map(|n| by(n)).sum::<f64>(), 1e-9, "moe");
+    let (a, b) = (simulate_report(&base), simulate_report(&ds(json!(["core_attn", "layernorm", "mla_up_proj"]))));
+    assert!(
+        b.peak_memory_bytes < a.peak_memory_bytes - 16.0 * 2f64.powi(30),
+        "{} vs {}",
+        b.peak_memory_bytes,
+        a.peak_memory_bytes
+    );
+    assert!(b.iteration_s > a.iteration_s, "the reruns take time: {} vs {}", b.iteration_s, a.iteration_s);
+    // Dense Llama: the norms live in the fused linears; the MLP checkpoint frees its insides.
+    let llama = |modules: serde_json::Value| {
+        scenario("llama3-8b", 1, json!({"dp": 8, "recompute": "selective", "recompute_modules": modules}))
+    };
+    let (dense, by) = saved(&llama(json!(["core_attn"])), 0);
+    assert_eq!(saved(&llama(json!(["core_attn", "layernorm"])), 0).0, dense);
+    assert_close(dense - saved(&llama(json!(["core_attn", "mlp"])), 0).0, by("act") + by("fc2"), 1e-9, "mlp");
+}
+
+fn simulate_report(s: &sim::scenario::Scenario) -> sim::report::Report {
+    sim::simulate(s, false).report
+}

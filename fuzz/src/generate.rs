@@ -488,6 +488,12 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         }
     }
     opt(&mut plan, r, 0.3, "recompute", |r| json!(*r.pick(&["none", "selective", "full"])));
+    if plan.get("recompute") == Some(&json!("selective")) || r.chance(0.02) {
+        opt(&mut plan, r, 0.5, "recompute_modules", |r| {
+            let all = ["core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts"];
+            json!(all.iter().filter(|_| r.chance(0.4)).collect::<Vec<_>>())
+        });
+    }
     let zero3 = plan.get("zero_stage") == Some(&json!(3));
     if r.chance(0.15) {
         let o = match r.int(0, 4) {

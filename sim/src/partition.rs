@@ -93,7 +93,7 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let layer_s_at = |l: u32| ops_s(&model, &w.layer_ops_at(l, sh), plan.recompute == Recompute::Full);
     let last = w.layers.saturating_sub(1);
     let (first_s, last_s) = (layer_s_at(0), if w.mixed_layers() { layer_s_at(last) } else { layer_s_at(0) });
-    let act = w.layer_activation_bytes(sh, plan.recompute);
+    let act = w.layer_activation_bytes_with(sh, plan.recompute, plan.recompute_modules);
     let output = sh.activation_bytes * sh.micro_batch as f64 * sh.seq_len as f64 * w.hidden as f64;
     let embed_s = ops_s(&model, &w.embedding_ops(sh), false);
     let head_s = ops_s(&model, &w.head_ops(sh), false);

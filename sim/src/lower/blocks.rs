@@ -3,7 +3,7 @@
 
 use super::builder::Builder;
 use super::program::NONE;
-use crate::plan::{Recompute, Unit};
+use crate::plan::{Recompute, RecomputeModules, Unit};
 use crate::scenario::Scenario;
 use crate::workload::{LayerOp, LayerShape, TpMode};
 
@@ -20,6 +20,9 @@ pub(super) struct Block {
     /// How many of `ops` a recomputation that stops early reruns (see
     /// [`super::compute::early_stop_end`]), decided once per block.
     pub(super) early_stop_end: usize,
+    /// Under selective recomputation, which of `ops` run again before the backward
+    /// (`workload::recompute::selective`); all false otherwise.
+    pub(super) rerun: Vec<bool>,
 }
 
 /// The blocks of one unit shape, and what crosses a stage boundary for it.
@@ -87,12 +90,12 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
             .map(|(i, l)| {
                 // Full recomputation keeps the layer's input.
                 let input = if i == 0 { 0.0 } else { boundary[i - 1] };
-                b.block(l.layer_ops(u.batch, e), plan.recompute, input)
+                b.block(l.layer_ops(u.batch, e), plan.recompute, plan.recompute_modules, input)
             })
             .collect();
-        let empty = b.block(Vec::new(), Recompute::None, 0.0);
-        let empty2 = b.block(Vec::new(), Recompute::None, 0.0);
-        let empty3 = b.block(Vec::new(), Recompute::None, 0.0);
+        let empty = b.block(Vec::new(), Recompute::None, RecomputeModules::default(), 0.0);
+        let empty2 = b.block(Vec::new(), Recompute::None, RecomputeModules::default(), 0.0);
+        let empty3 = b.block(Vec::new(), Recompute::None, RecomputeModules::default(), 0.0);
         return UnitBlocks {
             layers,
             kind_of: (0..net.layers.len()).collect(),
@@ -119,10 +122,10 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
     let boundary_bytes = e * u.batch as f64 * (u.tokens / plan.cp) as f64 * w.hidden as f64
         / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
     // A mixture-of-experts model's dense layers come first (DeepSeek-V3's three): two kinds.
-    let mut layers = vec![b.block(w.layer_ops(shape), plan.recompute, boundary_bytes)];
+    let mut layers = vec![b.block(w.layer_ops(shape), plan.recompute, plan.recompute_modules, boundary_bytes)];
     let mut kind_of = vec![0; w.layers as usize];
     if w.mixed_layers() {
-        layers.push(b.block(w.layer_ops_at(0, shape), plan.recompute, boundary_bytes));
+        layers.push(b.block(w.layer_ops_at(0, shape), plan.recompute, plan.recompute_modules, boundary_bytes));
         for (l, k) in kind_of.iter_mut().enumerate() {
             if !w.is_moe_layer(l as u32) {
                 *k = 1;
@@ -137,26 +140,35 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
         shape
     };
     // Embedding and head are not recomputed.
-    let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, 0.0);
-    let head = b.block(w.head_ops(edge_shape), Recompute::None, 0.0);
-    let metrics = b.block(w.metric_ops(edge_shape, &plan.framework.train_metrics), Recompute::None, 0.0);
+    let embed = b.block(w.embedding_ops(edge_shape), Recompute::None, RecomputeModules::default(), 0.0);
+    let head = b.block(w.head_ops(edge_shape), Recompute::None, RecomputeModules::default(), 0.0);
+    let metrics = b.block(
+        w.metric_ops(edge_shape, &plan.framework.train_metrics),
+        Recompute::None,
+        RecomputeModules::default(),
+        0.0,
+    );
     UnitBlocks { layers, kind_of, embed, head, metrics, edges: true, boundary: vec![boundary_bytes; w.layers as usize] }
 }
 
 impl Builder {
     /// The forward and backward op instances of a block's compute ops, and what it keeps for
     /// backward (under full recomputation, only its input of `full_input_bytes`).
-    fn block(&mut self, ops: Vec<LayerOp>, recompute: Recompute, full_input_bytes: f64) -> Block {
+    fn block(
+        &mut self,
+        ops: Vec<LayerOp>,
+        recompute: Recompute,
+        modules: RecomputeModules,
+        full_input_bytes: f64,
+    ) -> Block {
         let mut fwd = Vec::new();
         let mut bwd = Vec::new();
-        let mut saved = 0.0;
         let mut saved_none = 0.0;
         for op in &ops {
             match op {
                 LayerOp::Compute(spec) => {
                     fwd.push(self.op(spec, false));
                     bwd.push(self.op(spec, true));
-                    saved += spec.saved.bytes(recompute);
                     saved_none += spec.saved.bytes(Recompute::None);
                 }
                 LayerOp::Comm { .. } => {
@@ -165,10 +177,15 @@ impl Builder {
                 }
             }
         }
-        if recompute == Recompute::Full {
-            saved = full_input_bytes;
-        }
+        let (saved, rerun) = match recompute {
+            Recompute::Full => (full_input_bytes, vec![false; ops.len()]),
+            Recompute::None => (saved_none, vec![false; ops.len()]),
+            Recompute::Selective => {
+                let sel = crate::workload::recompute::selective(&ops, modules);
+                (sel.iter().map(|o| o.kept).sum(), sel.iter().map(|o| o.rerun).collect())
+            }
+        };
         let early_stop_end = super::compute::early_stop_end(&ops);
-        Block { ops, fwd, bwd, saved, saved_full: saved_none, early_stop_end }
+        Block { ops, fwd, bwd, saved, saved_full: saved_none, early_stop_end, rerun }
     }
 }

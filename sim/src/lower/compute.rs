@@ -88,7 +88,8 @@ pub(super) enum Rerun {
     /// a GEMM (the MLP's down projection) and a residual add skips both (see
     /// [`early_stop_end`]).
     EarlyStop,
-    /// The core attention only.
+    /// What selective recomputation's modules rerun (the core attention by default; see
+    /// `workload::recompute`).
     Selective,
 }
 
@@ -126,7 +127,7 @@ pub(super) fn emit_recompute(
     for (j, op) in blk.ops[..end].iter().enumerate() {
         match op {
             LayerOp::Compute(spec) => {
-                if selective_only && spec.saved.selective_bytes == 0.0 && spec.name != "scores" {
+                if selective_only && !blk.rerun[j] {
                     continue;
                 }
                 let label = layer_label(b, layer, j, spec.name, Phase::Recompute, chunk);
@@ -145,7 +146,7 @@ pub(super) fn emit_recompute(
                 last = f + ctx.streams.len() as u32 - 1;
             }
             LayerOp::Comm { name, bytes, axis, forward: Some(kind), root, .. } => {
-                if selective_only {
+                if selective_only && !blk.rerun[j] {
                     continue;
                 }
                 let near = (j > 0 && is_gemm(blk.ops.get(j - 1)), is_gemm(blk.ops.get(j + 1)));

@@ -27,6 +27,52 @@ impl Recompute {
     }
 }
 
+/// What selective recomputation reruns: Megatron-Core's `recompute_modules`
+/// (`megatron/core/transformer/transformer_config.py`, core 0.12 and later), a set of
+/// [`RecomputeModules::NAMES`]; `core_attn` by default. `core_attn`, `mlp`, `moe` and
+/// `shared_experts` are checkpointed whole (their input kept, everything inside rerun);
+/// `layernorm`, `mla_up_proj` and `moe_act` discard their output once its consumer has run and
+/// recompute it before the consumer's backward ("output-discarding checkpointing").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecomputeModules(u8);
+
+impl RecomputeModules {
+    pub const NAMES: [&'static str; 7] =
+        ["core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts"];
+    /// Megatron-Core's default.
+    pub const CORE_ATTN: RecomputeModules = RecomputeModules(1);
+
+    /// The set of `names` (each one of [`Self::NAMES`]); `Err` names the first unknown one.
+    pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<RecomputeModules, String> {
+        let mut bits = 0u8;
+        for n in names {
+            let i = Self::NAMES.iter().position(|m| *m == n.as_ref()).ok_or_else(|| n.as_ref().to_string())?;
+            bits |= 1 << i;
+        }
+        Ok(RecomputeModules(bits))
+    }
+
+    pub fn contains(self, name: &str) -> bool {
+        Self::NAMES.iter().position(|m| *m == name).is_some_and(|i| self.0 & (1 << i) != 0)
+    }
+
+    pub fn names(self) -> Vec<&'static str> {
+        Self::NAMES.iter().enumerate().filter(|(i, _)| self.0 & (1 << i) != 0).map(|(_, n)| *n).collect()
+    }
+}
+
+impl Default for RecomputeModules {
+    fn default() -> RecomputeModules {
+        RecomputeModules::CORE_ATTN
+    }
+}
+
+impl Serialize for RecomputeModules {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.names().serialize(s)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
@@ -257,6 +303,8 @@ pub struct Plan {
     pub schedule: ScheduleKind,
     pub virtual_stages: u32,
     pub recompute: Recompute,
+    /// What selective recomputation reruns (Megatron-Core's `recompute_modules`).
+    pub recompute_modules: RecomputeModules,
     pub zero_stage: u8,
     pub sequence_parallel: bool,
     pub tp_mode: crate::workload::TpMode,

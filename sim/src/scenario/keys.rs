@@ -154,6 +154,7 @@ pub const PLAN: &[&str] = &[
     "sequence_parallel",
     "zero_stage",
     "recompute",
+    "recompute_modules",
     "offload",
     "partition",
     "token_slices",

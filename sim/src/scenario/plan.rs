@@ -144,6 +144,7 @@ pub(super) fn parse_plan(
         dflt("recompute", "none");
         Recompute::None
     });
+    let recompute_modules = parse_recompute_modules(o, recompute)?;
     let per_replica = t.global_batch / dp;
     if !t.global_batch.is_multiple_of(dp) || !per_replica.is_multiple_of(t.micro_batch) {
         return Err(invalid(
@@ -220,6 +221,7 @@ pub(super) fn parse_plan(
         schedule,
         virtual_stages,
         recompute,
+        recompute_modules,
         zero_stage,
         sequence_parallel,
         tp_mode,
@@ -317,6 +319,40 @@ fn check_token_slicing(o: &Obj) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// `recompute_modules`: a list of Megatron-Core's module names, each once, with
+/// `"recompute": "selective"` only; `["core_attn"]` when absent.
+fn parse_recompute_modules(o: &Obj, recompute: Recompute) -> Result<crate::plan::RecomputeModules> {
+    use crate::plan::RecomputeModules;
+    let Some(v) = o.get("recompute_modules") else { return Ok(RecomputeModules::default()) };
+    let key = o.key("recompute_modules");
+    if recompute != Recompute::Selective {
+        return Err(invalid(
+            &key,
+            "applies to selective recomputation only; set \"recompute\": \"selective\" or leave it out",
+        ));
+    }
+    let allowed = RecomputeModules::NAMES.join(", ");
+    let items = v.as_array().ok_or_else(|| {
+        invalid(&key, format!("expected a list of module names (allowed: {allowed}), got {}", super::reader::show(v)))
+    })?;
+    let mut names: Vec<&str> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{key}[{i}]");
+        let name = item
+            .as_str()
+            .ok_or_else(|| invalid(&at, format!("expected a module name, got {}", super::reader::show(item))))?;
+        if !RecomputeModules::NAMES.contains(&name) {
+            let hint = super::suggest::did_you_mean(name, RecomputeModules::NAMES);
+            return Err(invalid(&at, format!("unknown module \"{name}\"{hint}; allowed: {allowed}")));
+        }
+        if names.contains(&name) {
+            return Err(invalid(&at, format!("\"{name}\" is listed twice")));
+        }
+        names.push(name);
+    }
+    RecomputeModules::from_names(&names).map_err(|n| invalid(&key, format!("unknown module \"{n}\"")))
 }
 
 /// `partition`: "uniform", "balanced", "parameters", "explore" or layers per chunk; by default

@@ -280,3 +280,29 @@ fn fused_attention_falls_back_to_materialised_on_v100s() {
     );
     assert!(run("dgx-a100-80gb", None).plan.attention.is_fused());
 }
+
+/// `plan.recompute_modules`: Megatron-Core's module names under selective recomputation only,
+/// each once; `["core_attn"]` by default.
+#[test]
+fn recompute_modules_are_checked() {
+    let with = |recompute: &'static str, modules: Value| {
+        move |v: &mut Value| {
+            v["plan"]["recompute"] = json!(recompute);
+            v["plan"]["recompute_modules"] = modules.clone();
+        }
+    };
+    let e = error(with("full", json!(["moe"])));
+    assert!(e.contains("plan.recompute_modules") && e.contains("selective"), "{e}");
+    let e = error(with("selective", json!(["core_attn", "layernorms"])));
+    assert!(e.contains("plan.recompute_modules[1]") && e.contains("did you mean `layernorm`"), "{e}");
+    let e = error(with("selective", json!(["mlp", "mlp"])));
+    assert!(e.contains("plan.recompute_modules[1]") && e.contains("twice"), "{e}");
+    let e = error(with("selective", json!("mlp")));
+    assert!(e.contains("plan.recompute_modules") && e.contains("list"), "{e}");
+    let s = parse(&base().to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!(s.plan.recompute_modules.names(), ["core_attn"]);
+    let mut v = base();
+    with("selective", json!(["layernorm", "mla_up_proj"]))(&mut v);
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!(s.plan.recompute_modules.names(), ["layernorm", "mla_up_proj"]);
+}

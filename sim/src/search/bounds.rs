@@ -24,7 +24,7 @@
 use crate::cost::ComputeModel;
 use crate::cost::memory::bytes_per_parameter;
 use crate::lower::{PIPELINE_SPLITS, tp_sm_share};
-use crate::plan::{PartitionPolicy, Recompute, Tier};
+use crate::plan::{PartitionPolicy, Recompute, RecomputeModules, Tier};
 use crate::scenario::{Scenario, expected_max_std_normal};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
 use crate::workload::{Axis, Comm, LayerOp, LayerShape, OpClass, TpMode};
@@ -55,12 +55,13 @@ impl Bounds {
 fn block_s(
     model: &ComputeModel,
     ops: &[LayerOp],
-    recompute: Recompute,
+    (recompute, modules): (Recompute, RecomputeModules),
     dims: &[u32],
     egress: f64,
     overlap: Option<f64>,
 ) -> Block {
     let (mut f, mut b, mut n, mut fc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let selective = (recompute == Recompute::Selective).then(|| crate::workload::recompute::selective(ops, modules));
     let gemm = |i: Option<usize>| {
         i.and_then(|i| ops.get(i)).and_then(LayerOp::compute).filter(|s| matches!(s.class, OpClass::Gemm { .. }))
     };
@@ -106,7 +107,7 @@ fn block_s(
         n += 2.0;
         let again = match recompute {
             Recompute::Full => true,
-            Recompute::Selective => spec.saved.selective_bytes != 0.0 || spec.name == "scores",
+            Recompute::Selective => selective.as_ref().is_some_and(|s| s[i].rerun),
             Recompute::None => false,
         };
         if again {
@@ -201,17 +202,19 @@ pub fn bounds(s: &Scenario) -> Bounds {
             .with_weights_on_chip(dev.fpga.is_some());
         let straggle = 1.0 + s.options.device_variability(dev) * slowest;
         let overlap = plan.tp_overlap().then(|| tp_sm_share(dev.compute_units));
-        let mut layer = block_s(&model, &layer_ops, plan.recompute, &dims, egress, overlap);
+        let mut layer = block_s(&model, &layer_ops, (plan.recompute, plan.recompute_modules), &dims, egress, overlap);
         if let Some(dense) = &dense_ops {
             // Layers of two kinds: every layer at least as fast as the faster kind.
-            let other = block_s(&model, dense, plan.recompute, &dims, egress, overlap);
+            let other = block_s(&model, dense, (plan.recompute, plan.recompute_modules), &dims, egress, overlap);
             let (a, b) = (layer.times(straggle), other.times(straggle));
             if b.0 + b.1 < a.0 + a.1 {
                 layer = other;
             }
         }
-        let embed = block_s(&model, &embed_ops, Recompute::None, &edge_dims, egress, overlap);
-        let head = block_s(&model, &head_ops, Recompute::None, &edge_dims, egress, overlap);
+        let embed =
+            block_s(&model, &embed_ops, (Recompute::None, RecomputeModules::default()), &edge_dims, egress, overlap);
+        let head =
+            block_s(&model, &head_ops, (Recompute::None, RecomputeModules::default()), &edge_dims, egress, overlap);
         let ((lf, lb), (ef, eb), (hf, hb)) = (layer.times(straggle), embed.times(straggle), head.times(straggle));
         for c in (k..chunks).step_by(p as usize) {
             let n = layers_of(c);
@@ -274,7 +277,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
             / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 }
     } else {
         let saved = |ops: &[LayerOp]| -> f64 {
-            ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(plan.recompute)).sum()
+            crate::workload::recompute::kept_bytes(ops, plan.recompute, plan.recompute_modules)
         };
         dense_ops.as_deref().map_or(saved(&layer_ops), |d| saved(&layer_ops).min(saved(d)))
     };

@@ -161,13 +161,8 @@ fn twin_key(s: &Scenario) -> String {
         plan.rank_order = RankOrder::TpDpPp;
     }
     if plan.recompute == Recompute::Selective && s.workload.net.is_none() {
-        let nothing = s
-            .workload
-            .transformer
-            .layer_ops(plan.layer_shape())
-            .iter()
-            .filter_map(crate::workload::LayerOp::compute)
-            .all(|o| o.saved.selective_bytes == 0.0 && o.name != "scores");
+        let ops = s.workload.transformer.layer_ops(plan.layer_shape());
+        let nothing = !crate::workload::recompute::reruns_anything(&ops, plan.recompute_modules);
         if nothing {
             plan.recompute = Recompute::None;
         }

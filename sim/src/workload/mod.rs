@@ -11,6 +11,7 @@ pub mod hf;
 mod loss;
 pub mod moe;
 pub mod net;
+pub mod recompute;
 pub mod ring;
 pub mod transformer;
 

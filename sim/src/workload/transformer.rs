@@ -691,8 +691,18 @@ impl TransformerConfig {
     }
 
     /// Activation bytes one layer keeps for backward per micro-batch, summed over its ops,
-    /// for a recomputation mode.
+    /// for a recomputation mode (selective: Megatron-Core's default, the core attention).
     pub fn layer_activation_bytes(&self, shape: LayerShape, recompute: crate::plan::Recompute) -> f64 {
+        self.layer_activation_bytes_with(shape, recompute, crate::plan::RecomputeModules::default())
+    }
+
+    /// [`Self::layer_activation_bytes`] with selective recomputation of `modules`.
+    pub fn layer_activation_bytes_with(
+        &self,
+        shape: LayerShape,
+        recompute: crate::plan::Recompute,
+        modules: crate::plan::RecomputeModules,
+    ) -> f64 {
         use crate::plan::Recompute;
         match recompute {
             // Only the layer input is kept (2sbh, divided by t under sequence parallelism).
@@ -701,7 +711,7 @@ impl TransformerConfig {
                 shape.activation_bytes * shape.seq_len as f64 * shape.micro_batch as f64 * self.hidden as f64 * rep
             }
             Recompute::None | Recompute::Selective => {
-                self.layer_ops(shape).iter().filter_map(LayerOp::compute).map(|op| op.saved.bytes(recompute)).sum()
+                super::recompute::kept_bytes(&self.layer_ops(shape), recompute, modules)
             }
         }
     }

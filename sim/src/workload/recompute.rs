@@ -1,0 +1,128 @@
+//! What selective recomputation keeps and reruns of a layer, module by module: Megatron-Core's
+//! `recompute_modules` (see [`crate::plan::RecomputeModules`]).
+//!
+//! Each op keeps what its own backward needs ([`super::Saved`], mostly its input). A module
+//! checkpointed whole (`mlp`, `moe`, `shared_experts`) keeps its first op's input and reruns
+//! every op (and collective) it spans. An output-discarding module (`layernorm`,
+//! `mla_up_proj`, `moe_act`) reruns its ops, and the consumer of its output stops keeping that
+//! output. `core_attn` reruns the core attention (materialised scores and softmax), as
+//! Korthikanti et al.'s selective recomputation.
+
+use super::{LayerOp, OpSpec};
+use crate::plan::{Recompute, RecomputeModules};
+
+/// One op under selective recomputation: whether it runs again before the layer's backward,
+/// and the activation bytes it keeps for backward.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Selective {
+    pub rerun: bool,
+    pub kept: f64,
+}
+
+fn name(op: &LayerOp) -> &'static str {
+    match op {
+        LayerOp::Compute(s) => s.name,
+        LayerOp::Comm { name, .. } => name,
+    }
+}
+
+fn spec(op: &LayerOp) -> Option<&OpSpec> {
+    op.compute()
+}
+
+/// Each of `ops` under selective recomputation of `modules`.
+pub fn selective(ops: &[LayerOp], modules: RecomputeModules) -> Vec<Selective> {
+    let mut out: Vec<Selective> = ops
+        .iter()
+        .map(|op| Selective { rerun: false, kept: spec(op).map_or(0.0, |s| s.saved.bytes(Recompute::None)) })
+        .collect();
+    let find = |n: &str| ops.iter().position(|op| name(op) == n);
+    // The next compute op after `j` (collectives between are skipped).
+    let consumer = |j: usize| (j + 1..ops.len()).find(|&k| spec(&ops[k]).is_some());
+    if modules.contains("core_attn") {
+        for (o, op) in out.iter_mut().zip(ops) {
+            if let Some(s) = spec(op) {
+                o.kept -= s.saved.selective_bytes;
+                o.rerun |= s.saved.selective_bytes != 0.0 || s.name == "scores";
+            }
+        }
+    }
+    if modules.contains("layernorm") {
+        // Megatron-Core's Transformer Engine layers fuse a norm into the linear it feeds
+        // (`TELayerNormColumnParallelLinear`: qkv, fc1), leaving the module nothing to discard;
+        // the norms before multi-head latent attention's down projections and before the MoE
+        // router are modules of their own.
+        for j in (0..ops.len()).filter(|&j| matches!(name(&ops[j]), "ln1" | "ln2")) {
+            if let Some(k) = consumer(j).filter(|&k| matches!(name(&ops[k]), "q_down" | "router")) {
+                out[j].rerun = true;
+                out[k].kept = 0.0;
+            }
+        }
+    }
+    if modules.contains("mla_up_proj") {
+        // The up projections' outputs (queries, keys and values after RoPE) are what the fused
+        // attention keeps besides its output, the output projection's input.
+        if let (Some(attn), Some(o)) = (find("flash_attn"), find("out_proj").and_then(|j| gemm_input_bytes(&ops[j]))) {
+            let ups: Vec<usize> = ["q_up", "q_proj", "kv_up", "rope"].iter().filter_map(|n| find(n)).collect();
+            if ups.iter().any(|&j| matches!(name(&ops[j]), "q_up" | "kv_up")) {
+                for j in ups {
+                    out[j].rerun = true;
+                }
+                out[attn].kept = out[attn].kept.min(o);
+            }
+        }
+    }
+    // Whole modules: the first op keeps the module's input, the others nothing; all rerun.
+    if modules.contains("moe") && find("router").is_some() {
+        let last = ["shared_add", "unpermute"].iter().find_map(|n| find(n));
+        whole(&mut out, find("router"), last);
+    } else {
+        if modules.contains("moe_act") {
+            if let (Some(a), Some(f)) = (find("expert_act"), find("expert_fc2")) {
+                out[a].rerun = true;
+                out[f].kept = 0.0;
+            }
+        }
+        if modules.contains("shared_experts") {
+            whole(&mut out, find("shared_fc1"), find("shared_fc2"));
+        }
+    }
+    if modules.contains("mlp") {
+        whole(&mut out, find("fc1"), find("fc2"));
+    }
+    out
+}
+
+/// Bytes of a GEMM's input (m x k per batch) at the bytes per element its traffic implies.
+fn gemm_input_bytes(op: &LayerOp) -> Option<f64> {
+    let s = spec(op)?;
+    let super::OpClass::Gemm { batch, m, n, k } = s.class else { return None };
+    let elems = batch * (m * k + k * n + m * n);
+    (elems > 0.0).then(|| s.forward_bytes / elems * batch * m * k)
+}
+
+/// A module checkpointed whole over ops `first..=last`: all rerun, the first keeps its input.
+fn whole(out: &mut [Selective], first: Option<usize>, last: Option<usize>) {
+    if let (Some(a), Some(b)) = (first, last) {
+        for (j, o) in out.iter_mut().enumerate().take(b + 1).skip(a) {
+            o.rerun = true;
+            if j > a {
+                o.kept = 0.0;
+            }
+        }
+    }
+}
+
+/// Whether selective recomputation of `modules` reruns anything of `ops`.
+pub fn reruns_anything(ops: &[LayerOp], modules: RecomputeModules) -> bool {
+    selective(ops, modules).iter().any(|o| o.rerun)
+}
+
+/// Activation bytes `ops` keep under `recompute` (selective: of `modules`; full recomputation
+/// is handled per layer by the caller).
+pub fn kept_bytes(ops: &[LayerOp], recompute: Recompute, modules: RecomputeModules) -> f64 {
+    match recompute {
+        Recompute::Selective => selective(ops, modules).iter().map(|o| o.kept).sum(),
+        _ => ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(recompute)).sum(),
+    }
+}
