@@ -77,11 +77,11 @@ pub fn selective(ops: &[LayerOp], modules: RecomputeModules) -> Vec<Selective> {
         let last = ["shared_add", "unpermute"].iter().find_map(|n| find(n));
         whole(&mut out, find("router"), last);
     } else {
-        if modules.contains("moe_act") {
-            if let (Some(a), Some(f)) = (find("expert_act"), find("expert_fc2")) {
-                out[a].rerun = true;
-                out[f].kept = 0.0;
-            }
+        if modules.contains("moe_act")
+            && let (Some(a), Some(f)) = (find("expert_act"), find("expert_fc2"))
+        {
+            out[a].rerun = true;
+            out[f].kept = 0.0;
         }
         if modules.contains("shared_experts") {
             whole(&mut out, find("shared_fc1"), find("shared_fc2"));
