@@ -150,7 +150,7 @@ fn sized(s: &Scenario, vary: Vary, v: u32) -> Scenario {
     let layers = t.layers;
     s.workload.name =
         format!("{} ({} layers, h={})", s.workload.name.split(" (").next().unwrap_or(""), layers, t.hidden);
-    s.plan.partition = crate::plan::Plan::uniform_partition(layers, s.plan.chunks());
+    s.plan.partition = crate::plan::Plan::default_partition(layers, s.plan.chunks());
     s
 }
 

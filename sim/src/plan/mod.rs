@@ -506,6 +506,16 @@ impl Plan {
         (0..chunks).map(|c| base + u32::from(c >= chunks - extra)).collect()
     }
 
+    /// The partition a plan takes when it names none: uniform where the chunks divide the
+    /// layers, else [`Self::ends_short_partition`].
+    pub fn default_partition(layers: u32, chunks: u32) -> Vec<u32> {
+        if layers.is_multiple_of(chunks.max(1)) {
+            Self::uniform_partition(layers, chunks)
+        } else {
+            Self::ends_short_partition(layers, chunks)
+        }
+    }
+
     /// Split `layers` over `chunks` with at most one layer of difference, the shorter chunks
     /// at both ends of the model in turn (first, last, second, second-to-last, ...): the first
     /// chunk also carries the embedding and the last the head. Meta trained Llama 3 405B's 126

@@ -370,7 +370,7 @@ fn parse_partition(
         // The first chunk also carries the embedding and the last the head and the loss: the
         // shorter chunks go to the ends, as Meta split Llama 3 405B (`Plan::ends_short_partition`).
         None if !model_layers.is_multiple_of(chunks) => {
-            let p = Plan::ends_short_partition(model_layers, chunks);
+            let p = Plan::default_partition(model_layers, chunks);
             let size = model_layers.div_ceil(chunks);
             let short: Vec<usize> = (0..p.len()).filter(|&c| p[c] < size).collect();
             dflt(
