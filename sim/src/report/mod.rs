@@ -77,6 +77,9 @@ pub struct PlanSummary {
     pub micro_batches: u32,
     pub micro_batch: u32,
     pub recompute: crate::plan::Recompute,
+    /// What selective recomputation reruns (only with `recompute` selective).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recompute_modules: Option<crate::plan::RecomputeModules>,
     pub zero_stage: u8,
     pub partition: Vec<u32>,
 }
@@ -340,6 +343,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
             micro_batches: plan.micro_batches,
             micro_batch: plan.micro_batch,
             recompute: plan.recompute,
+            recompute_modules: (plan.recompute == crate::plan::Recompute::Selective).then_some(plan.recompute_modules),
             zero_stage: plan.zero_stage,
             partition: plan.partition.clone(),
         },
