@@ -91,15 +91,15 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let t = plan.tp_mode.weight_shards(plan.tp) as f64;
     // Layers of a mixture-of-experts model differ: dense ones first, then routed ones.
     let layer_s_at = |l: u32| ops_s(&model, &w.layer_ops_at(l, sh), plan.recompute == Recompute::Full);
-    let last = w.layers.saturating_sub(1);
-    let (first_s, last_s) = (layer_s_at(0), if w.mixed_layers() { layer_s_at(last) } else { layer_s_at(0) });
+    let routed_s = layer_s_at(w.layers.saturating_sub(1));
+    let dense_s = if w.mixed_layers() { layer_s_at(0) } else { routed_s };
     let act = w.layer_activation_bytes_with(sh, plan.recompute, plan.recompute_modules);
     let output = sh.activation_bytes * sh.micro_batch as f64 * sh.seq_len as f64 * w.hidden as f64;
     let embed_s = ops_s(&model, &w.embedding_ops(sh), false);
     let head_s = ops_s(&model, &w.head_ops(sh), false);
     let head_params = if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 };
     let embed_params = w.embedding_parameters() - head_params;
-    let (dense_per_param, expert_per_param) = state_bytes_per_parameter(plan);
+    let (dense_per_param, expert_per_param) = crate::cost::memory::state_bytes_per_parameter(plan);
     let ep = plan.ep.max(1) as f64;
     let n = w.layers as usize;
     (0..n)
@@ -110,7 +110,7 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
             let routed = w.routed_expert_parameters_at(l);
             let dense = w.layer_parameters_at(l) - routed;
             let mut p = LayerProfile {
-                compute_s: if w.is_moe_layer(l) || !w.mixed_layers() { last_s } else { first_s },
+                compute_s: if w.is_moe_layer(l) { routed_s } else { dense_s },
                 weight_bytes: dense / t * dense_per_param + routed / ep / t * expert_per_param,
                 activation_bytes: act,
                 output_bytes: output,
@@ -128,27 +128,6 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
             p
         })
         .collect()
-}
-
-/// Bytes of model state per parameter on one device, as the simulation keeps them: weights,
-/// gradients (in the framework's reduction dtype) and optimizer states, each sharded by
-/// ZeRO from its stage on over the data-parallel replicas; for the routed experts over the
-/// `dp / ep` replicas that hold the same experts. States offloaded to the host take no
-/// device memory. Returns (dense, routed expert).
-fn state_bytes_per_parameter(plan: &crate::plan::Plan) -> (f64, f64) {
-    use crate::plan::Tier;
-    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
-    let sync = plan.sync_degree().max(1) as f64;
-    let z = if sync > 1.0 { plan.zero_stage } else { 0 };
-    let host_opt = plan.offload.optimizer != Tier::Device;
-    let weights = if plan.offload.params != Tier::Device { 0.0 } else { wb };
-    let grads = if host_opt && z >= 2 { 0.0 } else { plan.framework.grad_reduce_bytes(gb) };
-    let opt = if host_opt { 0.0 } else { ob };
-    let per = |replicas: f64| {
-        let shard = |stage: u8| if z >= stage { replicas.max(1.0) } else { 1.0 };
-        weights / shard(3) + grads / shard(plan.gradient_shard_stage()) + opt / shard(1)
-    };
-    (per(sync), per(sync / plan.ep.max(1) as f64))
 }
 
 /// The stages' devices: the node's device (all equal speed), HBM less the framework

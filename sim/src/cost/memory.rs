@@ -41,3 +41,25 @@ pub fn accumulated_grad_bytes(plan: &Plan) -> f64 {
         (_, false) => g,
     }
 }
+
+/// Bytes of model state per parameter on one device, as the lowering keeps them: weights,
+/// gradients (in the framework's reduction dtype) and optimizer states, each sharded by ZeRO
+/// from its stage on over the data-parallel replicas (ZeRO applies with more than one replica
+/// or with parameters offloaded); for the routed experts over the `dp / ep` replicas that hold
+/// the same experts. States offloaded to the host take no device memory. Returns (dense,
+/// routed expert).
+pub fn state_bytes_per_parameter(plan: &Plan) -> (f64, f64) {
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let sync = plan.sync_degree().max(1) as f64;
+    let host_params = plan.offload.params != Tier::Device;
+    let host_opt = plan.offload.optimizer != Tier::Device;
+    let z = if sync > 1.0 || host_params { plan.zero_stage } else { 0 };
+    let weights = if host_params { 0.0 } else { wb };
+    let grads = if host_opt && z >= 2 { 0.0 } else { plan.framework.grad_reduce_bytes(gb) };
+    let opt = if host_opt { 0.0 } else { ob };
+    let per = |replicas: f64| {
+        let shard = |stage: u8| if z >= stage { replicas.max(1.0) } else { 1.0 };
+        weights / shard(3) + grads / shard(plan.gradient_shard_stage()) + opt / shard(1)
+    };
+    (per(sync), per(sync / plan.ep.max(1) as f64))
+}

@@ -112,26 +112,8 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
 
 /// `train_metrics`: a list of metric names, each at most once.
 fn metrics(v: &Value, path: &str) -> Result<Vec<TrainMetric>> {
-    let allowed = TrainMetric::NAMES.join(", ");
-    let items = v.as_array().ok_or_else(|| {
-        invalid(path, format!("expected a list of metric names (allowed: {allowed}), got {}", super::reader::show(v)))
-    })?;
-    let mut out = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("{path}[{i}]");
-        let name = item
-            .as_str()
-            .ok_or_else(|| invalid(&at, format!("expected a metric name, got {}", super::reader::show(item))))?;
-        let m = TrainMetric::parse(name).ok_or_else(|| {
-            let hint = super::suggest::did_you_mean(name, TrainMetric::NAMES);
-            invalid(&at, format!("unknown metric \"{name}\"{hint}; allowed: {allowed}"))
-        })?;
-        if out.contains(&m) {
-            return Err(invalid(&at, format!("\"{name}\" is listed twice")));
-        }
-        out.push(m);
-    }
-    Ok(out)
+    let names = super::reader::name_list(v, path, &TrainMetric::NAMES, "metric")?;
+    Ok(names.iter().filter_map(|n| TrainMetric::parse(n)).collect())
 }
 
 /// The framework a scenario runs on: the one it names with its overrides, or the plan's

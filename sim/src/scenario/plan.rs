@@ -333,25 +333,7 @@ fn parse_recompute_modules(o: &Obj, recompute: Recompute) -> Result<crate::plan:
             "applies to selective recomputation only; set \"recompute\": \"selective\" or leave it out",
         ));
     }
-    let allowed = RecomputeModules::NAMES.join(", ");
-    let items = v.as_array().ok_or_else(|| {
-        invalid(&key, format!("expected a list of module names (allowed: {allowed}), got {}", super::reader::show(v)))
-    })?;
-    let mut names: Vec<&str> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("{key}[{i}]");
-        let name = item
-            .as_str()
-            .ok_or_else(|| invalid(&at, format!("expected a module name, got {}", super::reader::show(item))))?;
-        if !RecomputeModules::NAMES.contains(&name) {
-            let hint = super::suggest::did_you_mean(name, RecomputeModules::NAMES);
-            return Err(invalid(&at, format!("unknown module \"{name}\"{hint}; allowed: {allowed}")));
-        }
-        if names.contains(&name) {
-            return Err(invalid(&at, format!("\"{name}\" is listed twice")));
-        }
-        names.push(name);
-    }
+    let names = super::reader::name_list(v, &key, &RecomputeModules::NAMES, "module")?;
     RecomputeModules::from_names(&names).map_err(|n| invalid(&key, format!("unknown module \"{n}\"")))
 }
 

@@ -43,6 +43,31 @@ pub fn show(v: &Value) -> String {
     if s.chars().count() > 60 { format!("{}...", s.chars().take(57).collect::<String>()) } else { s }
 }
 
+/// A list at `path` of distinct names, each one of `allowed` (`what` names one in messages:
+/// "metric", "module"), in the order given.
+pub fn name_list(v: &Value, path: &str, allowed: &[&'static str], what: &str) -> Result<Vec<&'static str>> {
+    let all = allowed.join(", ");
+    let items = v
+        .as_array()
+        .ok_or_else(|| invalid(path, format!("expected a list of {what} names (allowed: {all}), got {}", show(v))))?;
+    let mut out: Vec<&'static str> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        let name = item.as_str().ok_or_else(|| invalid(&at, format!("expected a {what} name, got {}", show(item))))?;
+        let known = allowed.iter().find(|n| **n == name).ok_or_else(|| {
+            invalid(
+                &at,
+                format!("unknown {what} \"{name}\"{}; allowed: {all}", did_you_mean(name, allowed.iter().copied())),
+            )
+        })?;
+        if out.contains(known) {
+            return Err(invalid(&at, format!("\"{name}\" is listed twice")));
+        }
+        out.push(known);
+    }
+    Ok(out)
+}
+
 /// One JSON object at a key path.
 pub struct Obj<'a> {
     pub map: &'a Map<String, Value>,

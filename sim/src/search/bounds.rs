@@ -22,7 +22,7 @@
 //! token slices, Gemini's dynamic placement, the explore policy) get the trivial bounds 0.
 
 use crate::cost::ComputeModel;
-use crate::cost::memory::bytes_per_parameter;
+use crate::cost::memory::state_bytes_per_parameter;
 use crate::lower::{PIPELINE_SPLITS, tp_sm_share};
 use crate::plan::{PartitionPolicy, Recompute, RecomputeModules, Tier};
 use crate::scenario::{Scenario, expected_max_std_normal};
@@ -245,7 +245,6 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let time = (time - rounding).max(0.0);
 
     // Memory, per stage.
-    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
     let tf = if plan.ring() { 1.0 } else { plan.tp as f64 };
     // (The smaller kind's, when layers differ: a lower bound for every layer.)
     // Under expert parallelism each device holds 1/ep of the routed experts (their ZeRO
@@ -258,18 +257,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let first_params =
         (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
     let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { w.head_classes() * w.hidden as f64 / tf };
-    let sync = plan.sync_degree();
-    let host_params = plan.offload.params != Tier::Device;
-    let host_opt = plan.offload.optimizer != Tier::Device;
-    let z = if sync > 1 || host_params { plan.zero_stage } else { 0 };
-    let shard = |at_least: u8| if z >= at_least { sync as f64 } else { 1.0 };
-    let per_param = (if host_params { 0.0 } else { wb / shard(3) })
-        + (if host_opt && z >= 2 {
-            0.0
-        } else {
-            plan.framework.grad_reduce_bytes(gb) / shard(plan.gradient_shard_stage())
-        })
-        + (if host_opt { 0.0 } else { ob / shard(1) });
+    let per_param = state_bytes_per_parameter(plan).0;
     let saved_layer = if plan.offload.activations != Tier::Device {
         0.0
     } else if plan.recompute == Recompute::Full {

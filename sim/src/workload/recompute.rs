@@ -8,7 +8,7 @@
 //! output. `core_attn` reruns the core attention (materialised scores and softmax), as
 //! Korthikanti et al.'s selective recomputation.
 
-use super::{LayerOp, OpSpec};
+use super::LayerOp;
 use crate::plan::{Recompute, RecomputeModules};
 
 /// One op under selective recomputation: whether it runs again before the layer's backward,
@@ -26,22 +26,18 @@ fn name(op: &LayerOp) -> &'static str {
     }
 }
 
-fn spec(op: &LayerOp) -> Option<&OpSpec> {
-    op.compute()
-}
-
 /// Each of `ops` under selective recomputation of `modules`.
 pub fn selective(ops: &[LayerOp], modules: RecomputeModules) -> Vec<Selective> {
     let mut out: Vec<Selective> = ops
         .iter()
-        .map(|op| Selective { rerun: false, kept: spec(op).map_or(0.0, |s| s.saved.bytes(Recompute::None)) })
+        .map(|op| Selective { rerun: false, kept: op.compute().map_or(0.0, |s| s.saved.bytes(Recompute::None)) })
         .collect();
     let find = |n: &str| ops.iter().position(|op| name(op) == n);
     // The next compute op after `j` (collectives between are skipped).
-    let consumer = |j: usize| (j + 1..ops.len()).find(|&k| spec(&ops[k]).is_some());
+    let consumer = |j: usize| (j + 1..ops.len()).find(|&k| ops[k].compute().is_some());
     if modules.contains("core_attn") {
         for (o, op) in out.iter_mut().zip(ops) {
-            if let Some(s) = spec(op) {
+            if let Some(s) = op.compute() {
                 o.kept -= s.saved.selective_bytes;
                 o.rerun |= s.saved.selective_bytes != 0.0 || s.name == "scores";
             }
@@ -95,7 +91,7 @@ pub fn selective(ops: &[LayerOp], modules: RecomputeModules) -> Vec<Selective> {
 
 /// Bytes of a GEMM's input (m x k per batch) at the bytes per element its traffic implies.
 fn gemm_input_bytes(op: &LayerOp) -> Option<f64> {
-    let s = spec(op)?;
+    let s = op.compute()?;
     let super::OpClass::Gemm { batch, m, n, k } = s.class else { return None };
     let elems = batch * (m * k + k * n + m * n);
     (elems > 0.0).then(|| s.forward_bytes / elems * batch * m * k)
