@@ -107,7 +107,7 @@ pub(super) fn early_stop_end(ops: &[LayerOp]) -> usize {
 }
 
 /// Re-run a layer's forward before its backward: all of it, all of it up to the last tensor
-/// its backward keeps, or the core attention ([`Rerun`]). Returns the first and last task ids
+/// its backward keeps, or what selective recomputation reruns ([`Rerun`]). Returns the first and last task ids
 /// as [`emit_block`] does.
 pub(super) fn emit_recompute(
     b: &mut Builder,
