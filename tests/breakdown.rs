@@ -122,9 +122,12 @@ fn a_slower_network_exposes_more_communication_of_the_plans_kind() {
         // Compute depends on the link only through the SMs that overlapping data-parallel
         // collectives take (one per NCCL channel, whose count follows the link's speed; at
         // most half): within a factor 2 with dp > 1; tensor-parallel and pipeline traffic take none.
+        // (Under Megatron-Core, the default here, a pipeline stage after the first reduces its
+        // gradients in one bucket after its last backward, overlapping no compute of its own.)
         let (cf, cs) = (fast.time_breakdown[0].compute_s(), slow.time_breakdown[0].compute_s());
         if plan["dp"] != 1 {
-            assert!(cs != cf && cs <= 2.0 * cf && cf <= 2.0 * cs, "{plan}: compute {cf} s vs {cs} s");
+            assert!(cs <= 2.0 * cf && cf <= 2.0 * cs, "{plan}: compute {cf} s vs {cs} s");
+            assert!(cs != cf || plan["pp"] != 1, "{plan}: compute {cf} s vs {cs} s");
         } else {
             assert!((cf - cs).abs() <= 1e-6 * cf, "{plan}: compute {cf} s vs {cs} s");
         }

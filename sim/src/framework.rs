@@ -157,6 +157,11 @@ pub struct Framework {
     /// Megatron-Core's distributed optimizer: the updated parameters' all-gather overlaps the
     /// next iteration's forward instead of ending the step.
     pub param_gather_overlap: bool,
+    /// Gradient buckets only on the first pipeline stage's first model chunk; every other
+    /// chunk is one bucket, reduced once its last backward ends and, under the distributed
+    /// optimizer, its updated parameters gathered as one (Megatron-Core; see
+    /// [`FIRST_CHUNK_BUCKETS_SOURCE`]).
+    pub bucket_first_chunk_only: bool,
     /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
     pub tp_comm_overlap: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
@@ -199,6 +204,9 @@ pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_par
 /// `foreach_all_gather_copy_out` copies it into each parameter's own tensor on the current
 /// (compute) stream after waiting for the all-gather's event.
 pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (FSDP2, PyTorch 2.4 and later): foreach_all_gather_copy_out waits for the all-gather event on the current stream, then copies the flat all-gather output into each parameter's unsharded tensor (torch.split_with_sizes_copy): the unit's gathered bytes read and written once more on the compute stream before its forward (and again before its backward, after reshard_after_forward)";
+
+/// Where `bucket_first_chunk_only` comes from.
+pub const FIRST_CHUNK_BUCKETS_SOURCE: &str = "megatron/core/distributed/distributed_data_parallel.py (0.9-0.12): bucket_size is None on pipeline ranks after the first ('data-parallel communication on these stages is not on the critical path'), and megatron/training/training.py passes disable_bucketing for model chunks after the first ('communication for these model chunks is overlapped with compute anyway'): one bucket per such chunk, reduced when its last backward ends and gathered in one all-gather; with overlap_param_gather that gather is dispatched by the chunk's first forward pre-hook (param_and_grad_buffer.py finish_param_sync) unless the interleaved schedule's align_param_gather dispatched it up front";
 
 /// Where `gather_per_tensor` comes from. microsoft/DeepSpeed v0.3.13 to v0.5.0 (March to August
 /// 2021), `deepspeed/runtime/zero/partition_parameters.py` `_allgather_param`: a
@@ -278,6 +286,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce: GradReduce::AfterBackward,
             gather: one_layer,
             param_gather_overlap: false,
+            bucket_first_chunk_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -314,6 +323,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce: GradReduce::Overlapped,
             gather: one_layer,
             param_gather_overlap: true,
+            bucket_first_chunk_only: true,
             tp_comm_overlap: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -338,6 +348,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "bucket",
                     "distributed_data_parallel_config.py bucket_size: default max(40000000, 1000000 * dp_size) parameters",
                 ),
+                ("bucket_first_chunk_only", FIRST_CHUNK_BUCKETS_SOURCE),
                 (
                     "grad_reduce_dtype",
                     "megatron/training/arguments.py: bf16 with fp32 main grads sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16",
@@ -362,6 +373,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce: GradReduce::Overlapped,
             gather: Gather::PerModule { prefetch_bucket_params: 5e7, max_live_params: 1e9 },
             param_gather_overlap: false,
+            bucket_first_chunk_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -402,6 +414,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce: GradReduce::Overlapped,
             gather: one_layer,
             param_gather_overlap: false,
+            bucket_first_chunk_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -440,6 +453,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce: GradReduce::Overlapped,
             gather: one_layer,
             param_gather_overlap: false,
+            bucket_first_chunk_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -468,6 +482,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             grad_reduce: GradReduce::Overlapped,
             gather: one_layer,
             param_gather_overlap: false,
+            bucket_first_chunk_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -598,6 +613,10 @@ pub fn reference_markdown() -> String {
             yes(f.gather_per_tensor)
         );
         s += &format!("| parameter all-gather overlaps next forward | {} |\n", yes(f.param_gather_overlap));
+        s += &format!(
+            "| buckets only on the first stage's first model chunk (others: one bucket each) | {} |\n",
+            yes(f.bucket_first_chunk_only)
+        );
         s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
         s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));
         let attention = match f.attention {

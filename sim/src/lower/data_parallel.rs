@@ -1,13 +1,14 @@
 //! Data-parallel synchronisation: gradient reduction in buckets during backward (all-reduce,
-//! or reduce-scatter under ZeRO), the all-gather of updated parameter shards after the
-//! optimizer step under ZeRO-1 and 2, and the collectives shared across replicas. (ZeRO-3's
-//! parameter gathers before each use are in `gather.rs`.)
+//! or reduce-scatter under ZeRO), the all-gather of updated parameter shards under ZeRO-1 and
+//! 2 (after the optimizer step, or overlapped with the next forward), and the collectives
+//! shared across replicas. (ZeRO-3's parameter gathers before each use are in `gather.rs`.)
 //!
 //! The decisions a framework profile changes live here, each in one named place:
 //! [`GRAD_SYNC_STREAM`] and [`PARAM_GATHER_STREAM`] (what the collectives overlap with),
 //! [`GradSync::reduces`] (which backward steps reduce), [`GradSync::bucket_bytes`] (bucket
-//! size) and [`grad_sync`]'s `after` (what a bucket waits for), and
-//! [`gather_updated_params`] (the post-step all-gather's buckets and what they wait for).
+//! size per chunk) and [`grad_sync`]'s `after` (what a bucket waits for),
+//! [`gather_updated_params`] (the post-step all-gather's buckets and what they wait for), and
+//! [`ParamPrefetch`] (the all-gather in the next forward and what dispatches each bucket).
 
 use super::builder::{Builder, Shared};
 use super::context::{Lowering, Stage};
@@ -150,8 +151,10 @@ pub(super) struct GradSync {
     /// The last backward micro-batch of each chunk on the stage.
     last_bwd: HashMap<u32, u32>,
     /// A bucket is reduced once it holds at least this many bytes (of gradients as they
-    /// travel).
+    /// travel), in the chunk being walked (see [`GradSync::bucket_bytes`]).
     bucket_bytes: f64,
+    /// The stage's chunks' bucket sizes.
+    chunk_buckets: HashMap<u32, f64>,
     /// Bytes a gradient travels in per byte it is kept in: 2 for fp32 reduction of 16-bit
     /// gradients (Megatron's `accumulate_allreduce_grads_in_fp32`).
     dtype_scale: f64,
@@ -181,7 +184,8 @@ impl GradSync {
             enabled: lw.sync > 1 || (lw.host_opt && lw.z >= 2),
             every_micro_batch: lw.z >= lw.plan.gradient_shard_stage(),
             last_bwd: last_backward(&st.order),
-            bucket_bytes: Self::bucket_bytes(lw),
+            bucket_bytes: Self::bucket_bytes(lw, st.my_chunks.first().copied().unwrap_or(0)),
+            chunk_buckets: st.my_chunks.iter().map(|&c| (c, Self::bucket_bytes(lw, c))).collect(),
             dtype_scale: lw.plan.framework.grad_reduce_bytes(lw.gb) / lw.gb.max(f64::MIN_POSITIVE),
             pending_bytes: 0.0,
             pending_expert: (lw.plan.ep > 1 && lw.plan.replicas() > lw.plan.ep).then_some(0.0),
@@ -192,17 +196,29 @@ impl GradSync {
         }
     }
 
-    /// The bucket size: `plan.bucket_bytes` (PyTorch DDP's `bucket_cap_mb`, DeepSpeed's
-    /// `reduce_bucket_size`, Megatron-Core's `bucket_size`); ZeRO-3 reduce-scatters each
-    /// layer's gradients as soon as they exist. A framework that reduces after backward
-    /// (Megatron-LM 2021) has one bucket, reduced when the stage's backward ends.
-    fn bucket_bytes(lw: &Lowering) -> f64 {
+    /// Chunk `c`'s bucket size: `plan.bucket_bytes` (PyTorch DDP's `bucket_cap_mb`,
+    /// DeepSpeed's `reduce_bucket_size`, Megatron-Core's `bucket_size`); ZeRO-3
+    /// reduce-scatters each layer's gradients as soon as they exist. A framework that reduces
+    /// after backward (Megatron-LM 2021) has one bucket, reduced when the stage's backward
+    /// ends; one that buckets only the first chunk (`framework.bucket_first_chunk_only`,
+    /// Megatron-Core) one bucket for every other chunk, reduced when its backward ends.
+    pub(super) fn bucket_bytes(lw: &Lowering, c: u32) -> f64 {
+        let framework = &lw.plan.framework;
         if lw.z3 {
             0.0
-        } else if lw.plan.framework.grad_reduce == crate::framework::GradReduce::AfterBackward {
+        } else if framework.grad_reduce == crate::framework::GradReduce::AfterBackward
+            || (framework.bucket_first_chunk_only && c > 0)
+        {
             f64::INFINITY
         } else {
             lw.plan.bucket_bytes
+        }
+    }
+
+    /// Before a backward step of chunk `c`: its bucket size.
+    pub(super) fn enter_chunk(&mut self, c: u32) {
+        if let Some(&bucket) = self.chunk_buckets.get(&c) {
+            self.bucket_bytes = bucket;
         }
     }
 
@@ -262,13 +278,14 @@ fn last_backward(order: &[Step]) -> HashMap<u32, u32> {
 /// others follow it on [`GRAD_SYNC_STREAM`].
 pub(super) fn gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, opt_tasks: &[u32]) {
     let plan = lw.plan;
-    if !(1..3).contains(&lw.z) {
+    if !(1..3).contains(&lw.z) || overlapped_param_gather(lw) {
         return;
     }
     // Routed experts under expert parallelism are gathered over their own group.
     expert_gather_updated_params(b, lw, st, opt_tasks);
     let total = (st.params - st.expert_params) * lw.wb;
-    for (i, bytes) in buckets(total, plan.bucket_bytes).into_iter().enumerate() {
+    let bucket = if plan.framework.bucket_first_chunk_only && st.stage > 0 { total } else { plan.bucket_bytes };
+    for (i, bytes) in buckets(total, bucket).into_iter().enumerate() {
         for (x, &o) in opt_tasks.iter().enumerate() {
             let g = dp_collective(
                 b,
@@ -312,6 +329,204 @@ fn expert_gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, opt_
             if i == 0 {
                 b.p.deps.push((o, g));
             }
+        }
+    }
+}
+
+/// Whether ZeRO-1 and 2's all-gather of the updated shards runs at the start of the next
+/// forward, overlapped with it ([`ParamPrefetch`]), instead of ending the step
+/// (`framework.param_gather_overlap`: Megatron-Core's distributed optimizer with
+/// `overlap_param_gather`).
+pub(super) fn overlapped_param_gather(lw: &Lowering) -> bool {
+    (1..3).contains(&lw.z) && lw.plan.framework.param_gather_overlap && lw.sync > 1 && !lw.per_unit
+}
+
+/// Per unit of a chunk in forward order, the (dense, expert) bytes of the bucket it opens.
+type UnitBuckets = Vec<Option<(f64, f64)>>;
+
+/// The overlapped all-gather of the updated parameter shards (see [`overlapped_param_gather`]),
+/// as Megatron-Core runs it (`megatron/core/distributed/distributed_data_parallel.py` and
+/// `param_and_grad_buffer.py`, bucket groups' `start_param_sync` and `finish_param_sync`;
+/// `megatron/core/pipeline_parallel/schedules.py`; read at Megatron-LM d98e8a6, 2026): the
+/// steady-state iteration begins with the previous step's update still to gather, and the
+/// forward of each model chunk's first micro-batch waits in each module's pre-hook for the
+/// bucket holding its parameters. Without an interleaved schedule (`align_param_gather` is
+/// then off) the first pre-hook dispatches the first bucket, once the chunk's input has
+/// arrived, and each wait dispatches the next bucket's gather: one bucket ahead of the
+/// forward. With one (`align_param_gather`, on by default) every bucket is dispatched up
+/// front; the model dispatches them all as the iteration starts, in chunk order on the one
+/// stream (Megatron dispatches chunks 0 and 1 then, and each later chunk when the one before
+/// it starts; the stream's order makes the two nearly alike). The optimizer step then ends the
+/// iteration. Buckets are formed as the gradient buckets are, from the chunk's last parameters
+/// backwards (the remainder is the first bucket the forward meets); routed experts under
+/// expert data parallelism are gathered beside them over their own group.
+pub(super) struct ParamPrefetch {
+    /// Per chunk of the stage: its first forward micro-batch, and per unit in forward order
+    /// (the embedding, each layer, the head, as the walk meets them) the gathers it opens as
+    /// (dense bytes, expert bytes) when it is the first unit of a bucket.
+    chunks: HashMap<u32, (u32, UnitBuckets)>,
+    /// Every bucket of a chunk dispatched up front (interleaved schedules).
+    aligned: bool,
+    /// Units of the current chunk's first forward met so far.
+    cursor: usize,
+    /// The current chunk's buckets' gathers so far, each per lowered device as (dense,
+    /// expert) ([`NONE`] where none), and the bucket the walk is in (`None` before the first).
+    buckets: Vec<Vec<[u32; 2]>>,
+    bucket: Option<usize>,
+    /// Per lowered device, what the next bucket's dispatch waits for (chained dispatch): the
+    /// chunk's input arriving, then the first compute task of the unit that opened the
+    /// current bucket. Empty: nothing.
+    release: Vec<u32>,
+    /// Whether the unit being emitted opened a bucket.
+    opened: bool,
+}
+
+impl ParamPrefetch {
+    pub(super) fn new(lw: &Lowering, st: &Stage) -> ParamPrefetch {
+        let mut chunks = HashMap::new();
+        if overlapped_param_gather(lw) {
+            let grad = lw.plan.framework.grad_reduce_bytes(lw.gb);
+            let experts_gathered = lw.plan.ep > 1 && lw.plan.replicas() > lw.plan.ep;
+            for &c in &st.my_chunks {
+                let first = st.order.iter().find(|s| s.chunk == c && s.pass == Pass::Forward);
+                if let Some(first) = first {
+                    let bucket = GradSync::bucket_bytes(lw, c);
+                    chunks.insert(c, (first.micro_batch, Self::buckets(lw, c, bucket, grad, experts_gathered)));
+                }
+            }
+        }
+        ParamPrefetch {
+            chunks,
+            aligned: st.my_chunks.len() > 1,
+            cursor: 0,
+            buckets: Vec::new(),
+            bucket: None,
+            release: Vec::new(),
+            opened: false,
+        }
+    }
+
+    /// Chunk `c`'s units in forward order, each with the gathers of the bucket it opens.
+    fn buckets(lw: &Lowering, c: u32, bucket: f64, grad: f64, experts: bool) -> UnitBuckets {
+        let mut units: Vec<(f64, f64)> = Vec::new();
+        if c == 0 && lw.edges && lw.plan.frozen.cached_layers == 0 {
+            // A frozen model's embedding is not updated, so nothing to gather.
+            units.push((if lw.frozen { 0.0 } else { lw.first_params }, 0.0));
+        }
+        for l in lw.starts[c as usize]..lw.starts[c as usize + 1] {
+            let e = lw.lp_expert[l as usize];
+            units.push((lw.lp[l as usize] - e, e));
+        }
+        if c == lw.chunks - 1 && lw.edges {
+            units.push((lw.last_params, 0.0));
+        }
+        let mut opens = vec![None; units.len()];
+        let (mut dense, mut expert) = (0.0, 0.0);
+        for i in (0..units.len()).rev() {
+            dense += units[i].0;
+            expert += units[i].1;
+            if (dense + expert) * grad >= bucket || i == 0 {
+                if dense + expert > 0.0 {
+                    // Without expert data parallelism the experts are gathered with the rest.
+                    let (d, e) = if experts { (dense, expert) } else { (dense + expert, 0.0) };
+                    opens[i] = Some((d * lw.wb, e * lw.wb));
+                }
+                (dense, expert) = (0.0, 0.0);
+            }
+        }
+        opens
+    }
+
+    /// Whether step (`c`, `mb`) is its chunk's first forward, which gathers.
+    fn gathers_at(&self, c: u32, mb: u32, phase: Phase) -> bool {
+        phase == Phase::Forward && self.chunks.get(&c).is_some_and(|(first, _)| *first == mb)
+    }
+
+    /// Before a chunk's forward step: `arrivals` (per lowered device, the send of its input;
+    /// empty on the first chunk) are what its first bucket's dispatch waits for.
+    pub(super) fn begin(&mut self, c: u32, mb: u32, arrivals: Vec<u32>) {
+        if self.gathers_at(c, mb, Phase::Forward) && !self.aligned {
+            self.release = arrivals;
+        }
+    }
+
+    /// One bucket's gathers for every lowered device, each after `release` (if any).
+    fn dispatch(
+        b: &mut Builder,
+        plan: &Plan,
+        st: &Stage,
+        (dense, expert): (f64, f64),
+        release: &[u32],
+    ) -> Vec<[u32; 2]> {
+        let kind = CollectiveKind::AllGather;
+        (0..b.ranks)
+            .map(|x| {
+                let (r, stage) = (st.r, st.stage);
+                let dense = (dense > 0.0).then(|| {
+                    dp_collective(b, plan, r, stage, x, kind, (dense, 1), "param_allgather", GRAD_SYNC_STREAM)
+                });
+                let expert = (expert > 0.0).then(|| {
+                    let name = "expert_param_allgather";
+                    super::expert_parallel::edp_collective(b, plan, r, stage, x, kind, (expert, 1), name)
+                });
+                let pair = [dense.unwrap_or(NONE), expert.unwrap_or(NONE)];
+                let after = release.get(x as usize).copied().unwrap_or(NONE);
+                for g in pair.into_iter().filter(|&g| g != NONE && after != NONE) {
+                    b.p.deps.push((after, g));
+                }
+                pair
+            })
+            .collect()
+    }
+
+    /// Before a unit's compute on chunk `c`, micro-batch `mb`, `phase`: the gathers it waits
+    /// for, per lowered device (empty when none).
+    pub(super) fn before(
+        &mut self,
+        b: &mut Builder,
+        plan: &Plan,
+        st: &Stage,
+        (c, mb): (u32, u32),
+        phase: Phase,
+    ) -> Vec<[u32; 2]> {
+        self.opened = false;
+        if !self.gathers_at(c, mb, phase) {
+            return Vec::new();
+        }
+        let units = &self.chunks[&c].1;
+        if self.cursor == 0 {
+            self.buckets.clear();
+            self.bucket = None;
+            if self.aligned {
+                for &bytes in units.iter().flatten() {
+                    let g = Self::dispatch(b, plan, st, bytes, &[]);
+                    self.buckets.push(g);
+                }
+            }
+        }
+        let opens = units.get(self.cursor).copied().flatten();
+        self.cursor = if self.cursor + 1 >= units.len() { 0 } else { self.cursor + 1 };
+        if let Some(bytes) = opens {
+            self.bucket = Some(self.bucket.map_or(0, |k| k + 1));
+            if !self.aligned {
+                let g = Self::dispatch(b, plan, st, bytes, &self.release);
+                self.buckets.push(g);
+                self.opened = true;
+            }
+        }
+        self.bucket.and_then(|k| self.buckets.get(k)).cloned().unwrap_or_default()
+    }
+
+    /// The unit whose first compute task (device 0's; device x's is x later) is `first` waits
+    /// for `gathers`; the unit that opened a bucket releases the next bucket's dispatch.
+    pub(super) fn after(&mut self, b: &mut Builder, gathers: &[[u32; 2]], first: u32) {
+        for (x, pair) in gathers.iter().enumerate() {
+            for &g in pair.iter().filter(|&&g| g != NONE) {
+                b.p.deps.push((g, first + x as u32));
+            }
+        }
+        if self.opened {
+            self.release = (0..gathers.len() as u32).map(|x| first + x).collect();
         }
     }
 }

@@ -251,3 +251,5 @@ fn lower_stage(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_data_parallel;

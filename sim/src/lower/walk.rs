@@ -9,6 +9,7 @@ use super::builder::Builder;
 use super::compute::{Rerun, emit_block, emit_gather_copy_out, emit_grad_accumulate, emit_recompute};
 use super::context::{Lowering, Stage};
 use super::data_parallel::GradSync;
+use super::data_parallel::ParamPrefetch;
 use super::gather::Gathers;
 use super::offload::{self, ActOffload};
 use super::p2p::{self, Links};
@@ -35,6 +36,7 @@ pub(super) fn walk_stage(
         grads: GradSync::new(lw, st),
         act: ActOffload::new(lw),
         gathers: Gathers::new(lw, moves),
+        prefetch: ParamPrefetch::new(lw, st),
         accumulate_gb: crate::cost::memory::accumulated_grad_bytes(lw.plan),
         first_bwd: first_backward(st),
     };
@@ -74,6 +76,8 @@ struct Walk<'a> {
     grads: GradSync,
     act: ActOffload,
     gathers: Gathers,
+    /// The overlapped all-gather of the previous step's updated shards (ZeRO-1 and 2).
+    prefetch: ParamPrefetch,
     /// Bytes per parameter that gradient accumulation adds (0: none).
     accumulate_gb: f64,
     first_bwd: HashMap<u32, u32>,
@@ -124,9 +128,11 @@ impl<'a> Walk<'a> {
         let (lw, st) = (self.lw, self.st);
         let g =
             if lw.per_unit { self.gathers.before(b, lw.plan, st.r, st.stage, unit_params, layer) } else { Vec::new() };
+        let updated = self.prefetch.before(b, lw.plan, st, (at.c, at.mb), phase);
         let copy = self.copy_out(b, at, unit_params, layer, phase);
         let (f, l) = emit_block(b, &st.ctx, blk, layer, phase, at.c, at.mb, alloc, free);
         let f = copy.map_or(f, |c| c.0);
+        self.prefetch.after(b, &updated, f);
         if lw.per_unit {
             self.gathers.after(b, &st.ctx, &g, f, l);
         }
@@ -185,6 +191,12 @@ impl<'a> Walk<'a> {
         let (lw, st) = (self.lw, self.st);
         let (plan, ctx, ub, c, mb) = (lw.plan, &st.ctx, at.ub, at.c, at.mb);
         let gathered = if c > 0 { p2p::receive(b, lw, ctx, Phase::Forward, at.bnd_in, c, mb) } else { NONE };
+        let arrivals = if c > 0 {
+            (0..lw.ranks).map(|x| links.fwd_send[links.key(st.r, c - 1, mb, x)]).collect()
+        } else {
+            Vec::new()
+        };
+        self.prefetch.begin(c, mb, arrivals);
         let mut first = NONE;
         let mut last = NONE;
         if c == 0 && plan.frozen.cached_layers > 0 {
@@ -224,6 +236,7 @@ impl<'a> Walk<'a> {
         let (plan, ctx, ub, c, mb, gb) = (lw.plan, &st.ctx, at.ub, at.c, at.mb, lw.gb);
         let gathered =
             if c + 1 < lw.chunks { p2p::receive(b, lw, ctx, Phase::Backward, at.bnd_out, c, mb) } else { NONE };
+        self.grads.enter_chunk(c);
         let mut first = NONE;
         let mut last = NONE;
         if c == lw.chunks - 1 && ub.edges {

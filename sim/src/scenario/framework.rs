@@ -19,6 +19,7 @@ pub struct FrameworkSpec {
     grad_reduce: Option<GradReduce>,
     gather_prefetch: Option<u32>,
     param_gather_overlap: Option<bool>,
+    bucket_first_chunk_only: Option<bool>,
     tp_comm_overlap: Option<bool>,
     ep_comm_overlap: Option<bool>,
     gather_copy_out: Option<bool>,
@@ -101,6 +102,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         grad_reduce,
         gather_prefetch,
         param_gather_overlap: f.boolean("param_gather_overlap")?,
+        bucket_first_chunk_only: f.boolean("bucket_first_chunk_only")?,
         tp_comm_overlap: f.boolean("tp_comm_overlap")?,
         ep_comm_overlap: f.boolean("ep_comm_overlap")?,
         gather_copy_out: f.boolean("gather_copy_out")?,
@@ -144,6 +146,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(b) = s.param_gather_overlap {
         f.param_gather_overlap = b;
+    }
+    if let Some(b) = s.bucket_first_chunk_only {
+        f.bucket_first_chunk_only = b;
     }
     if let Some(b) = s.tp_comm_overlap {
         f.tp_comm_overlap = b;

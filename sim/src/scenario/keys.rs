@@ -125,6 +125,7 @@ pub const FRAMEWORK: &[&str] = &[
     "grad_reduce",
     "gather_prefetch",
     "param_gather_overlap",
+    "bucket_first_chunk_only",
     "tp_comm_overlap",
     "ep_comm_overlap",
     "gather_copy_out",

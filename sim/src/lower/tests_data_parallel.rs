@@ -1,0 +1,103 @@
+//! Megatron-Core's distributed optimizer on the timeline: where the all-gather of the updated
+//! parameters runs (`framework.param_gather_overlap`) and which chunks have gradient buckets
+//! (`framework.bucket_first_chunk_only`).
+
+use crate::report::timeline::{Phase, StreamKind};
+use crate::scenario;
+
+/// GPT (8 layers, h = 1024) on 16 A100s under Megatron-Core with ZeRO-1, `plan` and the
+/// framework's overrides `knobs` (JSON members, may be empty).
+fn megatron(plan: &str, knobs: &str) -> crate::Simulation {
+    let comma = if knobs.is_empty() { "" } else { "," };
+    let text = format!(
+        r#"{{"workload": {{"transformer": {{"layers": 8, "hidden": 1024, "heads": 16, "vocab": 32000}}}},
+            "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
+            "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512,
+                          "framework": {{"name": "megatron-core"{comma} {knobs}}}}},
+            "plan": {plan}}}"#
+    );
+    let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+    crate::simulate(&s, true)
+}
+
+/// Spans of the timeline labelled `op`, as (device, start, end) in ns.
+fn spans(sim: &crate::Simulation, op: &str) -> Vec<(u32, u64, u64)> {
+    let t = &sim.timeline;
+    t.spans.iter().filter(|s| t.labels[s.label as usize].op == op).map(|s| (s.device, s.start_ns, s.end_ns)).collect()
+}
+
+/// Without a pipeline the updated shards are gathered in the next forward, bucket by bucket
+/// one ahead of it: the same bytes as the all-gather that otherwise ends the step, the
+/// iteration now ending with the optimizer step and shorter by what the forward hid.
+#[test]
+fn the_update_is_gathered_in_the_next_forward() {
+    let plan = r#"{"dp": 16, "zero_stage": 1, "bucket_bytes": 20000000}"#;
+    let (on, off) = (megatron(plan, ""), megatron(plan, r#""param_gather_overlap": false"#));
+    let bytes = |sim: &crate::Simulation| {
+        let p = &sim.program;
+        p.tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "param_allgather")
+            .map(|t| p.collectives[t.payload as usize].bytes * p.collectives[t.payload as usize].calls as f64)
+            .sum::<f64>()
+    };
+    assert!(
+        bytes(&on) > 0.0 && (bytes(&on) - bytes(&off)).abs() < 1e-6 * bytes(&off),
+        "{} vs {}",
+        bytes(&on),
+        bytes(&off)
+    );
+    let (gathers_on, gathers_off) = (spans(&on, "param_allgather"), spans(&off, "param_allgather"));
+    assert!(gathers_on.len() > 1, "one gather per bucket: {}", gathers_on.len());
+    let end = |sim: &crate::Simulation| sim.timeline.iteration_ns;
+    // Off: the gathers end the step; on: they end before the first backward starts.
+    assert!(gathers_off.iter().any(|g| g.2 == end(&off)));
+    let first_backward = on
+        .timeline
+        .spans
+        .iter()
+        .filter(|s| s.stream == StreamKind::Compute && on.timeline.labels[s.label as usize].phase == Phase::Backward)
+        .map(|s| s.start_ns)
+        .min()
+        .expect("a backward");
+    assert!(gathers_on.iter().all(|g| g.2 <= first_backward), "{gathers_on:?} vs {first_backward}");
+    assert!(on.report.iteration_s < off.report.iteration_s, "{} vs {}", on.report.iteration_s, off.report.iteration_s);
+}
+
+/// Megatron-Core buckets only the first stage's first chunk: a later stage reduces its
+/// gradients in one reduce-scatter after its last backward and gathers its update in one
+/// all-gather, which (1F1B: no aligned dispatch) its first forward waits for once its input
+/// has arrived.
+#[test]
+fn only_the_first_stage_is_bucketed_and_later_stages_wait_for_their_gather() {
+    let plan = r#"{"dp": 4, "pp": 4, "schedule": "1f1b", "zero_stage": 1, "bucket_bytes": 10000000}"#;
+    let count = |sim: &crate::Simulation, op: &str, stage: u32| {
+        let t = &sim.timeline;
+        let devices: Vec<u32> =
+            t.devices.iter().zip(&t.stages).filter(|(_, s)| **s == stage).map(|(&d, _)| d).collect();
+        spans(sim, op).iter().filter(|g| g.0 == devices[0]).count()
+    };
+    let on = megatron(plan, "");
+    assert!(count(&on, "grad_sync", 0) > 1, "{}", count(&on, "grad_sync", 0));
+    assert!(count(&on, "param_allgather", 0) > 1);
+    for stage in 1..4 {
+        assert_eq!(count(&on, "grad_sync", stage), 1, "stage {stage}");
+        assert_eq!(count(&on, "param_allgather", stage), 1, "stage {stage}");
+    }
+    let bucketed = megatron(plan, r#""bucket_first_chunk_only": false"#);
+    assert!(count(&bucketed, "grad_sync", 3) > 1 && count(&bucketed, "param_allgather", 3) > 1);
+    // The last stage's first forward starts after its gather ends.
+    let t = &on.timeline;
+    let last = t.devices.iter().zip(&t.stages).find(|(_, s)| **s == 3).map(|(&d, _)| d).expect("stage 3");
+    let gather = spans(&on, "param_allgather").into_iter().find(|g| g.0 == last).expect("its gather");
+    let first_forward = t
+        .spans
+        .iter()
+        .filter(|s| {
+            s.device == last && s.stream == StreamKind::Compute && t.labels[s.label as usize].phase == Phase::Forward
+        })
+        .map(|s| s.start_ns)
+        .min()
+        .expect("a forward");
+    assert!(first_forward >= gather.2, "{first_forward} vs {gather:?}");
+}
