@@ -101,3 +101,32 @@ fn only_the_first_stage_is_bucketed_and_later_stages_wait_for_their_gather() {
         .expect("a forward");
     assert!(first_forward >= gather.2, "{first_forward} vs {gather:?}");
 }
+
+/// With an interleaved schedule (Megatron's `align_param_gather`) every chunk's gather is
+/// dispatched as the iteration starts: a stage's gathers run back to back from the start on
+/// its data-parallel stream, whatever its inputs, one per chunk off the first stage's first
+/// chunk, all done before the stage's first backward.
+#[test]
+fn an_interleaved_schedule_dispatches_every_gather_up_front() {
+    let plan = r#"{"dp": 8, "pp": 2, "schedule": "interleaved", "virtual_stages": 2, "zero_stage": 1,
+                   "bucket_bytes": 10000000}"#;
+    let sim = megatron(plan, "");
+    let t = &sim.timeline;
+    let last = t.devices.iter().zip(&t.stages).find(|(_, s)| **s == 1).map(|(&d, _)| d).expect("stage 1");
+    let mut gathers: Vec<(u64, u64)> =
+        spans(&sim, "param_allgather").into_iter().filter(|g| g.0 == last).map(|g| (g.1, g.2)).collect();
+    gathers.sort();
+    assert_eq!(gathers.len(), 2, "one per chunk: {gathers:?}");
+    assert_eq!(gathers[0].0, 0, "{gathers:?}");
+    assert_eq!(gathers[1].0, gathers[0].1, "back to back: {gathers:?}");
+    let first_backward = t
+        .spans
+        .iter()
+        .filter(|s| {
+            s.device == last && s.stream == StreamKind::Compute && t.labels[s.label as usize].phase == Phase::Backward
+        })
+        .map(|s| s.start_ns)
+        .min()
+        .expect("a backward");
+    assert!(gathers[1].1 <= first_backward, "{gathers:?} vs {first_backward}");
+}
