@@ -395,6 +395,7 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.4, "grad_reduce", |r| json!(*r.pick(&["overlapped", "after_backward"])));
         opt(&mut f, r, 0.3, "gather_prefetch", |r| json!(r.int(0, 4)));
         opt(&mut f, r, 0.3, "param_gather_overlap", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.3, "bucket_first_chunk_only", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "tp_comm_overlap", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "ep_comm_overlap", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "grad_reduce_dtype", |r| json!(*r.pick(&["params", "fp32"])));
