@@ -29,6 +29,9 @@ pub(super) struct Attribution {
     pub parts: Vec<[u64; PARTS]>,
     /// Per op instance: how many times it ran as recomputation.
     recomputed: Vec<u32>,
+    /// Per data-parallel collective (off the compute stream) that waited for a dependency:
+    /// when it became ready and the task whose end made it so.
+    dp_ready: std::collections::HashMap<u32, (u64, u32)>,
 }
 
 impl Attribution {
@@ -64,6 +67,16 @@ impl Attribution {
             stream_end: vec![0; p.streams.len()],
             parts: vec![[0; PARTS]; nd],
             recomputed: vec![0; p.ops.len()],
+            dp_ready: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Data-parallel collective `t` (off the compute stream) became ready at `now` when `by`
+    /// ended.
+    #[inline]
+    pub fn collective_ready(&mut self, t: u32, by: u32, now: u64) {
+        if by != NONE && now > 0 {
+            self.dp_ready.insert(t, (now, by));
         }
     }
 
@@ -110,7 +123,20 @@ impl Attribution {
             (TaskKind::Collective, StreamKind::Compute | StreamKind::TensorParallel | StreamKind::ExpertParallel) => {
                 self.comm[c.label as usize]
             }
-            (TaskKind::Collective, _) => Part::DpComm,
+            (TaskKind::Collective, _) => {
+                // A data-parallel collective that was dispatched only once something else
+                // ended (Megatron-Core's gather of a stage's update, dispatched when the
+                // stage's input arrives): until then the device waited for that; from then
+                // on, for the collective.
+                let ready = self.dp_ready.get(&cause).copied();
+                if let Some((ready, by)) = ready.filter(|&(r, by)| r > from && by != cause) {
+                    let ready = ready.min(now);
+                    self.charge_wait(p, t, by, d, from, ready);
+                    self.parts[d][Part::DpComm as usize] += now - ready;
+                    return;
+                }
+                Part::DpComm
+            }
             // A collective waiting for its other members to arrive.
             (TaskKind::Compute, _) if p.tasks[t as usize].kind == TaskKind::Collective => {
                 self.comm[p.tasks[t as usize].label as usize]

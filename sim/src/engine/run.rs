@@ -412,6 +412,10 @@ impl<'a> Engine<'a> {
                 } else {
                     self.for_streams(t, |e, s| e.attr.ready(e.p, t, by, Program::stream_device(s) as usize, now));
                 }
+            } else if task.kind == TaskKind::Collective
+                && matches!(Program::stream_kind(task.stream), StreamKind::DataParallel | StreamKind::Gather)
+            {
+                self.attr.collective_ready(t, by, now);
             }
             self.start(t, now);
         }

@@ -423,13 +423,14 @@ impl ParamPrefetch {
         let mut opens = vec![None; units.len()];
         let (mut dense, mut expert) = (0.0, 0.0);
         for i in (0..units.len()).rev() {
+            // Routed experts under expert parallelism are gathered over the replicas holding
+            // the same experts, and not at all when no other does (dp = ep: ZeRO shards
+            // nothing of them); without it they are in `dense`.
             dense += units[i].0;
-            expert += units[i].1;
+            expert += if experts { units[i].1 } else { 0.0 };
             if (dense + expert) * grad >= bucket || i == 0 {
                 if dense + expert > 0.0 {
-                    // Without expert data parallelism the experts are gathered with the rest.
-                    let (d, e) = if experts { (dense, expert) } else { (dense + expert, 0.0) };
-                    opens[i] = Some((d * lw.wb, e * lw.wb));
+                    opens[i] = Some((dense * lw.wb, expert * lw.wb));
                 }
                 (dense, expert) = (0.0, 0.0);
             }

@@ -33,14 +33,7 @@ fn spans(sim: &crate::Simulation, op: &str) -> Vec<(u32, u64, u64)> {
 fn the_update_is_gathered_in_the_next_forward() {
     let plan = r#"{"dp": 16, "zero_stage": 1, "bucket_bytes": 20000000}"#;
     let (on, off) = (megatron(plan, ""), megatron(plan, r#""param_gather_overlap": false"#));
-    let bytes = |sim: &crate::Simulation| {
-        let p = &sim.program;
-        p.tasks
-            .iter()
-            .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "param_allgather")
-            .map(|t| p.collectives[t.payload as usize].bytes * p.collectives[t.payload as usize].calls as f64)
-            .sum::<f64>()
-    };
+    let bytes = |sim: &crate::Simulation| collective_bytes(sim, "param_allgather");
     assert!(
         bytes(&on) > 0.0 && (bytes(&on) - bytes(&off)).abs() < 1e-6 * bytes(&off),
         "{} vs {}",
@@ -100,6 +93,17 @@ fn only_the_first_stage_is_bucketed_and_later_stages_wait_for_their_gather() {
         .min()
         .expect("a forward");
     assert!(first_forward >= gather.2, "{first_forward} vs {gather:?}");
+    // Until its input arrived the stage waited for the pipeline: the report charges the
+    // data-parallel part only the gather and the reduction themselves.
+    let class = on.report.time_breakdown.iter().find(|c| c.role == "device_class" && c.stage == 3).expect("stage 3");
+    let own: u64 = spans(&on, "param_allgather")
+        .iter()
+        .chain(&spans(&on, "grad_sync"))
+        .filter(|g| g.0 == last)
+        .map(|g| g.2 - g.1)
+        .sum();
+    assert!(class.exposed_dp_comm_s <= own as f64 * 1e-9 + 1e-9, "{} s vs {} ns", class.exposed_dp_comm_s, own);
+    assert!(class.bubble_s > class.exposed_dp_comm_s, "{class:?}");
 }
 
 /// With an interleaved schedule (Megatron's `align_param_gather`) every chunk's gather is
@@ -129,4 +133,42 @@ fn an_interleaved_schedule_dispatches_every_gather_up_front() {
         .min()
         .expect("a backward");
     assert!(gathers[1].1 <= first_backward, "{gathers:?} vs {first_backward}");
+}
+
+/// Bytes of the collectives labelled `op`, over every call.
+fn collective_bytes(sim: &crate::Simulation, op: &str) -> f64 {
+    let p = &sim.program;
+    p.tasks
+        .iter()
+        .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == op)
+        .map(|t| p.collectives[t.payload as usize].bytes * p.collectives[t.payload as usize].calls as f64)
+        .sum()
+}
+
+/// Under expert parallelism the overlapped gather moves what the post-step one moves: the
+/// dense parameters over the data-parallel group, the routed experts over the replicas that
+/// hold the same experts, and nothing of them when no other replica does (dp = ep).
+#[test]
+fn the_overlapped_gather_leaves_unreplicated_experts_alone() {
+    let moe = |plan: &str, overlap: bool| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
+                   "moe": {{"experts": 16, "top_k": 2, "expert_ffn": 2048}}}}}},
+                "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
+                "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512,
+                              "framework": {{"name": "megatron-core", "param_gather_overlap": {overlap}}}}},
+                "plan": {plan}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        crate::simulate(&s, false)
+    };
+    for plan in [r#"{"dp": 16, "ep": 16, "zero_stage": 1}"#, r#"{"dp": 16, "ep": 4, "zero_stage": 1}"#] {
+        let (on, off) = (moe(plan, true), moe(plan, false));
+        for op in ["param_allgather", "expert_param_allgather"] {
+            let (a, b) = (collective_bytes(&on, op), collective_bytes(&off, op));
+            assert!((a - b).abs() <= 1e-6 * b.max(1.0), "{plan} {op}: {a} vs {b}");
+        }
+        let experts = collective_bytes(&on, "expert_param_allgather");
+        assert_eq!(experts > 0.0, plan.contains("\"ep\": 4"), "{plan}: {experts}");
+    }
 }
