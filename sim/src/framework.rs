@@ -162,6 +162,10 @@ pub struct Framework {
     /// optimizer, its updated parameters gathered as one (Megatron-Core; see
     /// [`FIRST_CHUNK_BUCKETS_SOURCE`]).
     pub bucket_first_chunk_only: bool,
+    /// With pipeline parallelism the gradients are reduced once the schedule's last backward
+    /// has run, whatever `grad_reduce` says (DeepSpeed's PipelineEngine; see
+    /// [`PIPELINE_REDUCE_SOURCE`]). Applied when the plan is resolved.
+    pub pipeline_reduces_after_backward: bool,
     /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
     pub tp_comm_overlap: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
@@ -204,6 +208,9 @@ pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_par
 /// `foreach_all_gather_copy_out` copies it into each parameter's own tensor on the current
 /// (compute) stream after waiting for the all-gather's event.
 pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (FSDP2, PyTorch 2.4 and later): foreach_all_gather_copy_out waits for the all-gather event on the current stream, then copies the flat all-gather output into each parameter's unsharded tensor (torch.split_with_sizes_copy): the unit's gathered bytes read and written once more on the compute stream before its forward (and again before its backward, after reshard_after_forward)";
+
+/// Where `pipeline_reduces_after_backward` comes from.
+pub const PIPELINE_REDUCE_SOURCE: &str = "deepspeed/runtime/pipe/engine.py (v0.3-0.16): PipelineEngine sets enable_backward_allreduce = False, so no gradient is reduced during backward; the training schedule ends with a ReduceGrads step (_exec_reduce_grads: allreduce_gradients, or the BF16 optimizer's buffered all-reduce, in buffers of MEMORY_OPT_ALLREDUCE_SIZE elements) after the last backward";
 
 /// Where `bucket_first_chunk_only` comes from.
 pub const FIRST_CHUNK_BUCKETS_SOURCE: &str = "megatron/core/distributed/distributed_data_parallel.py (0.9-0.12): bucket_size is None on pipeline ranks after the first ('data-parallel communication on these stages is not on the critical path'), and megatron/training/training.py passes disable_bucketing for model chunks after the first ('communication for these model chunks is overlapped with compute anyway'): one bucket per such chunk, reduced when its last backward ends and gathered in one all-gather; with overlap_param_gather that gather is dispatched by the chunk's first forward pre-hook (param_and_grad_buffer.py finish_param_sync) unless the interleaved schedule's align_param_gather dispatched it up front";
@@ -287,6 +294,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
+            pipeline_reduces_after_backward: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -324,6 +332,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: true,
             bucket_first_chunk_only: true,
+            pipeline_reduces_after_backward: false,
             tp_comm_overlap: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -374,6 +383,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: Gather::PerModule { prefetch_bucket_params: 5e7, max_live_params: 1e9 },
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
+            pipeline_reduces_after_backward: true,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -397,6 +407,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 ("bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8 elements"),
                 ("gather_per_tensor", GATHER_PER_TENSOR_SOURCE),
+                ("pipeline_reduces_after_backward", PIPELINE_REDUCE_SOURCE),
                 (
                     "grad_reduce_dtype",
                     "deepspeed/runtime/config.py communication_data_type: default None, the model's dtype",
@@ -415,6 +426,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
+            pipeline_reduces_after_backward: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -454,6 +466,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
+            pipeline_reduces_after_backward: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -483,6 +496,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             gather: one_layer,
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
+            pipeline_reduces_after_backward: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -616,6 +630,10 @@ pub fn reference_markdown() -> String {
         s += &format!(
             "| buckets only on the first stage's first model chunk (others: one bucket each) | {} |\n",
             yes(f.bucket_first_chunk_only)
+        );
+        s += &format!(
+            "| with pipeline parallelism, gradients reduced after the last backward | {} |\n",
+            yes(f.pipeline_reduces_after_backward)
         );
         s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
         s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));

@@ -130,16 +130,29 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
             ));
         }
     };
+    // A pipeline engine that reduces after its schedule (DeepSpeed's) does so whatever the
+    // profile's `grad_reduce` says, unless the scenario sets it.
+    let pipeline_reduce = |f: &mut Framework, defaults: &mut Vec<String>| {
+        if traits.pp > 1 && f.pipeline_reduces_after_backward && f.grad_reduce != GradReduce::AfterBackward {
+            f.grad_reduce = GradReduce::AfterBackward;
+            defaults.push(format!(
+                "training.framework.grad_reduce = after_backward ({} with pipeline parallelism: its pipeline engine reduces the gradients after the schedule's last backward)",
+                f.name
+            ));
+        }
+    };
     let Some(s) = spec else {
         let (name, why) = framework::default_for(traits);
         defaults.push(format!("training.framework = {name} ({why})"));
-        let f = framework::profile(name).expect("default framework has a profile");
+        let mut f = framework::profile(name).expect("default framework has a profile");
         per_tensor_note(&f, defaults);
+        pipeline_reduce(&mut f, defaults);
         return f;
     };
     let mut f = framework::profile(&s.name).expect("name checked when read");
-    if let Some(g) = s.grad_reduce {
-        f.grad_reduce = g;
+    match s.grad_reduce {
+        Some(g) => f.grad_reduce = g,
+        None => pipeline_reduce(&mut f, defaults),
     }
     if let Some(p) = s.gather_prefetch {
         f.gather = Gather::PerLayer { prefetch: p };

@@ -108,6 +108,23 @@ fn frameworks_are_checked_where_they_are_read() {
     assert_eq!(s.plan.framework.name, "megatron-lm-2021");
     assert_eq!(s.plan.framework.grad_reduce, crate::framework::GradReduce::AfterBackward);
     assert_eq!(s.plan.framework.grad_reduce_dtype, crate::framework::ReduceDtype::Params);
+    // DeepSpeed's pipeline engine reduces after its schedule (base() has pp = 2), listed in
+    // `defaults_applied`; a scenario that says otherwise, or a plan without a pipeline, keeps
+    // the profile's overlap.
+    let deepspeed = |framework: serde_json::Value, pp: u32| {
+        let mut v = base();
+        v["training"]["framework"] = framework;
+        v["plan"] = json!({"dp": 8 / pp, "pp": pp});
+        parse(&v.to_string(), &|_| Err("no files".into())).expect("valid")
+    };
+    use crate::framework::GradReduce;
+    let s = deepspeed(json!("deepspeed"), 2);
+    assert_eq!(s.plan.framework.grad_reduce, GradReduce::AfterBackward);
+    assert!(s.defaults_applied.iter().any(|d| d.contains("grad_reduce = after_backward")), "{:?}", s.defaults_applied);
+    let s = deepspeed(json!({"name": "deepspeed", "grad_reduce": "overlapped"}), 2);
+    assert_eq!(s.plan.framework.grad_reduce, GradReduce::Overlapped);
+    assert_eq!(deepspeed(json!("deepspeed"), 1).plan.framework.grad_reduce, GradReduce::Overlapped);
+    assert_eq!(deepspeed(json!("megatron-core"), 2).plan.framework.grad_reduce, GradReduce::Overlapped);
     // Training metrics: a list of known names, each once.
     let metrics = |m: serde_json::Value| {
         move |v: &mut serde_json::Value| {
