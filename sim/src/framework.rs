@@ -166,6 +166,9 @@ pub struct Framework {
     /// has run, whatever `grad_reduce` says (DeepSpeed's PipelineEngine; see
     /// [`PIPELINE_REDUCE_SOURCE`]). Applied when the plan is resolved.
     pub pipeline_reduces_after_backward: bool,
+    /// Under an interleaved schedule, pipeline sends and receives overlap compute: the plan's
+    /// `p2p` defaults to `overlapped` (Megatron-Core; see [`INTERLEAVED_P2P_SOURCE`]).
+    pub interleaved_p2p_overlap: bool,
     /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
     pub tp_comm_overlap: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
@@ -208,6 +211,9 @@ pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_par
 /// `foreach_all_gather_copy_out` copies it into each parameter's own tensor on the current
 /// (compute) stream after waiting for the all-gather's event.
 pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (FSDP2, PyTorch 2.4 and later): foreach_all_gather_copy_out waits for the all-gather event on the current stream, then copies the flat all-gather output into each parameter's unsharded tensor (torch.split_with_sizes_copy): the unit's gathered bytes read and written once more on the compute stream before its forward (and again before its backward, after reshard_after_forward)";
+
+/// Where `interleaved_p2p_overlap` comes from.
+pub const INTERLEAVED_P2P_SOURCE: &str = "megatron/training/arguments.py: --no-overlap-p2p-communication (dest overlap_p2p_comm, on unless given, since Megatron-LM of October 2023) overlaps the interleaved schedule's pipeline sends and receives with compute (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving posts them asynchronously and waits before the step that needs them); set off for the non-interleaved schedule";
 
 /// Where `pipeline_reduces_after_backward` comes from.
 pub const PIPELINE_REDUCE_SOURCE: &str = "deepspeed/runtime/pipe/engine.py (v0.3-0.16): PipelineEngine sets enable_backward_allreduce = False, so no gradient is reduced during backward; the training schedule ends with a ReduceGrads step (_exec_reduce_grads: allreduce_gradients, or the BF16 optimizer's buffered all-reduce, in buffers of MEMORY_OPT_ALLREDUCE_SIZE elements) after the last backward";
@@ -295,6 +301,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: false,
+            interleaved_p2p_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -333,6 +340,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: true,
             bucket_first_chunk_only: true,
             pipeline_reduces_after_backward: false,
+            interleaved_p2p_overlap: true,
             tp_comm_overlap: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -358,6 +366,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "distributed_data_parallel_config.py bucket_size: default max(40000000, 1000000 * dp_size) parameters",
                 ),
                 ("bucket_first_chunk_only", FIRST_CHUNK_BUCKETS_SOURCE),
+                ("interleaved_p2p_overlap", INTERLEAVED_P2P_SOURCE),
                 (
                     "grad_reduce_dtype",
                     "megatron/training/arguments.py: bf16 with fp32 main grads sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16",
@@ -384,6 +393,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: true,
+            interleaved_p2p_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -427,6 +437,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: false,
+            interleaved_p2p_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -467,6 +478,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: false,
+            interleaved_p2p_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -497,6 +509,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: false,
+            interleaved_p2p_overlap: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -634,6 +647,10 @@ pub fn reference_markdown() -> String {
         s += &format!(
             "| with pipeline parallelism, gradients reduced after the last backward | {} |\n",
             yes(f.pipeline_reduces_after_backward)
+        );
+        s += &format!(
+            "| interleaved schedule's pipeline sends overlap compute (`plan.p2p` default) | {} |\n",
+            yes(f.interleaved_p2p_overlap)
         );
         s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
         s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));

@@ -494,9 +494,14 @@ pub fn explore_with(s: &Scenario, per_schedule: usize) -> Exploration {
     let per_replica = s.training.global_batch / s.plan.dp;
     let layers = active_layers(s);
     let sizes: Vec<u32> = (1..=per_replica).filter(|b| per_replica.is_multiple_of(*b)).collect();
+    // A defaulted `plan.p2p` follows the schedule, as it would had the scenario named it.
+    let p2p_defaulted = s.defaults_applied.iter().any(|d| d.starts_with(crate::scenario::P2P_DEFAULT));
     let with = |kind: ScheduleKind, v: u32, mb: u32, partition: Vec<u32>| {
         let mut c = s.clone();
         c.plan.schedule = kind;
+        if p2p_defaulted {
+            c.plan.p2p = crate::scenario::default_p2p(kind, &c.plan.framework);
+        }
         c.plan.virtual_stages = v;
         c.plan.micro_batch = mb;
         c.training.micro_batch = mb;

@@ -61,15 +61,8 @@ pub(super) fn parse_plan(
             crate::plan::RankOrder::TpDpPp
         }
     };
-    let p2p = match o.choice("p2p", &crate::plan::P2p::NAMES, crate::plan::P2p::parse)? {
-        Some(x) => x,
-        None => {
-            if pp > 1 {
-                dflt("p2p", "blocking (Megatron-LM, DeepSpeed)");
-            }
-            crate::plan::P2p::Blocking
-        }
-    };
+    // Its default depends on the framework, resolved below.
+    let p2p_given = o.choice("p2p", &crate::plan::P2p::NAMES, crate::plan::P2p::parse)?;
     let (tp_mode, sequence_parallel) = parse_sequence_parallel(o, t, tp, parse_tp_mode(o, tp, &mut dflt)?, &mut dflt)?;
     let tf = &w.transformer;
     if w.net.is_some() && (tp > 1 || sequence_parallel || tp_mode != TpMode::OneD) {
@@ -199,6 +192,18 @@ pub(super) fn parse_plan(
         gemini: offload.dynamic.is_some(),
     };
     let framework = super::framework::resolve(t.framework.as_ref(), traits, defaults);
+    let p2p = p2p_given.unwrap_or_else(|| {
+        let p2p = default_p2p(schedule, &framework);
+        if pp > 1 {
+            defaults.push(match p2p {
+                crate::plan::P2p::Overlapped => {
+                    format!("{P2P_DEFAULT} = overlapped ({}'s interleaved schedule)", framework.name)
+                }
+                crate::plan::P2p::Blocking => format!("{P2P_DEFAULT} = blocking (Megatron-LM, DeepSpeed)"),
+            });
+        }
+        p2p
+    });
     let grad_bytes = framework.grad_reduce_bytes(t.precision.activation_bytes());
     let attention = resolve_attention(o, c, t.attention, &framework, cp, defaults)?;
     check_cp_attention(o, cp, attention, t.attention.is_none().then_some(framework.name.as_str()))?;
@@ -662,6 +667,19 @@ fn parse_offload(o: &Obj, zero_stage: u8, dflt: &mut dyn FnMut(&str, &str)) -> R
         ));
     }
     Ok(offload)
+}
+
+/// How `defaults_applied` names a defaulted `plan.p2p`.
+pub(crate) const P2P_DEFAULT: &str = "plan.p2p";
+
+/// Pipeline sends when the scenario does not say: overlapped under an interleaved schedule
+/// with a framework that overlaps them there (Megatron-Core), else blocking.
+pub(crate) fn default_p2p(schedule: ScheduleKind, framework: &crate::framework::Framework) -> crate::plan::P2p {
+    if schedule == ScheduleKind::Interleaved && framework.interleaved_p2p_overlap {
+        crate::plan::P2p::Overlapped
+    } else {
+        crate::plan::P2p::Blocking
+    }
 }
 
 /// `training.attention`, or the framework's default (listed in `defaults_applied`). No fused

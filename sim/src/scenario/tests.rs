@@ -125,6 +125,29 @@ fn frameworks_are_checked_where_they_are_read() {
     assert_eq!(s.plan.framework.grad_reduce, GradReduce::Overlapped);
     assert_eq!(deepspeed(json!("deepspeed"), 1).plan.framework.grad_reduce, GradReduce::Overlapped);
     assert_eq!(deepspeed(json!("megatron-core"), 2).plan.framework.grad_reduce, GradReduce::Overlapped);
+    // Megatron-Core's interleaved schedule overlaps its pipeline sends (its
+    // --overlap-p2p-communication); 1F1B and Megatron-LM of 2021 block; a given p2p stays.
+    use crate::plan::P2p;
+    let p2p = |framework: &str, schedule: &str, given: Option<&str>| {
+        let mut v = base();
+        v["training"]["framework"] = json!(framework);
+        v["training"]["global_batch"] = json!(32);
+        v["plan"] = json!({"dp": 2, "tp": 2, "pp": 2, "schedule": schedule});
+        if schedule == "interleaved" {
+            v["plan"]["virtual_stages"] = json!(2);
+        }
+        if let Some(g) = given {
+            v["plan"]["p2p"] = json!(g);
+        }
+        let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+        let noted = s.defaults_applied.iter().any(|d| d.starts_with("plan.p2p = "));
+        assert_eq!(noted, given.is_none(), "{:?}", s.defaults_applied);
+        s.plan.p2p
+    };
+    assert_eq!(p2p("megatron-core", "interleaved", None), P2p::Overlapped);
+    assert_eq!(p2p("megatron-core", "interleaved", Some("blocking")), P2p::Blocking);
+    assert_eq!(p2p("megatron-core", "1f1b", None), P2p::Blocking);
+    assert_eq!(p2p("megatron-lm-2021", "interleaved", None), P2p::Blocking);
     // Training metrics: a list of known names, each once.
     let metrics = |m: serde_json::Value| {
         move |v: &mut serde_json::Value| {
