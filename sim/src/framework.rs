@@ -21,6 +21,10 @@ pub enum GradReduce {
     Overlapped,
     /// Once, after the last micro-batch's backward (one contiguous buffer).
     AfterBackward,
+    /// Bucket by bucket as the backward pass produces them, on the compute stream: each
+    /// reduction holds up the backward behind it (DeepSpeed ZeRO-1/2 with `overlap_comm` off,
+    /// its default there).
+    Blocking,
 }
 
 /// The unit in which ZeRO-3 parameters are gathered.
@@ -169,6 +173,10 @@ pub struct Framework {
     /// Under an interleaved schedule, pipeline sends and receives overlap compute: the plan's
     /// `p2p` defaults to `overlapped` (Megatron-Core; see [`INTERLEAVED_P2P_SOURCE`]).
     pub interleaved_p2p_overlap: bool,
+    /// Below ZeRO-3 the gradient reductions run on the compute stream (`grad_reduce`
+    /// `blocking`), whatever `grad_reduce` says (DeepSpeed's `overlap_comm` defaults on only
+    /// under ZeRO-3; see [`OVERLAP_COMM_SOURCE`]). Applied when the plan is resolved.
+    pub blocking_reduce_below_zero3: bool,
     /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
     pub tp_comm_overlap: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
@@ -211,6 +219,9 @@ pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_par
 /// `foreach_all_gather_copy_out` copies it into each parameter's own tensor on the current
 /// (compute) stream after waiting for the all-gather's event.
 pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (FSDP2, PyTorch 2.4 and later): foreach_all_gather_copy_out waits for the all-gather event on the current stream, then copies the flat all-gather output into each parameter's unsharded tensor (torch.split_with_sizes_copy): the unit's gathered bytes read and written once more on the compute stream before its forward (and again before its backward, after reshard_after_forward)";
+
+/// Where `blocking_reduce_below_zero3` comes from.
+pub const OVERLAP_COMM_SOURCE: &str = "deepspeed/runtime/zero/config.py overlap_comm: None resolves to (stage == ZeRO-3) in overlap_comm_valid; with it off, stage_1_and_2.py reduces each bucket on the current (compute) stream (average_tensor, allreduce_and_copy: stream = get_accelerator().current_stream()), so the backward waits for every reduction; without ZeRO the engine all-reduces after backward (engine.py allreduce_gradients). Set grad_reduce to overlapped for a config with \"overlap_comm\": true";
 
 /// Where `interleaved_p2p_overlap` comes from.
 pub const INTERLEAVED_P2P_SOURCE: &str = "megatron/training/arguments.py: --no-overlap-p2p-communication (dest overlap_p2p_comm, on unless given, since Megatron-LM of October 2023) overlaps the interleaved schedule's pipeline sends and receives with compute (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving posts them asynchronously and waits before the step that needs them); set off for the non-interleaved schedule";
@@ -302,6 +313,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: false,
+            blocking_reduce_below_zero3: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -341,6 +353,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             bucket_first_chunk_only: true,
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: true,
+            blocking_reduce_below_zero3: false,
             tp_comm_overlap: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -394,6 +407,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: true,
             interleaved_p2p_overlap: false,
+            blocking_reduce_below_zero3: true,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -409,7 +423,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             sources: vec![
                 (
                     "grad_reduce",
-                    "deepspeed/runtime/zero/config.py overlap_comm (ZeRO-3 default true); docs deepspeed.readthedocs.io zero3.html",
+                    "deepspeed/runtime/zero/config.py overlap_comm (ZeRO-3 default true; below ZeRO-3 see blocking_reduce_below_zero3); docs deepspeed.readthedocs.io zero3.html",
                 ),
                 (
                     "gather",
@@ -418,6 +432,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ("bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8 elements"),
                 ("gather_per_tensor", GATHER_PER_TENSOR_SOURCE),
                 ("pipeline_reduces_after_backward", PIPELINE_REDUCE_SOURCE),
+                ("blocking_reduce_below_zero3", OVERLAP_COMM_SOURCE),
                 (
                     "grad_reduce_dtype",
                     "deepspeed/runtime/config.py communication_data_type: default None, the model's dtype",
@@ -438,6 +453,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: false,
+            blocking_reduce_below_zero3: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -479,6 +495,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: false,
+            blocking_reduce_below_zero3: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -510,6 +527,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: false,
+            blocking_reduce_below_zero3: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -627,6 +645,7 @@ pub fn reference_markdown() -> String {
         let reduce = match f.grad_reduce {
             GradReduce::Overlapped => "bucket by bucket, overlapping backward",
             GradReduce::AfterBackward => "once, after the last backward",
+            GradReduce::Blocking => "bucket by bucket on the compute stream, holding up backward",
         };
         let dtype = match f.grad_reduce_dtype {
             ReduceDtype::Params => "the training precision",
@@ -651,6 +670,10 @@ pub fn reference_markdown() -> String {
         s += &format!(
             "| interleaved schedule's pipeline sends overlap compute (`plan.p2p` default) | {} |\n",
             yes(f.interleaved_p2p_overlap)
+        );
+        s += &format!(
+            "| below ZeRO-3, gradient reductions on the compute stream (`blocking`) | {} |\n",
+            yes(f.blocking_reduce_below_zero3)
         );
         s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
         s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));

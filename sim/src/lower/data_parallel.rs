@@ -43,16 +43,27 @@ pub(super) fn dp_collective(
     let s = stream.index() as u32;
     // Under ring sequence parallelism one collective spans the whole stage.
     let group = [stage, if plan.ring() { 0 } else { x }, s];
+    // On the compute stream each lowered member joins the collective where its own walk
+    // reaches it; on a communication stream it is queued for every member at once.
+    let on_compute = stream == StreamKind::Compute;
+    let own = Program::stream_index(b.dev_index[plan.device(r, stage, x) as usize], stream);
     if let Some(task) = b.shared_next(Shared::Data, group, [r, stage, x, s]) {
+        if on_compute {
+            b.join(task, own);
+        }
         return task;
     }
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
     let members = plan.sync_members(stage, x);
-    let streams: Vec<u32> = members
-        .iter()
-        .filter(|&&d| b.dev_index[d as usize] != NONE)
-        .map(|&d| Program::stream_index(b.dev_index[d as usize], stream))
-        .collect();
+    let streams: Vec<u32> = if on_compute {
+        vec![own]
+    } else {
+        members
+            .iter()
+            .filter(|&&d| b.dev_index[d as usize] != NONE)
+            .map(|&d| Program::stream_index(b.dev_index[d as usize], stream))
+            .collect()
+    };
     let id = b.collective_calls_id(kind, &members, bytes, calls);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
     b.share(Shared::Data, group, task);
@@ -97,17 +108,14 @@ fn grad_sync(
                 done
             } else {
                 let calls = calls.max(1);
-                let task = dp_collective(
-                    b,
-                    plan,
-                    r,
-                    stage,
-                    x,
-                    kind,
-                    (bytes / calls as f64, calls),
-                    "grad_sync",
-                    GRAD_SYNC_STREAM,
-                );
+                // A framework that reduces on the compute stream holds up the backward.
+                let stream = if plan.framework.grad_reduce == crate::framework::GradReduce::Blocking {
+                    StreamKind::Compute
+                } else {
+                    GRAD_SYNC_STREAM
+                };
+                let task =
+                    dp_collective(b, plan, r, stage, x, kind, (bytes / calls as f64, calls), "grad_sync", stream);
                 b.p.deps.push((done, task));
                 task
             };

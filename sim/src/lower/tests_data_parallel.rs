@@ -172,3 +172,32 @@ fn the_overlapped_gather_leaves_unreplicated_experts_alone() {
         assert_eq!(experts > 0.0, plan.contains("\"ep\": 4"), "{plan}: {experts}");
     }
 }
+
+/// DeepSpeed below ZeRO-3 reduces on the compute stream (`overlap_comm` off by default): the
+/// reductions sit on the compute streams and hold up the backward, so the step is longer
+/// than with them overlapped, and the full simulation agrees with the symmetric one.
+#[test]
+fn blocking_reductions_hold_up_the_backward() {
+    let run = |grad_reduce: &str, full: bool| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": 8, "hidden": 1024, "heads": 16, "vocab": 32000}}}},
+                "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
+                "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512,
+                              "framework": {{"name": "deepspeed", "grad_reduce": "{grad_reduce}"}}}},
+                "plan": {{"dp": 16, "zero_stage": 1, "bucket_bytes": 20000000}}}}"#
+        );
+        let mut s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        s.options.symmetry = !full;
+        crate::simulate(&s, true)
+    };
+    let (blocking, overlapped) = (run("blocking", false), run("overlapped", false));
+    let on = |sim: &crate::Simulation| {
+        let t = &sim.timeline;
+        t.spans.iter().filter(|s| t.labels[s.label as usize].op == "grad_sync").map(|s| s.stream).collect::<Vec<_>>()
+    };
+    assert!(!on(&blocking).is_empty() && on(&blocking).iter().all(|&k| k == StreamKind::Compute));
+    assert!(on(&overlapped).iter().all(|&k| k == StreamKind::DataParallel));
+    let it = |sim: &crate::Simulation| sim.report.iteration_s;
+    assert!(it(&blocking) > it(&overlapped), "{} vs {}", it(&blocking), it(&overlapped));
+    assert_eq!(it(&run("blocking", true)), it(&blocking));
+}

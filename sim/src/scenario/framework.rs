@@ -64,9 +64,10 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         f.get("name").ok_or_else(|| invalid(&f.key("name"), "missing: the framework this object adjusts"))?,
         &f.key("name"),
     )?;
-    let grad_reduce = f.choice("grad_reduce", &["overlapped", "after_backward"], |s| match s {
+    let grad_reduce = f.choice("grad_reduce", &["overlapped", "after_backward", "blocking"], |s| match s {
         "overlapped" => Some(GradReduce::Overlapped),
         "after_backward" => Some(GradReduce::AfterBackward),
+        "blocking" => Some(GradReduce::Blocking),
         _ => None,
     })?;
     let grad_reduce_dtype = f.choice("grad_reduce_dtype", &["params", "fp32"], |s| match s {
@@ -132,11 +133,19 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     };
     // A pipeline engine that reduces after its schedule (DeepSpeed's) does so whatever the
     // profile's `grad_reduce` says, unless the scenario sets it.
+    // Likewise one whose reductions block the compute stream below ZeRO-3 (DeepSpeed's
+    // `overlap_comm` default).
     let pipeline_reduce = |f: &mut Framework, defaults: &mut Vec<String>| {
         if traits.pp > 1 && f.pipeline_reduces_after_backward && f.grad_reduce != GradReduce::AfterBackward {
             f.grad_reduce = GradReduce::AfterBackward;
             defaults.push(format!(
                 "training.framework.grad_reduce = after_backward ({} with pipeline parallelism: its pipeline engine reduces the gradients after the schedule's last backward)",
+                f.name
+            ));
+        } else if traits.zero_stage < 3 && f.blocking_reduce_below_zero3 && f.grad_reduce == GradReduce::Overlapped {
+            f.grad_reduce = GradReduce::Blocking;
+            defaults.push(format!(
+                "training.framework.grad_reduce = blocking ({} below ZeRO-3: overlap_comm off, each reduction on the compute stream; set overlapped for a config that turns it on)",
                 f.name
             ));
         }

@@ -123,7 +123,18 @@ fn frameworks_are_checked_where_they_are_read() {
     assert!(s.defaults_applied.iter().any(|d| d.contains("grad_reduce = after_backward")), "{:?}", s.defaults_applied);
     let s = deepspeed(json!({"name": "deepspeed", "grad_reduce": "overlapped"}), 2);
     assert_eq!(s.plan.framework.grad_reduce, GradReduce::Overlapped);
-    assert_eq!(deepspeed(json!("deepspeed"), 1).plan.framework.grad_reduce, GradReduce::Overlapped);
+    // Without a pipeline, below ZeRO-3, DeepSpeed reduces on the compute stream
+    // (`overlap_comm` off by default); under ZeRO-3 it overlaps.
+    let s = deepspeed(json!("deepspeed"), 1);
+    assert_eq!(s.plan.framework.grad_reduce, GradReduce::Blocking);
+    assert!(s.defaults_applied.iter().any(|d| d.contains("grad_reduce = blocking")), "{:?}", s.defaults_applied);
+    let mut v = base();
+    v["training"]["framework"] = json!("deepspeed");
+    v["plan"] = json!({"dp": 8, "zero_stage": 3});
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!(s.plan.framework.grad_reduce, GradReduce::Overlapped);
+    let s = deepspeed(json!({"name": "deepspeed", "grad_reduce": "overlapped"}), 1);
+    assert_eq!(s.plan.framework.grad_reduce, GradReduce::Overlapped);
     assert_eq!(deepspeed(json!("megatron-core"), 2).plan.framework.grad_reduce, GradReduce::Overlapped);
     // Megatron-Core's interleaved schedule overlaps its pipeline sends (its
     // --overlap-p2p-communication); 1F1B and Megatron-LM of 2021 block; a given p2p stays.
