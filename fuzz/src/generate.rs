@@ -392,7 +392,7 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         }
         let mut f = Map::new();
         f.insert("name".into(), json!(name));
-        opt(&mut f, r, 0.4, "grad_reduce", |r| json!(*r.pick(&["overlapped", "after_backward"])));
+        opt(&mut f, r, 0.4, "grad_reduce", |r| json!(*r.pick(&["overlapped", "after_backward", "blocking"])));
         opt(&mut f, r, 0.3, "gather_prefetch", |r| json!(r.int(0, 4)));
         opt(&mut f, r, 0.3, "param_gather_overlap", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "bucket_first_chunk_only", |r| json!(r.chance(0.5)));
