@@ -654,29 +654,25 @@ pub fn reference_markdown() -> String {
         s += &format!("\n## `{n}`\n\nRead from {}.\n\n| behaviour | value |\n|---|---|\n", f.version);
         s += &format!("| gradient reduction | {reduce} |\n| gradient bucket | {bucket} |\n");
         s += &format!("| gradient dtype | {dtype} |\n| ZeRO-3 gathers | {gather} |\n");
-        s += &format!(
-            "| ZeRO-3 gathers each parameter tensor alone, copying it out per rank, the host waiting | {} |\n",
-            yes(f.gather_per_tensor)
-        );
-        s += &format!("| parameter all-gather overlaps next forward | {} |\n", yes(f.param_gather_overlap));
-        s += &format!(
-            "| buckets only on the first stage's first model chunk (others: one bucket each) | {} |\n",
-            yes(f.bucket_first_chunk_only)
-        );
-        s += &format!(
-            "| with pipeline parallelism, gradients reduced after the last backward | {} |\n",
-            yes(f.pipeline_reduces_after_backward)
-        );
-        s += &format!(
-            "| interleaved schedule's pipeline sends overlap compute (`plan.p2p` default) | {} |\n",
-            yes(f.interleaved_p2p_overlap)
-        );
-        s += &format!(
-            "| below ZeRO-3, gradient reductions on the compute stream (`blocking`) | {} |\n",
-            yes(f.blocking_reduce_below_zero3)
-        );
-        s += &format!("| TP communication overlaps GEMMs (with sequence parallelism) | {} |\n", yes(f.tp_comm_overlap));
-        s += &format!("| expert all-to-alls overlap another micro-batch's compute | {} |\n", yes(f.ep_comm_overlap));
+        let flags = [
+            (
+                "ZeRO-3 gathers each parameter tensor alone, copying it out per rank, the host waiting",
+                f.gather_per_tensor,
+            ),
+            ("parameter all-gather overlaps next forward", f.param_gather_overlap),
+            (
+                "buckets only on the first stage's first model chunk (others: one bucket each)",
+                f.bucket_first_chunk_only,
+            ),
+            ("with pipeline parallelism, gradients reduced after the last backward", f.pipeline_reduces_after_backward),
+            ("interleaved schedule's pipeline sends overlap compute (`plan.p2p` default)", f.interleaved_p2p_overlap),
+            ("below ZeRO-3, gradient reductions on the compute stream (`blocking`)", f.blocking_reduce_below_zero3),
+            ("TP communication overlaps GEMMs (with sequence parallelism)", f.tp_comm_overlap),
+            ("expert all-to-alls overlap another micro-batch's compute", f.ep_comm_overlap),
+        ];
+        for (behaviour, on) in flags {
+            s += &format!("| {behaviour} | {} |\n", yes(on));
+        }
         let attention = match f.attention {
             Attention::Naive => "materialised scores".to_string(),
             a => format!("fused (`{}`)", a.name()),

@@ -26,6 +26,18 @@ fn spans(sim: &crate::Simulation, op: &str) -> Vec<(u32, u64, u64)> {
     t.spans.iter().filter(|s| t.labels[s.label as usize].op == op).map(|s| (s.device, s.start_ns, s.end_ns)).collect()
 }
 
+/// When the first compute-stream task of `phase` starts on `device` (any device: `None`), ns.
+fn first_start(sim: &crate::Simulation, device: Option<u32>, phase: Phase) -> u64 {
+    let t = &sim.timeline;
+    t.spans
+        .iter()
+        .filter(|s| device.is_none_or(|d| s.device == d) && s.stream == StreamKind::Compute)
+        .filter(|s| t.labels[s.label as usize].phase == phase)
+        .map(|s| s.start_ns)
+        .min()
+        .expect("a compute task of the phase")
+}
+
 /// Without a pipeline the updated shards are gathered in the next forward, bucket by bucket
 /// one ahead of it: the same bytes as the all-gather that otherwise ends the step, the
 /// iteration now ending with the optimizer step and shorter by what the forward hid.
@@ -45,14 +57,7 @@ fn the_update_is_gathered_in_the_next_forward() {
     let end = |sim: &crate::Simulation| sim.timeline.iteration_ns;
     // Off: the gathers end the step; on: they end before the first backward starts.
     assert!(gathers_off.iter().any(|g| g.2 == end(&off)));
-    let first_backward = on
-        .timeline
-        .spans
-        .iter()
-        .filter(|s| s.stream == StreamKind::Compute && on.timeline.labels[s.label as usize].phase == Phase::Backward)
-        .map(|s| s.start_ns)
-        .min()
-        .expect("a backward");
+    let first_backward = first_start(&on, None, Phase::Backward);
     assert!(gathers_on.iter().all(|g| g.2 <= first_backward), "{gathers_on:?} vs {first_backward}");
     assert!(on.report.iteration_s < off.report.iteration_s, "{} vs {}", on.report.iteration_s, off.report.iteration_s);
 }
@@ -83,15 +88,7 @@ fn only_the_first_stage_is_bucketed_and_later_stages_wait_for_their_gather() {
     let t = &on.timeline;
     let last = t.devices.iter().zip(&t.stages).find(|(_, s)| **s == 3).map(|(&d, _)| d).expect("stage 3");
     let gather = spans(&on, "param_allgather").into_iter().find(|g| g.0 == last).expect("its gather");
-    let first_forward = t
-        .spans
-        .iter()
-        .filter(|s| {
-            s.device == last && s.stream == StreamKind::Compute && t.labels[s.label as usize].phase == Phase::Forward
-        })
-        .map(|s| s.start_ns)
-        .min()
-        .expect("a forward");
+    let first_forward = first_start(&on, Some(last), Phase::Forward);
     assert!(first_forward >= gather.2, "{first_forward} vs {gather:?}");
     // Until its input arrived the stage waited for the pipeline: the report charges the
     // data-parallel part only the gather and the reduction themselves.
@@ -123,15 +120,7 @@ fn an_interleaved_schedule_dispatches_every_gather_up_front() {
     assert_eq!(gathers.len(), 2, "one per chunk: {gathers:?}");
     assert_eq!(gathers[0].0, 0, "{gathers:?}");
     assert_eq!(gathers[1].0, gathers[0].1, "back to back: {gathers:?}");
-    let first_backward = t
-        .spans
-        .iter()
-        .filter(|s| {
-            s.device == last && s.stream == StreamKind::Compute && t.labels[s.label as usize].phase == Phase::Backward
-        })
-        .map(|s| s.start_ns)
-        .min()
-        .expect("a backward");
+    let first_backward = first_start(&sim, Some(last), Phase::Backward);
     assert!(gathers[1].1 <= first_backward, "{gathers:?} vs {first_backward}");
 }
 
