@@ -177,6 +177,10 @@ pub struct Framework {
     /// `blocking`), whatever `grad_reduce` says (DeepSpeed's `overlap_comm` defaults on only
     /// under ZeRO-3; see [`OVERLAP_COMM_SOURCE`]). Applied when the plan is resolved.
     pub blocking_reduce_below_zero3: bool,
+    /// `grad_reduce_dtype` `fp32` holds for bf16 (and fp8) training only: under fp16 the
+    /// gradients are reduced in fp16 (Megatron forces fp32 accumulation and all-reduce for
+    /// bf16 alone; see [`FP32_REDUCE_SOURCE`]). Applied when the plan is resolved.
+    pub fp32_reduce_bf16_only: bool,
     /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
     pub tp_comm_overlap: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
@@ -219,6 +223,9 @@ pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_par
 /// `foreach_all_gather_copy_out` copies it into each parameter's own tensor on the current
 /// (compute) stream after waiting for the all-gather's event.
 pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (FSDP2, PyTorch 2.4 and later): foreach_all_gather_copy_out waits for the all-gather event on the current stream, then copies the flat all-gather output into each parameter's unsharded tensor (torch.split_with_sizes_copy): the unit's gathered bytes read and written once more on the compute stream before its forward (and again before its backward, after reshard_after_forward)";
+
+/// Where `fp32_reduce_bf16_only` comes from.
+pub const FP32_REDUCE_SOURCE: &str = "megatron/arguments.py (v2.5, 2021) and megatron/training/arguments.py (2026): only with --bf16 is accumulate_allreduce_grads_in_fp32 turned on ('bfloat16 requires gradient accumulation and all-reduce to be done in fp32'); --fp16 leaves it off unless --accumulate-allreduce-grads-in-fp32 is given, so fp16 gradients are reduced in fp16";
 
 /// Where `blocking_reduce_below_zero3` comes from.
 pub const OVERLAP_COMM_SOURCE: &str = "deepspeed/runtime/zero/config.py overlap_comm: None resolves to (stage == ZeRO-3) in overlap_comm_valid; with it off, stage_1_and_2.py reduces each bucket on the current (compute) stream (average_tensor, allreduce_and_copy: stream = get_accelerator().current_stream()), so the backward waits for every reduction; without ZeRO the engine all-reduces after backward (engine.py allreduce_gradients). Set grad_reduce to overlapped for a config with \"overlap_comm\": true";
@@ -314,6 +321,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: false,
+            fp32_reduce_bf16_only: true,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -334,6 +342,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "grad_reduce_dtype",
                     "megatron/arguments.py: with bf16 it turns accumulate_allreduce_grads_in_fp32 on (gradients accumulated and all-reduced in fp32)",
                 ),
+                ("fp32_reduce_bf16_only", FP32_REDUCE_SOURCE),
                 (
                     "attention",
                     "megatron/model/transformer.py CoreAttention: baddbmm scores, FusedScaleMaskSoftmax (megatron/fused_kernels), no FlashAttention in 2021",
@@ -354,6 +363,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: true,
             blocking_reduce_below_zero3: false,
+            fp32_reduce_bf16_only: true,
             tp_comm_overlap: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -384,6 +394,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "grad_reduce_dtype",
                     "megatron/training/arguments.py: bf16 with fp32 main grads sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16",
                 ),
+                ("fp32_reduce_bf16_only", FP32_REDUCE_SOURCE),
                 (
                     "tp_comm_overlap",
                     "megatron/core/model_parallel_config.py tp_comm_overlap (Transformer Engine userbuffers; requires sequence parallelism); --tp-comm-overlap. Transformer Engine's userbuffers configurations (ub_cfg, as NeMo's recipes ship them): qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad by ring_exchange (the all-gather beside the GEMM); proj_fprop, fc2_fprop by pipeline (chunked reduce-scatter, the last chunk exposed). Applied only with plan.sequence_parallel in 1-D tensor parallelism",
@@ -408,6 +419,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_reduces_after_backward: true,
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: true,
+            fp32_reduce_bf16_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -454,6 +466,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: false,
+            fp32_reduce_bf16_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -496,6 +509,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: false,
+            fp32_reduce_bf16_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -528,6 +542,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_reduces_after_backward: false,
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: false,
+            fp32_reduce_bf16_only: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -565,6 +580,8 @@ pub struct PlanTraits {
     pub zero_stage: u8,
     pub offloaded: bool,
     pub gemini: bool,
+    /// Training in fp16 (with loss scaling), not bf16 or fp8.
+    pub fp16: bool,
 }
 
 /// The framework a plan most likely runs on, and why (listed in `defaults_applied`):
@@ -667,6 +684,7 @@ pub fn reference_markdown() -> String {
             ("with pipeline parallelism, gradients reduced after the last backward", f.pipeline_reduces_after_backward),
             ("interleaved schedule's pipeline sends overlap compute (`plan.p2p` default)", f.interleaved_p2p_overlap),
             ("below ZeRO-3, gradient reductions on the compute stream (`blocking`)", f.blocking_reduce_below_zero3),
+            ("fp32 gradient reduction under bf16 only (fp16 training reduces in fp16)", f.fp32_reduce_bf16_only),
             ("TP communication overlaps GEMMs (with sequence parallelism)", f.tp_comm_overlap),
             ("expert all-to-alls overlap another micro-batch's compute", f.ep_comm_overlap),
         ];
@@ -719,7 +737,7 @@ mod tests {
 
     #[test]
     fn defaults_follow_the_plan() {
-        let t = PlanTraits { tp: 1, pp: 1, zero_stage: 0, offloaded: false, gemini: false };
+        let t = PlanTraits { tp: 1, pp: 1, zero_stage: 0, offloaded: false, gemini: false, fp16: false };
         assert_eq!(default_for(t).0, "pytorch-ddp");
         assert_eq!(default_for(PlanTraits { zero_stage: 3, ..t }).0, "pytorch-fsdp");
         assert_eq!(default_for(PlanTraits { zero_stage: 3, offloaded: true, ..t }).0, "deepspeed");

@@ -150,12 +150,23 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
             ));
         }
     };
+    // Megatron reduces in fp32 only under bf16: fp16 gradients travel in fp16.
+    let fp16_reduce = |f: &mut Framework, defaults: &mut Vec<String>| {
+        if traits.fp16 && f.fp32_reduce_bf16_only && f.grad_reduce_dtype == ReduceDtype::Fp32 {
+            f.grad_reduce_dtype = ReduceDtype::Params;
+            defaults.push(format!(
+                "training.framework.grad_reduce_dtype = params ({} under fp16: gradients reduced in fp16; fp32 only under bf16)",
+                f.name
+            ));
+        }
+    };
     let Some(s) = spec else {
         let (name, why) = framework::default_for(traits);
         defaults.push(format!("training.framework = {name} ({why})"));
         let mut f = framework::profile(name).expect("default framework has a profile");
         per_tensor_note(&f, defaults);
         pipeline_reduce(&mut f, defaults);
+        fp16_reduce(&mut f, defaults);
         return f;
     };
     let mut f = framework::profile(&s.name).expect("name checked when read");
@@ -185,8 +196,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
         Some(b) => f.gather_per_tensor = b,
         None => per_tensor_note(&f, defaults),
     }
-    if let Some(d) = s.grad_reduce_dtype {
-        f.grad_reduce_dtype = d;
+    match s.grad_reduce_dtype {
+        Some(d) => f.grad_reduce_dtype = d,
+        None => fp16_reduce(&mut f, defaults),
     }
     if let Some(b) = s.recompute_early_stop {
         f.recompute_early_stop = b;

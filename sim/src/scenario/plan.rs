@@ -190,6 +190,7 @@ pub(super) fn parse_plan(
         zero_stage,
         offloaded: offload.optimizer != Tier::Device || offload.params != Tier::Device,
         gemini: offload.dynamic.is_some(),
+        fp16: t.precision == crate::hardware::Precision::Fp16,
     };
     let framework = super::framework::resolve(t.framework.as_ref(), traits, defaults);
     let p2p = p2p_given.unwrap_or_else(|| {

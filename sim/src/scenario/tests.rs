@@ -159,6 +159,24 @@ fn frameworks_are_checked_where_they_are_read() {
     assert_eq!(p2p("megatron-core", "interleaved", Some("blocking")), P2p::Blocking);
     assert_eq!(p2p("megatron-core", "1f1b", None), P2p::Blocking);
     assert_eq!(p2p("megatron-lm-2021", "interleaved", None), P2p::Blocking);
+    // Megatron reduces gradients in fp32 under bf16 only: fp16 training reduces in fp16
+    // unless the scenario asks for fp32.
+    use crate::framework::ReduceDtype;
+    let dtype = |framework: serde_json::Value, precision: &str| {
+        let mut v = base();
+        v["training"]["framework"] = framework;
+        v["training"]["precision"] = json!(precision);
+        let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+        let noted = s.defaults_applied.iter().any(|d| d.contains("grad_reduce_dtype = params"));
+        (s.plan.framework.grad_reduce_dtype, noted)
+    };
+    assert_eq!(dtype(json!("megatron-lm-2021"), "fp16"), (ReduceDtype::Params, true));
+    assert_eq!(dtype(json!("megatron-core"), "fp16"), (ReduceDtype::Params, true));
+    assert_eq!(dtype(json!("megatron-core"), "bf16"), (ReduceDtype::Fp32, false));
+    assert_eq!(
+        dtype(json!({"name": "megatron-lm-2021", "grad_reduce_dtype": "fp32"}), "fp16"),
+        (ReduceDtype::Fp32, false)
+    );
     // Training metrics: a list of known names, each once.
     let metrics = |m: serde_json::Value| {
         move |v: &mut serde_json::Value| {
