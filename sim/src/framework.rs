@@ -181,6 +181,10 @@ pub struct Framework {
     /// gradients are reduced in fp16 (Megatron forces fp32 accumulation and all-reduce for
     /// bf16 alone; see [`FP32_REDUCE_SOURCE`]). Applied when the plan is resolved.
     pub fp32_reduce_bf16_only: bool,
+    /// The highest ZeRO stage the framework runs with pipeline parallelism (DeepSpeed's
+    /// pipeline engine refuses ZeRO-2 and 3; see [`PIPELINE_REDUCE_SOURCE`]); a plan above it
+    /// is refused.
+    pub pipeline_max_zero_stage: u8,
     /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
     pub tp_comm_overlap: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
@@ -234,7 +238,7 @@ pub const OVERLAP_COMM_SOURCE: &str = "deepspeed/runtime/zero/config.py overlap_
 pub const INTERLEAVED_P2P_SOURCE: &str = "megatron/training/arguments.py: --no-overlap-p2p-communication (dest overlap_p2p_comm, on unless given, since Megatron-LM of October 2023) overlaps the interleaved schedule's pipeline sends and receives with compute (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving posts them asynchronously and waits before the step that needs them); set off for the non-interleaved schedule";
 
 /// Where `pipeline_reduces_after_backward` comes from.
-pub const PIPELINE_REDUCE_SOURCE: &str = "deepspeed/runtime/pipe/engine.py (v0.3-0.16): PipelineEngine sets enable_backward_allreduce = False, so no gradient is reduced during backward; the training schedule ends with a ReduceGrads step (_exec_reduce_grads: allreduce_gradients, or the BF16 optimizer's buffered all-reduce, in buffers of MEMORY_OPT_ALLREDUCE_SIZE elements) after the last backward";
+pub const PIPELINE_REDUCE_SOURCE: &str = "deepspeed/runtime/pipe/engine.py (v0.3-0.16): PipelineEngine sets enable_backward_allreduce = False, so no gradient is reduced during backward; the training schedule ends with a ReduceGrads step (_exec_reduce_grads: allreduce_gradients, or the BF16 optimizer's buffered all-reduce, in buffers of MEMORY_OPT_ALLREDUCE_SIZE elements) after the last backward; and it asserts zero_optimization_stage() < ZeroStageEnum.gradients ('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism')";
 
 /// Where `bucket_first_chunk_only` comes from.
 pub const FIRST_CHUNK_BUCKETS_SOURCE: &str = "megatron/core/distributed/distributed_data_parallel.py (0.9-0.12): bucket_size is None on pipeline ranks after the first ('data-parallel communication on these stages is not on the critical path'), and megatron/training/training.py passes disable_bucketing for model chunks after the first ('communication for these model chunks is overlapped with compute anyway'): one bucket per such chunk, reduced when its last backward ends and gathered in one all-gather; with overlap_param_gather that gather is dispatched by the chunk's first forward pre-hook (param_and_grad_buffer.py finish_param_sync) unless the interleaved schedule's align_param_gather dispatched it up front";
@@ -322,6 +326,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: false,
             fp32_reduce_bf16_only: true,
+            pipeline_max_zero_stage: 3,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -364,6 +369,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             interleaved_p2p_overlap: true,
             blocking_reduce_below_zero3: false,
             fp32_reduce_bf16_only: true,
+            pipeline_max_zero_stage: 3,
             tp_comm_overlap: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -420,6 +426,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: true,
             fp32_reduce_bf16_only: false,
+            pipeline_max_zero_stage: 1,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -467,6 +474,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: false,
             fp32_reduce_bf16_only: false,
+            pipeline_max_zero_stage: 3,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -510,6 +518,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: false,
             fp32_reduce_bf16_only: false,
+            pipeline_max_zero_stage: 3,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -543,6 +552,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             interleaved_p2p_overlap: false,
             blocking_reduce_below_zero3: false,
             fp32_reduce_bf16_only: false,
+            pipeline_max_zero_stage: 3,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
@@ -691,6 +701,7 @@ pub fn reference_markdown() -> String {
         for (behaviour, on) in flags {
             s += &format!("| {behaviour} | {} |\n", yes(on));
         }
+        s += &format!("| highest ZeRO stage with pipeline parallelism | {} |\n", f.pipeline_max_zero_stage);
         let attention = match f.attention {
             Attention::Naive => "materialised scores".to_string(),
             a => format!("fused (`{}`)", a.name()),

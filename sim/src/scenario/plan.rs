@@ -193,6 +193,15 @@ pub(super) fn parse_plan(
         fp16: t.precision == crate::hardware::Precision::Fp16,
     };
     let framework = super::framework::resolve(t.framework.as_ref(), traits, defaults);
+    if pp > 1 && zero_stage > framework.pipeline_max_zero_stage {
+        return Err(invalid(
+            &o.key("zero_stage"),
+            format!(
+                "{zero_stage} with pp = {pp}: {} runs pipeline parallelism with ZeRO up to stage {} only (its pipeline engine refuses ZeRO-2 and 3); allowed: zero_stage 0 to {}, pp = 1, or another framework",
+                framework.name, framework.pipeline_max_zero_stage, framework.pipeline_max_zero_stage
+            ),
+        ));
+    }
     let p2p = p2p_given.unwrap_or_else(|| {
         let p2p = default_p2p(schedule, &framework);
         if pp > 1 {

@@ -136,6 +136,15 @@ fn frameworks_are_checked_where_they_are_read() {
     let s = deepspeed(json!({"name": "deepspeed", "grad_reduce": "overlapped"}), 1);
     assert_eq!(s.plan.framework.grad_reduce, GradReduce::Overlapped);
     assert_eq!(deepspeed(json!("megatron-core"), 2).plan.framework.grad_reduce, GradReduce::Overlapped);
+    // DeepSpeed's pipeline engine refuses ZeRO-2 and 3; other frameworks take them.
+    let e = error(|v| {
+        v["training"]["framework"] = json!("deepspeed");
+        v["plan"] = json!({"dp": 4, "pp": 2, "zero_stage": 2});
+    });
+    assert!(e.contains("plan.zero_stage") && e.contains("pipeline") && e.contains("zero_stage 0 to 1"), "{e}");
+    let mut v = base();
+    v["plan"] = json!({"dp": 4, "pp": 2, "zero_stage": 2});
+    parse(&v.to_string(), &|_| Err("no files".into())).expect("megatron-core runs ZeRO-2 with a pipeline");
     // Megatron-Core's interleaved schedule overlaps its pipeline sends (its
     // --overlap-p2p-communication); 1F1B and Megatron-LM of 2021 block; a given p2p stays.
     use crate::plan::P2p;
