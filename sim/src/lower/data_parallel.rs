@@ -447,14 +447,15 @@ impl ParamPrefetch {
     }
 
     /// Whether step (`c`, `mb`) is its chunk's first forward, which gathers.
-    fn gathers_at(&self, c: u32, mb: u32, phase: Phase) -> bool {
+    pub(super) fn gathers_at(&self, c: u32, mb: u32, phase: Phase) -> bool {
         phase == Phase::Forward && self.chunks.get(&c).is_some_and(|(first, _)| *first == mb)
     }
 
-    /// Before a chunk's forward step: `arrivals` (per lowered device, the send of its input;
-    /// empty on the first chunk) are what its first bucket's dispatch waits for.
-    pub(super) fn begin(&mut self, c: u32, mb: u32, arrivals: Vec<u32>) {
-        if self.gathers_at(c, mb, Phase::Forward) && !self.aligned {
+    /// Before a forward step that gathers (see [`ParamPrefetch::gathers_at`]): `arrivals`
+    /// (per lowered device, the send of its input; empty on the first chunk) are what its first
+    /// bucket's dispatch waits for.
+    pub(super) fn begin(&mut self, arrivals: Vec<u32>) {
+        if !self.aligned {
             self.release = arrivals;
         }
     }

@@ -191,12 +191,14 @@ impl<'a> Walk<'a> {
         let (lw, st) = (self.lw, self.st);
         let (plan, ctx, ub, c, mb) = (lw.plan, &st.ctx, at.ub, at.c, at.mb);
         let gathered = if c > 0 { p2p::receive(b, lw, ctx, Phase::Forward, at.bnd_in, c, mb) } else { NONE };
-        let arrivals = if c > 0 {
-            (0..lw.ranks).map(|x| links.fwd_send[links.key(st.r, c - 1, mb, x)]).collect()
-        } else {
-            Vec::new()
-        };
-        self.prefetch.begin(c, mb, arrivals);
+        if self.prefetch.gathers_at(c, mb, Phase::Forward) {
+            let arrivals = if c > 0 {
+                (0..lw.ranks).map(|x| links.fwd_send[links.key(st.r, c - 1, mb, x)]).collect()
+            } else {
+                Vec::new()
+            };
+            self.prefetch.begin(arrivals);
+        }
         let mut first = NONE;
         let mut last = NONE;
         if c == 0 && plan.frozen.cached_layers > 0 {
