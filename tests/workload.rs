@@ -435,7 +435,7 @@ fn recompute_modules_free_what_their_checkpoints_free() {
     let saved = |s: &sim::scenario::Scenario, layer: u32| {
         let w = &s.workload.transformer;
         let ops = w.layer_ops_at(layer, s.plan.layer_shape());
-        let kept = sim::workload::recompute::kept_bytes(&ops, s.plan.recompute, s.plan.recompute_modules);
+        let kept = sim::workload::recompute::kept_bytes(&ops, s.plan.recompute, s.plan.recompute_modules, 0.0);
         let by = move |n: &str| -> f64 {
             ops.iter()
                 .filter_map(LayerOp::compute)
@@ -478,6 +478,78 @@ fn recompute_modules_free_what_their_checkpoints_free() {
     let (dense, by) = saved(&llama(json!(["core_attn"])), 0);
     assert_eq!(saved(&llama(json!(["core_attn", "layernorm"])), 0).0, dense);
     assert_close(dense - saved(&llama(json!(["core_attn", "mlp"])), 0).0, by("act") + by("fc2"), 1e-9, "mlp");
+}
+
+/// torchtitan's per-op selective checkpointing (`op_sac`) on Llama 3 8B with a GEMM per
+/// projection, as torchtitan's code runs them: the layer keeps its input and the outputs of
+/// the first, third, fifth and seventh matrix products (wq, wv, w1, w2) and of the attention
+/// kernel, and reruns the rest up to the last tensor the backward needs (the norms, wk, rotary,
+/// wo, the first residual add, w3, SwiGLU), not the second residual add. So it keeps more than
+/// full recomputation and less than none, and takes between their times. Splitting the
+/// projections leaves the FLOPs as they were.
+#[test]
+fn op_sac_keeps_every_second_matmul_and_the_attention() {
+    let scenario = |recompute: &str, modules: serde_json::Value, projections: bool| {
+        let v = json!({"workload": {"preset": "llama3-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 16, "micro_batch": 2, "seq_len": 8192, "precision": "bf16",
+                         "attention": "flash2",
+                         "framework": {"name": "pytorch-fsdp", "fused": {"projections": projections}}},
+            "plan": {"dp": 8, "zero_stage": 3, "recompute": recompute, "recompute_modules": modules}});
+        let mut v = v;
+        if recompute != "selective" {
+            v["plan"].as_object_mut().expect("plan").remove("recompute_modules");
+        }
+        util::parse(&v.to_string())
+    };
+    let sac = scenario("selective", json!(["op_sac"]), false);
+    let ops = sac.workload.transformer.layer_ops(sac.plan.layer_shape());
+    let names: Vec<&str> = ops.iter().filter_map(LayerOp::compute).map(|o| o.name).collect();
+    let tokens = 2.0 * 8192.0;
+    let input = 2.0 * tokens * 4096.0;
+    let sel = sim::workload::recompute::selective(&ops, sac.plan.recompute_modules, input);
+    let rerun: Vec<&str> =
+        ops.iter().zip(&sel).filter(|(_, s)| s.rerun).filter_map(|(o, _)| o.compute()).map(|o| o.name).collect();
+    assert_eq!(
+        rerun,
+        ["ln1", "k_proj", "rope", "out_proj", "dropout_residual", "ln2", "up_proj", "act"],
+        "ops {names:?}"
+    );
+    assert_eq!(names.iter().filter(|n| **n == "dropout_residual").count(), 2, "{names:?}");
+    // Kept: the input, wq's (4096 wide) and wv's (1024) outputs, the attention's (4096), w1's
+    // (14,336) and w2's (4096), 2 bytes an element.
+    let kept: f64 = sel.iter().map(|s| s.kept).sum();
+    let expect = input + 2.0 * tokens * (4096.0 + 1024.0 + 4096.0 + 14336.0 + 4096.0);
+    assert_close(kept, expect, 1e-9, "kept bytes");
+    let fused = scenario("selective", json!(["op_sac"]), true);
+    let fused_ops = fused.workload.transformer.layer_ops(fused.plan.layer_shape());
+    let flops = |ops: &[LayerOp]| ops.iter().filter_map(LayerOp::compute).map(|o| o.forward_flops).sum::<f64>();
+    assert_close(flops(&ops), flops(&fused_ops), 1e-12, "the same FLOPs in more GEMMs");
+    let gemms = |ops: &[LayerOp]| {
+        ops.iter()
+            .filter_map(LayerOp::compute)
+            .filter(|o| matches!(o.class, sim::workload::OpClass::Gemm { .. }))
+            .count()
+    };
+    assert_eq!((gemms(&ops), gemms(&fused_ops)), (7, 4));
+    let (none, full, op) = (
+        simulate_report(&scenario("none", json!([]), false)),
+        simulate_report(&scenario("full", json!([]), false)),
+        simulate_report(&sac),
+    );
+    assert!(
+        full.iteration_s > op.iteration_s && op.iteration_s > none.iteration_s,
+        "{} {} {}",
+        none.iteration_s,
+        op.iteration_s,
+        full.iteration_s
+    );
+    assert!(
+        full.peak_memory_bytes < op.peak_memory_bytes && op.peak_memory_bytes < none.peak_memory_bytes,
+        "{} {} {}",
+        none.peak_memory_bytes,
+        op.peak_memory_bytes,
+        full.peak_memory_bytes
+    );
 }
 
 fn simulate_report(s: &sim::scenario::Scenario) -> sim::report::Report {

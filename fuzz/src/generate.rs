@@ -412,7 +412,10 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
             r,
             0.3,
             "fused",
-            |r| json!({"softmax": r.chance(0.5), "swiglu": r.chance(0.5), "adam": r.chance(0.5)}),
+            |r| {
+                json!({"softmax": r.chance(0.5), "swiglu": r.chance(0.5), "adam": r.chance(0.5),
+                       "projections": r.chance(0.5)})
+            },
         );
         Value::Object(f)
     });
@@ -491,6 +494,10 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
     opt(&mut plan, r, 0.3, "recompute", |r| json!(*r.pick(&["none", "selective", "full"])));
     if plan.get("recompute") == Some(&json!("selective")) || r.chance(0.02) {
         opt(&mut plan, r, 0.5, "recompute_modules", |r| {
+            // Per-op checkpointing stands alone (mostly; combined, it is a clear error).
+            if r.chance(0.25) {
+                return if r.chance(0.9) { json!(["op_sac"]) } else { json!(["op_sac", "mlp"]) };
+            }
             let all = ["core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts"];
             json!(all.iter().filter(|_| r.chance(0.4)).collect::<Vec<_>>())
         });

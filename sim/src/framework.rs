@@ -86,6 +86,12 @@ pub struct Fused {
     /// reads them and writes their gradient. Unfused: PyTorch's fp32 `log_softmax` and
     /// `nll_loss` after an fp32 copy of the logits (see `workload::transformer::loss_bytes`).
     pub cross_entropy: bool,
+    /// The query, key and value projections as one GEMM, and a gated MLP's gate and up
+    /// projections as one (Megatron-Core's `linear_qkv` and `linear_fc1`, MPT's `Wqkv`); off, a
+    /// GEMM each, as torchtitan's and Hugging Face's Llama code runs them (`wq`, `wk`, `wv`;
+    /// `w1`, `w3`). A property of the model code more than of the framework: every profile
+    /// fuses them.
+    pub projections: bool,
 }
 
 /// The casts around an fp8 GEMM (`training.framework.fp8_casts`; see [`FP8_CASTS_SOURCE`]).
@@ -302,6 +308,7 @@ pub fn profile(name: &str) -> Option<Framework> {
         // No profile fuses the loss by default: Megatron-Core's cross_entropy_loss_fusion
         // (--cross-entropy-loss-fusion) is off unless asked for.
         cross_entropy: false,
+        projections: true,
     };
     let eager = Fused {
         softmax: false,
@@ -312,6 +319,7 @@ pub fn profile(name: &str) -> Option<Framework> {
         swiglu: false,
         rope: false,
         cross_entropy: false,
+        projections: true,
     };
     let one_layer = Gather::PerLayer { prefetch: 1 };
     let f = match name {

@@ -181,7 +181,7 @@ impl Builder {
             Recompute::Full => (full_input_bytes, vec![false; ops.len()]),
             Recompute::None => (saved_none, vec![false; ops.len()]),
             Recompute::Selective => {
-                let sel = crate::workload::recompute::selective(&ops, modules);
+                let sel = crate::workload::recompute::selective(&ops, modules, full_input_bytes);
                 (sel.iter().map(|o| o.kept).sum(), sel.iter().map(|o| o.rerun).collect())
             }
         };

@@ -33,12 +33,15 @@ impl Recompute {
 /// `shared_experts` are checkpointed whole (their input kept, everything inside rerun);
 /// `layernorm`, `mla_up_proj` and `moe_act` discard their output once its consumer has run and
 /// recompute it before the consumer's backward ("output-discarding checkpointing").
+///
+/// `op_sac` stands alone: PyTorch's per-op selective activation checkpointing as torchtitan's
+/// `selective_ac_option = "op"` applies it to every layer (see `workload::recompute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecomputeModules(u8);
 
 impl RecomputeModules {
-    pub const NAMES: [&'static str; 7] =
-        ["core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts"];
+    pub const NAMES: [&'static str; 8] =
+        ["core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts", "op_sac"];
     /// Megatron-Core's default.
     pub const CORE_ATTN: RecomputeModules = RecomputeModules(1);
 

@@ -219,6 +219,7 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
             "swiglu" => f.fused.swiglu = *b,
             "rope" => f.fused.rope = *b,
             "cross_entropy" => f.fused.cross_entropy = *b,
+            "projections" => f.fused.projections = *b,
             _ => unreachable!("keys checked when read"),
         }
     }

@@ -248,6 +248,7 @@ pub(super) fn parse_plan(
             swiglu: framework.fused.swiglu,
             rope: framework.fused.rope,
             cross_entropy: framework.fused.cross_entropy,
+            projections: framework.fused.projections,
             fp8_gemm_inputs: t.precision == crate::hardware::Precision::Fp8
                 && framework.fp8_casts == crate::framework::Fp8Casts::Te,
         },
@@ -349,7 +350,14 @@ fn parse_recompute_modules(o: &Obj, recompute: Recompute) -> Result<crate::plan:
         ));
     }
     let names = super::reader::name_list(v, &key, &RecomputeModules::NAMES, "module")?;
-    RecomputeModules::from_names(&names).map_err(|n| invalid(&key, format!("unknown module \"{n}\"")))
+    let modules = RecomputeModules::from_names(&names).map_err(|n| invalid(&key, format!("unknown module \"{n}\"")))?;
+    if modules.contains("op_sac") && names.len() > 1 {
+        return Err(invalid(
+            &key,
+            "\"op_sac\" (per-op selective checkpointing of the whole layer) cannot be combined with modules; give it alone",
+        ));
+    }
+    Ok(modules)
 }
 
 /// `partition`: "uniform", "balanced", "parameters", "explore" or layers per chunk; by default

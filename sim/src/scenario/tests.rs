@@ -383,4 +383,10 @@ fn recompute_modules_are_checked() {
     with("selective", json!(["layernorm", "mla_up_proj"]))(&mut v);
     let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
     assert_eq!(s.plan.recompute_modules.names(), ["layernorm", "mla_up_proj"]);
+    let e = error(with("selective", json!(["op_sac", "mlp"])));
+    assert!(e.contains("plan.recompute_modules") && e.contains("alone"), "{e}");
+    let mut v = base();
+    with("selective", json!(["op_sac"]))(&mut v);
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!(s.plan.recompute_modules.names(), ["op_sac"]);
 }

@@ -61,7 +61,8 @@ fn block_s(
     overlap: Option<f64>,
 ) -> Block {
     let (mut f, mut b, mut n, mut fc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
-    let selective = (recompute == Recompute::Selective).then(|| crate::workload::recompute::selective(ops, modules));
+    let selective =
+        (recompute == Recompute::Selective).then(|| crate::workload::recompute::selective(ops, modules, 0.0));
     let gemm = |i: Option<usize>| {
         i.and_then(|i| ops.get(i)).and_then(LayerOp::compute).filter(|s| matches!(s.class, OpClass::Gemm { .. }))
     };
@@ -258,14 +259,15 @@ pub fn bounds(s: &Scenario) -> Bounds {
         (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
     let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { w.head_classes() * w.hidden as f64 / tf };
     let per_param = state_bytes_per_parameter(plan).0;
+    let layer_input = e * plan.micro_batch as f64 * (plan.seq_len / plan.cp) as f64 * w.hidden as f64
+        / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
     let saved_layer = if plan.offload.activations != Tier::Device {
         0.0
     } else if plan.recompute == Recompute::Full {
-        e * plan.micro_batch as f64 * (plan.seq_len / plan.cp) as f64 * w.hidden as f64
-            / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 }
+        layer_input
     } else {
         let saved = |ops: &[LayerOp]| -> f64 {
-            crate::workload::recompute::kept_bytes(ops, plan.recompute, plan.recompute_modules)
+            crate::workload::recompute::kept_bytes(ops, plan.recompute, plan.recompute_modules, layer_input)
         };
         dense_ops.as_deref().map_or(saved(&layer_ops), |d| saved(&layer_ops).min(saved(d)))
     };

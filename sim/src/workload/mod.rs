@@ -175,6 +175,9 @@ pub struct Fusion {
     /// fp8 saves `inputmat_t` (`transformer_engine/pytorch/module/linear.py`). torchao's
     /// `Float8Linear` keeps the 16-bit input; trainsim's 16-bit GEMMs keep theirs.
     pub fp8_gemm_inputs: bool,
+    /// One GEMM for the query, key and value projections and one for a gated MLP's gate and
+    /// up projections; off, a GEMM each (see [`crate::framework::Fused::projections`]).
+    pub projections: bool,
 }
 
 impl Default for Fusion {
@@ -187,6 +190,7 @@ impl Default for Fusion {
             rope: true,
             cross_entropy: false,
             fp8_gemm_inputs: false,
+            projections: true,
         }
     }
 }

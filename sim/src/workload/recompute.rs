@@ -26,8 +26,12 @@ fn name(op: &LayerOp) -> &'static str {
     }
 }
 
-/// Each of `ops` under selective recomputation of `modules`.
-pub fn selective(ops: &[LayerOp], modules: RecomputeModules) -> Vec<Selective> {
+/// Each of `ops` under selective recomputation of `modules`; `input_bytes` is the layer's
+/// input, which per-op checkpointing (`op_sac`) keeps.
+pub fn selective(ops: &[LayerOp], modules: RecomputeModules, input_bytes: f64) -> Vec<Selective> {
+    if modules.contains("op_sac") {
+        return op_sac(ops, input_bytes);
+    }
     let mut out: Vec<Selective> = ops
         .iter()
         .map(|op| Selective { rerun: false, kept: op.compute().map_or(0.0, |s| s.saved.bytes(Recompute::None)) })
@@ -89,12 +93,76 @@ pub fn selective(ops: &[LayerOp], modules: RecomputeModules) -> Vec<Selective> {
     out
 }
 
+/// PyTorch's per-op selective activation checkpointing as torchtitan applies it to each layer
+/// (`selective_ac_option = "op"`; torchtitan e7c0cae `models/llama3/parallelize_llama.py`
+/// `_save_list` and `_custom_policy`, also 9dec370): the layer keeps its input and the output
+/// of every op on the save list, the matrix products (`aten.mm`) but every second one in
+/// forward order, the fused attention kernels and the tensor-parallel reduce-scatters, and
+/// reruns every other op before its backward. The rerun is PyTorch's non-reentrant checkpoint,
+/// which stops once the last tensor the backward needs is rebuilt
+/// ([`crate::lower`]'s early stop): the ops after it (the residual add) do not run again.
+/// Batched products (materialised attention's scores, grouped expert GEMMs) are other aten
+/// ops, off the list: rerun. Collectives other than reduce-scatters are rerun too.
+fn op_sac(ops: &[LayerOp], input_bytes: f64) -> Vec<Selective> {
+    let end = ops
+        .iter()
+        .rposition(|op| op.compute().is_some_and(|s| s.saved.bytes(Recompute::None) > 0.0))
+        .map_or(0, |j| if is_gemm(&ops[j]) { j } else { j + 1 });
+    let mut mm = 0;
+    let mut out: Vec<Selective> = ops
+        .iter()
+        .enumerate()
+        .map(|(j, op)| {
+            let kept = match op {
+                LayerOp::Compute(s) => match s.class {
+                    super::OpClass::Gemm { batch: 1.0, .. } => {
+                        mm += 1;
+                        (mm % 2 == 1).then(|| gemm_output_bytes(op).unwrap_or(0.0))
+                    }
+                    super::OpClass::Attention { .. } => Some(attention_output_bytes(s)),
+                    _ => None,
+                },
+                LayerOp::Comm { forward, .. } => (*forward == Some(super::Comm::ReduceScatter)).then_some(0.0),
+            };
+            match kept {
+                Some(kept) => Selective { rerun: false, kept },
+                None => Selective { rerun: j < end && !matches!(op, LayerOp::Comm { forward: None, .. }), kept: 0.0 },
+            }
+        })
+        .collect();
+    if let Some(first) = out.first_mut() {
+        first.kept += input_bytes;
+    }
+    out
+}
+
+fn is_gemm(op: &LayerOp) -> bool {
+    op.compute().is_some_and(|s| matches!(s.class, super::OpClass::Gemm { .. }))
+}
+
+/// Bytes of a fused attention kernel's output: its forward reads the queries, keys and values
+/// and writes an output the queries' size; it keeps its inputs (`workload::transformer`), so
+/// the output is its traffic less what it keeps. (Its log-sum-exp, 4 bytes a head and token,
+/// is left out: under 2% of the output at a head width of 64 or more in 16-bit.)
+fn attention_output_bytes(s: &super::OpSpec) -> f64 {
+    (s.forward_bytes - s.saved.bytes(Recompute::None)).max(0.0)
+}
+
+/// Bytes of a GEMM's output (m x n per batch) at the bytes per element its traffic implies.
+fn gemm_output_bytes(op: &LayerOp) -> Option<f64> {
+    gemm_part_bytes(op, |m, n, _| m * n)
+}
+
 /// Bytes of a GEMM's input (m x k per batch) at the bytes per element its traffic implies.
 fn gemm_input_bytes(op: &LayerOp) -> Option<f64> {
+    gemm_part_bytes(op, |m, _, k| m * k)
+}
+
+fn gemm_part_bytes(op: &LayerOp, part: impl Fn(f64, f64, f64) -> f64) -> Option<f64> {
     let s = op.compute()?;
     let super::OpClass::Gemm { batch, m, n, k } = s.class else { return None };
     let elems = batch * (m * k + k * n + m * n);
-    (elems > 0.0).then(|| s.forward_bytes / elems * batch * m * k)
+    (elems > 0.0).then(|| s.forward_bytes / elems * batch * part(m, n, k))
 }
 
 /// A module checkpointed whole over ops `first..=last`: all rerun, the first keeps its input.
@@ -111,14 +179,14 @@ fn whole(out: &mut [Selective], first: Option<usize>, last: Option<usize>) {
 
 /// Whether selective recomputation of `modules` reruns anything of `ops`.
 pub fn reruns_anything(ops: &[LayerOp], modules: RecomputeModules) -> bool {
-    selective(ops, modules).iter().any(|o| o.rerun)
+    selective(ops, modules, 0.0).iter().any(|o| o.rerun)
 }
 
-/// Activation bytes `ops` keep under `recompute` (selective: of `modules`; full recomputation
-/// is handled per layer by the caller).
-pub fn kept_bytes(ops: &[LayerOp], recompute: Recompute, modules: RecomputeModules) -> f64 {
+/// Activation bytes `ops` keep under `recompute` (selective: of `modules`, with the layer's
+/// `input_bytes`; full recomputation is handled per layer by the caller).
+pub fn kept_bytes(ops: &[LayerOp], recompute: Recompute, modules: RecomputeModules, input_bytes: f64) -> f64 {
     match recompute {
-        Recompute::Selective => selective(ops, modules).iter().map(|o| o.kept).sum(),
+        Recompute::Selective => selective(ops, modules, input_bytes).iter().map(|o| o.kept).sum(),
         _ => ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(recompute)).sum(),
     }
 }

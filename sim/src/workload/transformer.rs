@@ -414,7 +414,13 @@ impl TransformerConfig {
         let ln_out = Saved { replicated_bytes: e * sbh * rep, ..Saved::default() };
         match &self.mla {
             Some(m) => ops.extend(m.projections(tokens, h, a, t, e, ln_out)),
-            None => ops.push(gemm("qkv", tokens, (qw + 2.0 * kv) / t, h, ln_out)),
+            None if shape.fusion.projections => ops.push(gemm("qkv", tokens, (qw + 2.0 * kv) / t, h, ln_out)),
+            // A GEMM per projection, all reading the norm's output (kept once).
+            None => {
+                ops.push(gemm("q_proj", tokens, qw / t, h, ln_out));
+                ops.push(gemm("k_proj", tokens, kv / t, h, Saved::default()));
+                ops.push(gemm("v_proj", tokens, kv / t, h, Saved::default()));
+            }
         }
         let sbq = s * b * qw;
         if self.rotary {
@@ -544,7 +550,13 @@ impl TransformerConfig {
             }
             _ => {
                 let ln_out = Saved { replicated_bytes: e * sbh * rep, ..Saved::default() };
-                ops.push(gemm("fc1", tokens, up * f / t, h, ln_out));
+                if shape.fusion.projections || up < 2.0 {
+                    ops.push(gemm("fc1", tokens, up * f / t, h, ln_out));
+                } else {
+                    // The gate's GEMM then the up projection's (torchtitan's `w1`, `w3`).
+                    ops.push(gemm("gate_proj", tokens, f / t, h, ln_out));
+                    ops.push(gemm("up_proj", tokens, f / t, h, Saved::default()));
+                }
                 // GeLU keeps its input (4h wide in GPT: 8sbh at 2 bytes); SwiGLU keeps gate and up.
                 let (moved, kept) = act_bytes(self.mlp, shape.fusion.swiglu);
                 ops.push(LayerOp::Compute(mem_op(
@@ -704,14 +716,14 @@ impl TransformerConfig {
         modules: crate::plan::RecomputeModules,
     ) -> f64 {
         use crate::plan::Recompute;
+        // The layer input (2sbh, divided by t under sequence parallelism): all that full
+        // recomputation keeps.
+        let rep = if shape.sequence_parallel { 1.0 / shape.tp as f64 } else { 1.0 };
+        let input = shape.activation_bytes * shape.seq_len as f64 * shape.micro_batch as f64 * self.hidden as f64 * rep;
         match recompute {
-            // Only the layer input is kept (2sbh, divided by t under sequence parallelism).
-            Recompute::Full => {
-                let rep = if shape.sequence_parallel { 1.0 / shape.tp as f64 } else { 1.0 };
-                shape.activation_bytes * shape.seq_len as f64 * shape.micro_batch as f64 * self.hidden as f64 * rep
-            }
+            Recompute::Full => input,
             Recompute::None | Recompute::Selective => {
-                super::recompute::kept_bytes(&self.layer_ops(shape), recompute, modules)
+                super::recompute::kept_bytes(&self.layer_ops(shape), recompute, modules, input)
             }
         }
     }
