@@ -407,16 +407,10 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
             let all = ["cross_entropy", "perplexity", "token_accuracy"];
             json!(all.iter().filter(|_| r.chance(0.5)).collect::<Vec<_>>())
         });
-        opt(
-            &mut f,
-            r,
-            0.3,
-            "fused",
-            |r| {
-                json!({"softmax": r.chance(0.5), "swiglu": r.chance(0.5), "adam": r.chance(0.5),
+        opt(&mut f, r, 0.3, "fused", |r| {
+            json!({"softmax": r.chance(0.5), "swiglu": r.chance(0.5), "adam": r.chance(0.5),
                        "projections": r.chance(0.5)})
-            },
-        );
+        });
         Value::Object(f)
     });
 

@@ -93,6 +93,18 @@ pub(crate) fn sixteen_bit_gemm(name: &str) -> bool {
     matches!(name, "scores" | "attn_v" | "flash_attn" | "logits" | "router")
 }
 
+/// The GEMMs that read the input of the GEMM before them: the key and value projections after
+/// the query's, the up projection after the gate's, when the model runs a GEMM each
+/// (`workload::Fusion::projections` off). Under fp8 they share that input's cast: torch.compile
+/// deduplicates the identical abs-max and cast of one tensor (AOTAutograd's common
+/// subexpression elimination), and torchtitan's tensor parallelism under Float8 casts a
+/// module's input once before its all-gather (`PrepareFloat8ModuleInput`,
+/// `torchtitan/parallelisms/parallelize_llama.py` at 9dec370). Eager torchao without tensor
+/// parallelism would cast it once per GEMM; trainsim charges one cast.
+pub(crate) fn shares_input_cast(name: &str) -> bool {
+    matches!(name, "k_proj" | "v_proj" | "up_proj")
+}
+
 impl ComputeModel {
     pub fn new(device: &DeviceSpec, precision: Precision, calibration: Option<Calibration>) -> ComputeModel {
         let (ge, me, launch) = match calibration {
@@ -226,7 +238,7 @@ impl ComputeModel {
                     (self.peak_flops, self.gemm_efficiency)
                 };
                 if self.fp8 && !sixteen_bit_gemm(op.name) {
-                    extra_s = self.fp8_cast_s(batch, m, n, k, backward);
+                    extra_s = self.fp8_cast_s(batch, m, n, k, backward, !shares_input_cast(op.name));
                 }
                 let kernels = if backward { 2.0 } else { 1.0 };
                 let efficiency = self.shape_efficiency(base, peak, batch, m, n, k);
@@ -259,20 +271,24 @@ impl ComputeModel {
     /// gradient. torchao's dynamic casts: forward casts the input and the
     /// weight (an abs-max pass and a cast each); backward casts the output gradient for each
     /// of its two GEMMs (one abs-max, two casts) and the kept 16-bit input and weight again.
-    pub fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool) -> f64 {
+    /// Without `input` the input's casts are another GEMM's ([`shares_input_cast`]).
+    pub fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool, input: bool) -> f64 {
         use crate::framework::Fp8Casts;
+        let (mk, input_casts) = if input { (m * k, 1.0) } else { (0.0, 0.0) };
         let (bytes, casts) = match (self.fp8_casts, backward) {
             (Fp8Casts::Te, false) => {
                 let w = self.fp8_weight_casts;
-                (kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM * (m * k + w * k * n), 1.0 + w)
+                (kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM * (mk + w * k * n), input_casts + w)
             }
             (Fp8Casts::Te, true) => (kernels::FP8_CAST_TRANSPOSE_BYTES_PER_ELEM * m * n, 1.0),
-            (Fp8Casts::Torchao, false) => (kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM * (m * k + k * n), 4.0),
+            (Fp8Casts::Torchao, false) => {
+                (kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM * (mk + k * n), 2.0 + 2.0 * input_casts)
+            }
             (Fp8Casts::Torchao, true) => {
                 // The gradient: one abs-max (2 bytes) and two casts (3 each); input and weight
                 // cast again.
                 let grad = (2.0 + 2.0 * (kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM - 2.0)) * m * n;
-                (grad + kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM * (m * k + k * n), 7.0)
+                (grad + kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM * (mk + k * n), 5.0 + 2.0 * input_casts)
             }
         };
         self.memory_s(bytes * batch) + casts * self.launch_s
@@ -367,7 +383,7 @@ mod tests {
         let (a, b) = (bf16.op_s(&fc1, false), fp8.op_s(&fc1, false));
         // Twice the peak at a smaller share of it (0.64 against 0.72 on H100), plus the casts.
         assert!(b < 0.7 * a && b > 0.5 * a, "fc1: bf16 {a} s, fp8 {b} s");
-        assert!(b > fp8.fp8_cast_s(1.0, m, n, k, false), "fc1's fp8 time includes its casts");
+        assert!(b > fp8.fp8_cast_s(1.0, m, n, k, false, true), "fc1's fp8 time includes its casts");
     }
 
     /// torchao's dynamic casts move 5 bytes per element where Transformer Engine's fused
@@ -383,13 +399,21 @@ mod tests {
         let d = 4096.0;
         let elem = te.memory_s(d * d);
         for (backward, te_bytes, ao_bytes) in [(false, 8.0, 10.0), (true, 4.0, 18.0)] {
-            let (a, b) = (te.fp8_cast_s(1.0, d, d, d, backward), ao.fp8_cast_s(1.0, d, d, d, backward));
+            let (a, b) = (te.fp8_cast_s(1.0, d, d, d, backward, true), ao.fp8_cast_s(1.0, d, d, d, backward, true));
             assert!((a / elem - te_bytes).abs() < 1e-9, "te backward={backward}: {} bytes", a / elem);
             assert!((b / elem - ao_bytes).abs() < 1e-9, "torchao backward={backward}: {} bytes", b / elem);
         }
         // Over four micro-batches Transformer Engine casts each weight once: forward 4 + 4/4.
         let te4 = ComputeModel::new(&dev, Precision::Fp8, None).with_fp8_casts(crate::framework::Fp8Casts::Te, 4);
-        assert!((te4.fp8_cast_s(1.0, d, d, d, false) / elem - 5.0).abs() < 1e-9);
-        assert!((te4.fp8_cast_s(1.0, d, d, d, true) / elem - 4.0).abs() < 1e-9);
+        assert!((te4.fp8_cast_s(1.0, d, d, d, false, true) / elem - 5.0).abs() < 1e-9);
+        assert!((te4.fp8_cast_s(1.0, d, d, d, true, true) / elem - 4.0).abs() < 1e-9);
+        // A GEMM sharing the previous one's input (the key projection after the query's) casts
+        // only its weight forward and its gradient and weight backward: 5 and 13 bytes.
+        for (backward, bytes) in [(false, 5.0), (true, 13.0)] {
+            let b = ao.fp8_cast_s(1.0, d, d, d, backward, false);
+            assert!((b / elem - bytes).abs() < 1e-9, "shared input, backward={backward}: {} bytes", b / elem);
+        }
+        let (q, k) = (gemm("q_proj", d, d, d), gemm("k_proj", d, d, d));
+        assert!(ao.op_s(&k, false) < ao.op_s(&q, false), "the key projection shares the query's cast");
     }
 }
