@@ -384,15 +384,19 @@ fn network_presets_match_published_parameter_counts() {
 }
 
 /// The loss moves, per logit, what its kernels read and write: PyTorch's unfused
-/// `F.cross_entropy` at bf16 (an fp32 copy, `log_softmax`'s three reads and a write, and back)
-/// 22 bytes forward and 26 backward, keeping 4; a fused kernel 4 and 4, keeping the logits.
+/// `F.cross_entropy` at bf16 after `.float()` (an fp32 copy, `log_softmax`'s three reads and a
+/// write, and back) 22 bytes forward and 26 backward, keeping 4; on the bf16 logits the same
+/// passes at 2 bytes (8 and 10, keeping 2); a fused kernel 4 and 4, keeping the logits.
 #[test]
 fn the_loss_moves_what_its_kernels_read_and_write() {
+    use sim::workload::loss::UnfusedLoss::{Fp32, Native};
     use sim::workload::transformer::loss_bytes;
-    assert_eq!(loss_bytes(false, 2.0), (22.0, 26.0, 4.0));
-    assert_eq!(loss_bytes(true, 2.0), (4.0, 4.0, 2.0));
-    // fp32 training makes no copy.
-    assert_eq!(loss_bytes(false, 4.0), (16.0, 20.0, 4.0));
+    assert_eq!(loss_bytes(false, Fp32, 2.0), (22.0, 26.0, 4.0));
+    assert_eq!(loss_bytes(false, Native, 2.0), (8.0, 10.0, 2.0));
+    assert_eq!(loss_bytes(true, Fp32, 2.0), (4.0, 4.0, 2.0));
+    // fp32 training makes no copy, and the native loss is the same then.
+    assert_eq!(loss_bytes(false, Fp32, 4.0), (16.0, 20.0, 4.0));
+    assert_eq!(loss_bytes(false, Native, 4.0), (16.0, 20.0, 4.0));
 }
 
 /// A small model with a large vocabulary spends a visible part of its step in the loss: fusing
@@ -414,6 +418,32 @@ fn a_fused_loss_is_faster_and_keeps_less_memory() {
     let logits = 2.0 * 2048.0 * 128256.0;
     let freed = eager.peak_memory_bytes - fused.peak_memory_bytes;
     assert!(freed >= 0.9 * 2.0 * logits, "freed {freed} bytes");
+}
+
+/// The loss's temporaries count in the peak while it runs: PyTorch's `F.cross_entropy` after
+/// `.float()` holds two dense fp32 gradients (8 bytes a logit) beside the fp32 log-probabilities
+/// it keeps (4) in backward, Megatron's in-place loss only the 16-bit gradient (2) beside its
+/// fp32 copy (4), the fused loss the 16-bit gradient (2) beside the 16-bit logits it keeps
+/// (2), and the native loss two 16-bit gradients (4) beside its 16-bit output (2). With a
+/// 128k vocabulary the logits set the peak: it differs by 6, 8 and 6 bytes a logit.
+#[test]
+fn the_loss_holds_its_temporaries_while_it_runs() {
+    let run = |fused: bool, unfused: &str| {
+        util::simulate(&util::scenario(
+            json!({"transformer": {"layers": 2, "hidden": 512, "heads": 8, "vocab": 128256}}),
+            1,
+            json!({"global_batch": 16, "micro_batch": 2, "seq_len": 4096, "precision": "bf16", "optimizer": "adam",
+                   "framework": {"name": "pytorch-fsdp", "unfused_loss": unfused, "fused": {"cross_entropy": fused}}}),
+            json!({"dp": 8}),
+        ))
+        .peak_memory_bytes
+    };
+    let logits = 2.0 * 4096.0 * 128256.0;
+    let fp32 = run(false, "fp32");
+    let bytes = |other: f64| (fp32 - other) / logits;
+    assert_close(bytes(run(false, "in_place")), 6.0, 0.02, "against Megatron's in-place loss, bytes a logit");
+    assert_close(bytes(run(true, "fp32")), 8.0, 0.02, "against the fused loss, bytes a logit");
+    assert_close(bytes(run(false, "native")), 6.0, 0.02, "against the native loss, bytes a logit");
 }
 
 /// DeepSeek-V3 on Megatron-Core with selective recomputation of Megatron-Core's modules: each

@@ -7,6 +7,7 @@
 //! which `tests/docs.rs` keeps in step with [`NAMES`]).
 
 use crate::hardware::kernels::{Attention, FlashKernel};
+pub use crate::workload::loss::{UNFUSED_LOSS_SOURCE, UnfusedLoss};
 use serde::Serialize;
 
 /// The frameworks a scenario can name in `training.framework`.
@@ -84,7 +85,7 @@ pub struct Fused {
     /// The loss as one kernel over the low-precision logits (flash-attn's `xentropy`,
     /// Megatron-Core's `cross_entropy_loss_fusion`): forward reads the logits twice, backward
     /// reads them and writes their gradient. Unfused: PyTorch's fp32 `log_softmax` and
-    /// `nll_loss` after an fp32 copy of the logits (see `workload::transformer::loss_bytes`).
+    /// `nll_loss` after an fp32 copy of the logits, or as `unfused_loss` says (see `workload::loss::loss_bytes`).
     pub cross_entropy: bool,
     /// The query, key and value projections as one GEMM, and a gated MLP's gate and up
     /// projections as one (Megatron-Core's `linear_qkv` and `linear_fc1`, MPT's `Wqkv`); off, a
@@ -221,6 +222,9 @@ pub struct Framework {
     pub recompute_early_stop: bool,
     /// The casts around fp8 GEMMs (Transformer Engine's in every profile; torchao's is a knob).
     pub fp8_casts: Fp8Casts,
+    /// How the loss runs when it is not fused (`fused.cross_entropy` off): the bytes it moves,
+    /// keeps and holds while it runs (see [`UNFUSED_LOSS_SOURCE`]).
+    pub unfused_loss: UnfusedLoss,
     /// (behaviour, source) pairs.
     pub sources: Vec<(&'static str, &'static str)>,
 }
@@ -346,6 +350,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             train_metrics: Vec::new(),
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
+            unfused_loss: UnfusedLoss::InPlace,
             sources: vec![
                 (
                     "grad_reduce",
@@ -356,6 +361,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "megatron/arguments.py: with bf16 it turns accumulate_allreduce_grads_in_fp32 on (gradients accumulated and all-reduced in fp32)",
                 ),
                 ("fp32_reduce_bf16_only", FP32_REDUCE_SOURCE),
+                ("unfused_loss", UNFUSED_LOSS_SOURCE),
                 (
                     "attention",
                     "megatron/model/transformer.py CoreAttention: baddbmm scores, FusedScaleMaskSoftmax (megatron/fused_kernels), no FlashAttention in 2021",
@@ -389,6 +395,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             train_metrics: Vec::new(),
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
+            unfused_loss: UnfusedLoss::InPlace,
             sources: vec![
                 (
                     "grad_reduce",
@@ -404,6 +411,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 ("bucket_first_chunk_only", FIRST_CHUNK_BUCKETS_SOURCE),
                 ("interleaved_p2p_overlap", INTERLEAVED_P2P_SOURCE),
+                ("unfused_loss", UNFUSED_LOSS_SOURCE),
                 (
                     "grad_reduce_dtype",
                     "megatron/training/arguments.py: bf16 with fp32 main grads sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16",
@@ -447,6 +455,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             train_metrics: Vec::new(),
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
+            unfused_loss: UnfusedLoss::InPlace,
             sources: vec![
                 (
                     "grad_reduce",
@@ -469,6 +478,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "the model's own attention (Hugging Face / DeepSpeed examples of 2021-2023 materialise scores)",
                 ),
                 ("fused", "deepspeed/ops/adam FusedAdam (multi-tensor apply); other ops eager PyTorch"),
+                ("unfused_loss", UNFUSED_LOSS_SOURCE),
             ],
         },
         "pytorch-fsdp" => Framework {
@@ -494,6 +504,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             train_metrics: Vec::new(),
             recompute_early_stop: true,
             fp8_casts: Fp8Casts::Te,
+            unfused_loss: UnfusedLoss::Fp32,
             sources: vec![
                 (
                     "gather",
@@ -505,6 +516,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 ("grad_reduce_dtype", "torch.distributed.fsdp.MixedPrecision: reduce_dtype defaults to param_dtype"),
                 ("recompute_early_stop", RECOMPUTE_EARLY_STOP_SOURCE),
+                ("unfused_loss", UNFUSED_LOSS_SOURCE),
                 (
                     "attention",
                     "torch.nn.functional.scaled_dot_product_attention selects the FlashAttention-2 kernel on sm80+, Hopper included (PyTorch 2.1; its cuDNN backend became the H100 default only in 2.5.0 and was turned off again in 2.5.1): `flash`",
@@ -539,6 +551,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             train_metrics: Vec::new(),
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
+            unfused_loss: UnfusedLoss::Native,
             sources: vec![
                 ("grad_reduce", "colossalai/booster/plugin/low_level_zero_plugin.py overlap_communication=True"),
                 ("bucket", "low_level_zero_plugin.py reduce_bucket_size_in_m=12"),
@@ -547,6 +560,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "colossalai/zero/gemini: chunk-based (plan.offload.policy \"gemini\" models the chunk manager)",
                 ),
                 ("fused", "colossalai/nn/optimizer HybridAdam / FusedAdam"),
+                ("unfused_loss", UNFUSED_LOSS_SOURCE),
             ],
         },
         "pytorch-ddp" => Framework {
@@ -572,6 +586,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             train_metrics: Vec::new(),
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
+            unfused_loss: UnfusedLoss::Fp32,
             sources: vec![
                 (
                     "grad_reduce",
@@ -583,6 +598,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "torch.nn.functional.scaled_dot_product_attention (FlashAttention-2 on sm80+, PyTorch 2.1)",
                 ),
                 ("fused", "eager PyTorch: one kernel per elementwise op"),
+                ("unfused_loss", UNFUSED_LOSS_SOURCE),
             ],
         },
         _ => return None,

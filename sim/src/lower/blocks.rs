@@ -23,6 +23,8 @@ pub(super) struct Block {
     /// Under selective recomputation, which of `ops` run again before the backward
     /// (`workload::recompute::selective`); all false otherwise.
     pub(super) rerun: Vec<bool>,
+    /// Bytes each op holds only while its forward and its backward run (`Saved::transient_bytes`).
+    pub(super) transient: Vec<[f64; 2]>,
 }
 
 /// The blocks of one unit shape, and what crosses a stage boundary for it.
@@ -186,6 +188,7 @@ impl Builder {
             }
         };
         let early_stop_end = super::compute::early_stop_end(&ops);
-        Block { ops, fwd, bwd, saved, saved_full: saved_none, early_stop_end, rerun }
+        let transient = ops.iter().map(|op| op.compute().map_or([0.0; 2], |s| s.saved.transient_bytes)).collect();
+        Block { ops, fwd, bwd, saved, saved_full: saved_none, early_stop_end, rerun, transient }
     }
 }

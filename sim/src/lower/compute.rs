@@ -54,6 +54,14 @@ pub(super) fn emit_block(
                     }
                 }
                 last = f + t - 1;
+                let transient = blk.transient[j][usize::from(backward)];
+                if transient > 0.0 {
+                    for x in 0..t {
+                        let di = Program::stream_device(ctx.streams[x as usize]);
+                        b.memory(f + x, di, false, transient, layer);
+                        b.memory(f + x, di, true, -transient, layer);
+                    }
+                }
                 if seen == compute_ops && free > 0.0 {
                     for x in 0..t {
                         let di = Program::stream_device(ctx.streams[x as usize]);

@@ -29,6 +29,7 @@ pub struct FrameworkSpec {
     train_metrics: Option<Vec<TrainMetric>>,
     recompute_early_stop: Option<bool>,
     fp8_casts: Option<Fp8Casts>,
+    unfused_loss: Option<crate::framework::UnfusedLoss>,
 }
 
 fn name_of(v: &Value, path: &str) -> Result<String> {
@@ -100,6 +101,11 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         train_metrics,
         recompute_early_stop: f.boolean("recompute_early_stop")?,
         fp8_casts,
+        unfused_loss: f.choice(
+            "unfused_loss",
+            &crate::framework::UnfusedLoss::NAMES,
+            crate::framework::UnfusedLoss::parse,
+        )?,
         grad_reduce,
         gather_prefetch,
         param_gather_overlap: f.boolean("param_gather_overlap")?,
@@ -205,6 +211,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(c) = s.fp8_casts {
         f.fp8_casts = c;
+    }
+    if let Some(l) = s.unfused_loss {
+        f.unfused_loss = l;
     }
     if let Some(m) = &s.train_metrics {
         f.train_metrics = m.clone();

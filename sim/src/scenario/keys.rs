@@ -134,6 +134,7 @@ pub const FRAMEWORK: &[&str] = &[
     "fused",
     "train_metrics",
     "recompute_early_stop",
+    "unfused_loss",
     "fp8_casts",
 ];
 

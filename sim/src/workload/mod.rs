@@ -8,7 +8,7 @@
 pub mod catalog;
 pub mod grid;
 pub mod hf;
-mod loss;
+pub mod loss;
 pub mod moe;
 pub mod net;
 pub mod recompute;
@@ -178,6 +178,8 @@ pub struct Fusion {
     /// One GEMM for the query, key and value projections and one for a gated MLP's gate and
     /// up projections; off, a GEMM each (see [`crate::framework::Fused::projections`]).
     pub projections: bool,
+    /// How the loss runs when it is not fused ([`loss::UnfusedLoss`]).
+    pub unfused_loss: loss::UnfusedLoss,
 }
 
 impl Default for Fusion {
@@ -191,6 +193,7 @@ impl Default for Fusion {
             cross_entropy: false,
             fp8_gemm_inputs: false,
             projections: true,
+            unfused_loss: loss::UnfusedLoss::Fp32,
         }
     }
 }
@@ -215,6 +218,10 @@ pub struct Saved {
     pub sharded_bytes: f64,
     /// Core-attention activations (divided by t) that selective recomputation drops.
     pub selective_bytes: f64,
+    /// Bytes the op holds beside these only while its forward runs, and while its backward
+    /// runs (temporaries: the unfused loss's fp32 copies of the logits, see
+    /// [`loss::loss_transient_bytes`]).
+    pub transient_bytes: [f64; 2],
 }
 
 impl Saved {

@@ -668,7 +668,7 @@ impl TransformerConfig {
                 e,
                 Saved { replicated_bytes: e * rows * h, ..Saved::default() },
             )),
-            LayerOp::Compute(loss_op(shape.fusion.cross_entropy, self.logits(shape), e)),
+            LayerOp::Compute(loss_op(shape.fusion.cross_entropy, shape.fusion.unfused_loss, self.logits(shape), e)),
         ]);
         ops
     }
