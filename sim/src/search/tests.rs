@@ -255,3 +255,24 @@ fn framework_profiles_are_searched_when_asked() {
     };
     assert!(!times("megatron-core").is_empty() && !times("deepspeed").is_empty());
 }
+
+/// Given recompute modules (torchtitan's per-op checkpointing) say what the selective
+/// candidates rerun; the candidates that recompute all or nothing leave them out rather than
+/// being refused for naming modules, so the search still weighs all three.
+#[test]
+fn given_recompute_modules_apply_to_the_selective_candidates() {
+    let inp =
+        small(r#"{"rank_order": "tp-dp-pp", "offload": "none", "tp": 1, "pp": 1, "recompute_modules": ["op_sac"]}"#);
+    let cands = space::enumerate(&inp);
+    let mut seen = std::collections::BTreeSet::new();
+    for c in &cands {
+        let rc = c.plan["recompute"].as_str().expect("recompute").to_string();
+        assert_eq!(c.plan.get("recompute_modules").is_some(), rc == "selective", "{}", c.plan);
+        seen.insert(rc);
+    }
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    let out = search(&inp, Options { top: 3, prune: true }, &none).unwrap();
+    assert!(out.best.is_some());
+    let p = out.progress;
+    assert_eq!(p.invalid, 0, "no candidate refused for its modules: {p:?}");
+}
