@@ -4,7 +4,9 @@
 //! The family is the scenario's transformer varied along one knob: `layers`, `hidden` (in
 //! steps of 128 with 128-wide heads, FFN 4x), or `params` (hidden and layers together at the
 //! scenario's depth-to-width ratio). "Fits" is the report's `fits`: every device's HBM, each
-//! node's host DRAM and NVMe.
+//! node's host DRAM and NVMe. Every policy runs under the scenario's resolved framework (named,
+//! or picked by its own plan): the policies differ in where the states live, not in the
+//! framework's other behaviours.
 
 use crate::plan::{Offload, Tier};
 use crate::scenario::Scenario;
