@@ -446,6 +446,31 @@ fn the_loss_holds_its_temporaries_while_it_runs() {
     assert_close(bytes(run(false, "native")), 6.0, 0.02, "against the native loss, bytes a logit");
 }
 
+/// PyTorch's foreach Adam holds a new fp32 tensor per parameter (the update's denominator)
+/// while it steps: with few activations the step sets the peak, up to 4 bytes a parameter
+/// above fused Adam's (less what the backward's own peak, fused Adam's, held above the step's
+/// states: DDP's buckets and the last activations). A loop over the parameters and SGD hold
+/// none.
+#[test]
+fn foreach_adam_holds_its_denominators_while_it_steps() {
+    let run = |fused: bool, foreach: bool, optimizer: &str| {
+        let r = util::simulate(&util::scenario(
+            json!({"preset": "gpt3-1.3b"}),
+            1,
+            json!({"global_batch": 8, "micro_batch": 1, "seq_len": 128, "precision": "bf16", "optimizer": optimizer,
+                   "framework": {"name": "pytorch-ddp", "foreach_optimizer": foreach, "fused": {"adam": fused}}}),
+            json!({"dp": 8}),
+        ));
+        (r.peak_memory_bytes, r.parameters)
+    };
+    let ((foreach, params), (fused, _)) = (run(false, true, "adam"), run(true, true, "adam"));
+    let extra = (foreach - fused) / params;
+    assert!((3.5..=4.0 + 1e-9).contains(&extra), "foreach Adam's temporaries: {extra} bytes a parameter");
+    // A loop over the parameters (Composer's DecoupledAdamW) holds one parameter's at a time.
+    assert_close(run(false, false, "adam").0, fused, 1e-12, "a per-parameter loop");
+    assert_close(run(false, true, "sgd").0, run(true, true, "sgd").0, 1e-12, "SGD holds no temporaries");
+}
+
 /// DeepSeek-V3 on Megatron-Core with selective recomputation of Megatron-Core's modules: each
 /// module drops what its checkpoint frees (`layernorm` the down projection's and the router's
 /// inputs; `mla_up_proj` the queries, keys and values the fused attention keeps, its output

@@ -403,6 +403,7 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.2, "gather_per_tensor", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "recompute_early_stop", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "unfused_loss", |r| json!(*r.pick(&["in_place", "fp32", "native"])));
+        opt(&mut f, r, 0.2, "foreach_optimizer", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "fp8_casts", |r| json!(*r.pick(&["te", "torchao"])));
         opt(&mut f, r, 0.3, "train_metrics", |r| {
             let all = ["cross_entropy", "perplexity", "token_accuracy"];

@@ -156,6 +156,9 @@ pub const TRAIN_METRICS_SOURCE: &str = "mosaicml/composer v0.13-v0.16 composer/t
 /// Where `recompute_early_stop` comes from.
 pub const RECOMPUTE_EARLY_STOP_SOURCE: &str = "pytorch/pytorch torch/utils/checkpoint.py (v2.1 and later): non-reentrant checkpoint (use_reentrant=False) stops recomputation as soon as every tensor the original forward saved for backward has been recomputed (_enable_checkpoint_early_stop = True by default, set_checkpoint_early_stop; pytorch#90105, #96866, March 2023); autograd saves a GEMM's inputs before running it, so a layer whose last saving op is the MLP's down projection skips that GEMM and the residual add after it. FSDP's checkpoint_wrapper defaults to CheckpointImpl.NO_REENTRANT (torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py); torch 1.13-2.0 and reentrant checkpoints (Megatron's and DeepSpeed's CheckpointFunction) rerun the whole layer";
 
+/// Where `foreach_optimizer` comes from.
+pub const FOREACH_SOURCE: &str = "pytorch/pytorch torch/optim/adam.py and adamw.py (v2.0 and later): foreach=None picks _multi_tensor_adam(w) for CUDA tensors, which builds exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs) (a new tensor per parameter) and divides and offsets it in place before _foreach_addcdiv_; mosaicml/composer composer/optim/decoupled_weight_decay.py DecoupledAdamW.adamw and llm-foundry's DecoupledLionW loop over the parameters one at a time";
+
 /// A framework's behaviour, as data.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Framework {
@@ -225,6 +228,11 @@ pub struct Framework {
     /// How the loss runs when it is not fused (`fused.cross_entropy` off): the bytes it moves,
     /// keeps and holds while it runs (see [`UNFUSED_LOSS_SOURCE`]).
     pub unfused_loss: UnfusedLoss,
+    /// Without `fused.adam`, Adam runs PyTorch's foreach implementation, which holds an fp32
+    /// tensor per parameter (the update's denominator) while it steps; off, a loop over the
+    /// parameters (Composer's `DecoupledAdamW`), one parameter's temporaries at a time (see
+    /// [`FOREACH_SOURCE`]).
+    pub foreach_optimizer: bool,
     /// (behaviour, source) pairs.
     pub sources: Vec<(&'static str, &'static str)>,
 }
@@ -351,6 +359,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
             unfused_loss: UnfusedLoss::InPlace,
+            foreach_optimizer: false,
             sources: vec![
                 (
                     "grad_reduce",
@@ -396,6 +405,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
             unfused_loss: UnfusedLoss::InPlace,
+            foreach_optimizer: false,
             sources: vec![
                 (
                     "grad_reduce",
@@ -456,6 +466,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
             unfused_loss: UnfusedLoss::InPlace,
+            foreach_optimizer: false,
             sources: vec![
                 (
                     "grad_reduce",
@@ -505,6 +516,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             recompute_early_stop: true,
             fp8_casts: Fp8Casts::Te,
             unfused_loss: UnfusedLoss::Fp32,
+            foreach_optimizer: true,
             sources: vec![
                 (
                     "gather",
@@ -517,6 +529,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ("grad_reduce_dtype", "torch.distributed.fsdp.MixedPrecision: reduce_dtype defaults to param_dtype"),
                 ("recompute_early_stop", RECOMPUTE_EARLY_STOP_SOURCE),
                 ("unfused_loss", UNFUSED_LOSS_SOURCE),
+                ("foreach_optimizer", FOREACH_SOURCE),
                 (
                     "attention",
                     "torch.nn.functional.scaled_dot_product_attention selects the FlashAttention-2 kernel on sm80+, Hopper included (PyTorch 2.1; its cuDNN backend became the H100 default only in 2.5.0 and was turned off again in 2.5.1): `flash`",
@@ -552,6 +565,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
             unfused_loss: UnfusedLoss::Native,
+            foreach_optimizer: false,
             sources: vec![
                 ("grad_reduce", "colossalai/booster/plugin/low_level_zero_plugin.py overlap_communication=True"),
                 ("bucket", "low_level_zero_plugin.py reduce_bucket_size_in_m=12"),
@@ -587,6 +601,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             recompute_early_stop: false,
             fp8_casts: Fp8Casts::Te,
             unfused_loss: UnfusedLoss::Fp32,
+            foreach_optimizer: true,
             sources: vec![
                 (
                     "grad_reduce",
@@ -599,6 +614,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 ("fused", "eager PyTorch: one kernel per elementwise op"),
                 ("unfused_loss", UNFUSED_LOSS_SOURCE),
+                ("foreach_optimizer", FOREACH_SOURCE),
             ],
         },
         _ => return None,

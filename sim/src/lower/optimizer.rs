@@ -60,6 +60,7 @@ fn optimizer_split(
             if wait != NONE {
                 b.p.deps.push((wait, task));
             }
+            foreach_temporary(b, plan, task, stream, split.device * local);
             last = task;
         }
         if let Some((o, label)) = host_op {
@@ -85,6 +86,24 @@ fn optimizer_split(
         ready.push(last);
     }
     ready
+}
+
+/// PyTorch's foreach Adam (`fused.adam` off and `foreach_optimizer` on, the PyTorch
+/// profiles' default) builds the denominator of every parameter's update as new tensors
+/// before it applies them (`torch/optim/adam.py` `_multi_tensor_adam`, v2.1: `exp_avg_sq_sqrt
+/// = torch._foreach_sqrt(device_exp_avg_sqs)`, divided and offset in place, then
+/// `_foreach_addcdiv_`): 4 bytes per fp32 parameter of the device's shard, held while the step
+/// runs on device `stream`'s task. Fused Adam (apex, Transformer Engine, `fused=True`), a loop
+/// over the parameters (one parameter's temporaries at a time, left out) and SGD hold none.
+fn foreach_temporary(b: &mut Builder, plan: &Plan, task: u32, stream: u32, params: f64) {
+    let f = &plan.framework;
+    if f.fused.adam || !f.foreach_optimizer || plan.optimizer != crate::plan::Optimizer::Adam || params <= 0.0 {
+        return;
+    }
+    let device = Program::stream_device(stream);
+    let bytes = 4.0 * params;
+    b.memory(task, device, false, bytes, -1);
+    b.memory(task, device, true, -bytes, -1);
 }
 
 /// An optimizer-step op over `params` parameters, on the device or (`host`) on the host CPU,
@@ -151,6 +170,9 @@ fn optimizer_step(
         let task = b.task(TaskKind::Compute, op, label, NONE, &[stream]);
         if wait != NONE {
             b.p.deps.push((wait, task));
+        }
+        if !host {
+            foreach_temporary(b, plan, task, stream, local);
         }
         if host && off.params == Tier::Device {
             let copy = b.host_copy(device, true, local * wb, false, copy_label);

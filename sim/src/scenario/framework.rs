@@ -30,6 +30,7 @@ pub struct FrameworkSpec {
     recompute_early_stop: Option<bool>,
     fp8_casts: Option<Fp8Casts>,
     unfused_loss: Option<crate::framework::UnfusedLoss>,
+    foreach_optimizer: Option<bool>,
 }
 
 fn name_of(v: &Value, path: &str) -> Result<String> {
@@ -106,6 +107,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
             &crate::framework::UnfusedLoss::NAMES,
             crate::framework::UnfusedLoss::parse,
         )?,
+        foreach_optimizer: f.boolean("foreach_optimizer")?,
         grad_reduce,
         gather_prefetch,
         param_gather_overlap: f.boolean("param_gather_overlap")?,
@@ -214,6 +216,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(l) = s.unfused_loss {
         f.unfused_loss = l;
+    }
+    if let Some(b) = s.foreach_optimizer {
+        f.foreach_optimizer = b;
     }
     if let Some(m) = &s.train_metrics {
         f.train_metrics = m.clone();
