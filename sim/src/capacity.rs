@@ -414,6 +414,11 @@ pub fn capacity_observed(
         .iter()
         .map(|&pol| {
             let base = pol.apply(s);
+            let other = other_framework(&base);
+            let join = |note: Option<String>| match (note, other.clone()) {
+                (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                (a, b) => a.or(b),
+            };
             match largest(&base, vary, &|p| on_probe(pol.name(), p)) {
                 Some((v, r, note)) => {
                     let m = sized(&base, vary, v);
@@ -422,16 +427,45 @@ pub fn capacity_observed(
                         max_value: v,
                         max_params: m.workload.parameters(),
                         samples_per_s: r.samples_per_s,
-                        note,
+                        note: join(note),
                     }
                 }
-                None => {
-                    PolicyCapacity { policy: pol.name(), max_value: 0, max_params: 0.0, samples_per_s: 0.0, note: None }
-                }
+                None => PolicyCapacity {
+                    policy: pol.name(),
+                    max_value: 0,
+                    max_params: 0.0,
+                    samples_per_s: 0.0,
+                    note: join(None),
+                },
             }
         })
         .collect();
     CapacityReport { vary, devices: s.plan.devices(), policies: out }
+}
+
+/// Where the scenario names no framework and the policy's plan would pick another than the one
+/// its own plan picked (Gemini is Colossal-AI's, ZeRO-Offload DeepSpeed's), a note saying which
+/// one the policy was simulated under: the policies share the scenario's framework.
+fn other_framework(base: &Scenario) -> Option<String> {
+    if base.training.framework.is_some() {
+        return None;
+    }
+    let p = &base.plan;
+    let traits = crate::framework::PlanTraits {
+        tp: p.tp,
+        pp: p.pp,
+        zero_stage: p.zero_stage,
+        offloaded: p.offload.optimizer != Tier::Device || p.offload.params != Tier::Device,
+        gemini: p.offload.dynamic.is_some(),
+        fp16: p.precision == crate::hardware::Precision::Fp16,
+    };
+    let (name, why) = crate::framework::default_for(traits);
+    (name != p.framework.name).then(|| {
+        format!(
+            "simulated under {}, the framework the scenario's own plan picks; this policy's plan alone would pick {name} ({why}): name training.framework to compare the policies under one you choose",
+            p.framework.name
+        )
+    })
 }
 
 #[cfg(test)]
@@ -466,6 +500,29 @@ mod tests {
         for c in &r.policies[1..] {
             assert!(c.max_params > device, "{} holds no more than the devices alone: {c:?}", c.policy);
         }
+    }
+
+    /// Without a named framework the policies run under the one the scenario's plan picks
+    /// (`pytorch-ddp` here), and each policy whose plan alone would pick another says so; with
+    /// one named, none does.
+    #[test]
+    fn policies_say_when_they_ran_under_another_framework_than_theirs() {
+        let s = small();
+        let policies = [Policy::Device, Policy::Zero3Cpu, Policy::Gemini];
+        let notes: Vec<Option<String>> = policies.iter().map(|p| other_framework(&p.apply(&s))).collect();
+        assert_eq!(notes[0], None);
+        let says = |n: &Option<String>, name: &str| {
+            n.as_deref().is_some_and(|n| n.contains("pytorch-ddp") && n.contains(name))
+        };
+        assert!(says(&notes[1], "deepspeed"), "{:?}", notes[1]);
+        assert!(says(&notes[2], "colossal-ai"), "{:?}", notes[2]);
+        let text = r#"{"workload": {"transformer": {"layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000}},
+            "cluster": {"node": {"preset": "dgx-a100-40gb", "devices": 2}, "nodes": 1},
+            "training": {"global_batch": 8, "micro_batch": 4, "seq_len": 512, "precision": "fp16", "optimizer": "adam",
+                         "framework": "pytorch-ddp"},
+            "plan": {"dp": 2, "recompute": "full"}}"#;
+        let named = crate::scenario::parse(text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        assert!(policies.iter().all(|p| other_framework(&p.apply(&named)).is_none()));
     }
 
     /// The search finds the exact edge for fixed-plus-linear and quadratic pressures, from
