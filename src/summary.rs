@@ -78,16 +78,22 @@ pub fn print_summary(r: &sim::report::Report) {
         gib(m.buffers)
     );
     if !r.peak_activations.is_empty() {
-        let mbs: std::collections::BTreeSet<u32> = r.peak_activations.iter().map(|a| a.micro_batch).collect();
+        let mbs: std::collections::BTreeSet<u32> = r.peak_activations.iter().filter_map(|a| a.micro_batch).collect();
         let layers: std::collections::BTreeSet<i32> =
             r.peak_activations.iter().map(|a| a.layer).filter(|&l| l >= 0).collect();
+        let largest = r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes));
+        let whose = match largest.map_or(0, |a| a.layer) {
+            -1 => "the embedding".to_string(),
+            -2 => "the output layer and loss".to_string(),
+            -3 => "the optimizer step".to_string(),
+            l => format!("layer {l}"),
+        };
+        let mb = largest.and_then(|a| a.micro_batch).map_or(String::new(), |m| format!(", micro-batch {m}"));
         println!(
-            "              at the peak: activations of {} micro-batches over {} layers (largest {} for layer {}, micro-batch {})",
+            "              at the peak: activations of {} micro-batches over {} layers (largest {} for {whose}{mb})",
             mbs.len(),
             layers.len(),
-            gib(r.peak_activations.iter().map(|a| a.bytes).fold(0.0, f64::max)),
-            r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map_or(0, |a| a.layer),
-            r.peak_activations.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes)).map_or(0, |a| a.micro_batch),
+            gib(largest.map_or(0.0, |a| a.bytes)),
         );
         if let Some(o) = r.peak_activations_omitted {
             println!(

@@ -102,8 +102,8 @@ fn foreach_temporary(b: &mut Builder, plan: &Plan, task: u32, stream: u32, param
     }
     let device = Program::stream_device(stream);
     let bytes = 4.0 * params;
-    b.memory(task, device, false, bytes, -1);
-    b.memory(task, device, true, -bytes, -1);
+    b.memory(task, device, false, bytes, OPTIMIZER);
+    b.memory(task, device, true, -bytes, OPTIMIZER);
 }
 
 /// An optimizer-step op over `params` parameters, on the device or (`host`) on the host CPU,

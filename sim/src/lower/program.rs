@@ -113,14 +113,22 @@ pub struct MemoryEvent {
     pub tag: u32,
 }
 
-/// The memory tag of a layer's activations (embedding -1 and head -2 included).
+/// The unit number of the embedding (its ops' labels, gathers and memory).
+pub const EMBEDDING: i32 = -1;
+/// The unit number of the output layer, the loss and the trainer's metrics.
+pub const HEAD: i32 = -2;
+/// The memory tag of the optimizer step's temporaries.
+pub const OPTIMIZER: i32 = -3;
+
+/// The memory tag of a layer's activations ([`EMBEDDING`], [`HEAD`] and [`OPTIMIZER`]
+/// included).
 pub fn memory_tag(layer: i32) -> u32 {
-    (layer + 2) as u32
+    (layer - OPTIMIZER) as u32
 }
 
 /// The layer of a memory tag.
 pub fn tag_layer(tag: u32) -> i32 {
-    tag as i32 - 2
+    tag as i32 + OPTIMIZER
 }
 
 #[derive(Clone, Debug, Default)]

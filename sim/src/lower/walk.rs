@@ -227,7 +227,7 @@ impl<'a> Walk<'a> {
             last = la;
         }
         if c == lw.chunks - 1 && ub.edges {
-            let (_, la) = self.unit(b, at, &ub.head, -1, Phase::Forward, (ub.head.saved, 0.0), lw.last_params);
+            let (_, la) = self.unit(b, at, &ub.head, HEAD, Phase::Forward, (ub.head.saved, 0.0), lw.last_params);
             last = la;
         }
         self.link(b, links, at, Pass::Forward, gathered, (first, last));
@@ -242,8 +242,8 @@ impl<'a> Walk<'a> {
         let mut first = NONE;
         let mut last = NONE;
         if c == lw.chunks - 1 && ub.edges {
-            (first, last) = self.unit(b, at, &ub.head, -1, Phase::Backward, (0.0, ub.head.saved), lw.last_params);
-            if let Some(a) = self.accumulate(b, at, lw.last_params, -1) {
+            (first, last) = self.unit(b, at, &ub.head, HEAD, Phase::Backward, (0.0, ub.head.saved), lw.last_params);
+            if let Some(a) = self.accumulate(b, at, lw.last_params, HEAD) {
                 last = a;
             }
             if at.sync_grads {
@@ -282,7 +282,7 @@ impl<'a> Walk<'a> {
         // (Composer's `_eval_train_metrics`): on the compute stream, after the gradient is on
         // its way to the previous stage.
         if c == lw.chunks - 1 && ub.edges && !ub.metrics.ops.is_empty() {
-            emit_block(b, &st.ctx, &ub.metrics, -1, Phase::Forward, c, mb, 0.0, 0.0);
+            emit_block(b, &st.ctx, &ub.metrics, HEAD, Phase::Forward, c, mb, 0.0, 0.0);
         }
     }
 

@@ -59,9 +59,11 @@ pub struct OmittedActivations {
 /// Activations live at the peak, for one layer and micro-batch.
 #[derive(Clone, Debug, Serialize)]
 pub struct LiveActivation {
-    /// Transformer layer; -1 the embedding, -2 the head.
+    /// Transformer layer; -1 the embedding, -2 the head (the output layer, the loss and the trainer's metrics), -3 the optimizer step's temporaries.
     pub layer: i32,
-    pub micro_batch: u32,
+    /// Whose activations; absent for the optimizer step's temporaries, which belong to none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u32>,
     pub bytes: f64,
 }
 
@@ -204,7 +206,7 @@ fn listed_activations(live: &[(u32, u32, f64)]) -> (Vec<LiveActivation>, Option<
         .into_iter()
         .map(|i| {
             let (tag, mb, bytes) = live[i];
-            LiveActivation { layer: crate::lower::tag_layer(tag), micro_batch: mb, bytes }
+            LiveActivation { layer: crate::lower::tag_layer(tag), micro_batch: (mb != crate::lower::NONE).then_some(mb), bytes }
         })
         .collect();
     (listed, omitted)
