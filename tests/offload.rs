@@ -70,3 +70,24 @@ fn capacity_json_lists_every_policy() {
     assert!(get("zero3-cpu") > get("device") && get("gemini") > get("device"), "{v}");
     assert!(policies.iter().all(|p| p["samples_per_s"].as_f64().unwrap() > 0.0), "{v}");
 }
+
+/// Gemini packs every unit's parameters into chunks, the untied output layer's as well as the
+/// embedding's: the head is a unit of its own (it once shared the embedding's number, and
+/// Gemini's warm-up took it for the embedding and placed nothing of it: an untied model's
+/// states on the device were a tied one's). Everything fits on the device here, so the
+/// optimizer states there grow with the parameters.
+#[test]
+fn gemini_places_an_untied_head_as_well_as_the_embedding() {
+    let run = |tied: bool| {
+        let r = crate::util::simulate(&scenario(
+            json!({"transformer": {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 65536, "tied_embeddings": tied}}),
+            1,
+            json!({"global_batch": 16, "micro_batch": 2, "seq_len": 512, "precision": "bf16", "optimizer": "adam"}),
+            json!({"dp": 8, "zero_stage": 3, "offload": "gemini"}),
+        ));
+        (r.memory_breakdown.optimizer, r.parameters)
+    };
+    let ((tied_states, tied_params), (untied_states, untied_params)) = (run(true), run(false));
+    assert!((untied_params - tied_params - 65536.0 * 1024.0).abs() < 1.0, "the untied head's parameters");
+    crate::util::assert_close(untied_states / tied_states, untied_params / tied_params, 1e-3, "states per parameter");
+}
