@@ -206,7 +206,11 @@ fn listed_activations(live: &[(u32, u32, f64)]) -> (Vec<LiveActivation>, Option<
         .into_iter()
         .map(|i| {
             let (tag, mb, bytes) = live[i];
-            LiveActivation { layer: crate::lower::tag_layer(tag), micro_batch: (mb != crate::lower::NONE).then_some(mb), bytes }
+            LiveActivation {
+                layer: crate::lower::tag_layer(tag),
+                micro_batch: (mb != crate::lower::NONE).then_some(mb),
+                bytes,
+            }
         })
         .collect();
     (listed, omitted)
