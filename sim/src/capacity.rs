@@ -451,15 +451,7 @@ fn other_framework(base: &Scenario) -> Option<String> {
         return None;
     }
     let p = &base.plan;
-    let traits = crate::framework::PlanTraits {
-        tp: p.tp,
-        pp: p.pp,
-        zero_stage: p.zero_stage,
-        offloaded: p.offload.optimizer != Tier::Device || p.offload.params != Tier::Device,
-        gemini: p.offload.dynamic.is_some(),
-        fp16: p.precision == crate::hardware::Precision::Fp16,
-    };
-    let (name, why) = crate::framework::default_for(traits);
+    let (name, why) = crate::framework::default_for(p.framework_traits());
     (name != p.framework.name).then(|| {
         format!(
             "simulated under {}, the framework the scenario's own plan picks; this policy's plan alone would pick {name} ({why}): name training.framework to compare the policies under one you choose",

@@ -18,7 +18,7 @@ pub(super) struct Block {
     /// Activation bytes kept without recomputation (what a full recomputation rebuilds).
     pub(super) saved_full: f64,
     /// How many of `ops` a recomputation that stops early reruns (see
-    /// [`super::compute::early_stop_end`]), decided once per block.
+    /// [`crate::workload::recompute::early_stop_end`]), decided once per block.
     pub(super) early_stop_end: usize,
     /// Under selective recomputation, which of `ops` run again before the backward
     /// (`workload::recompute::selective`); all false otherwise.
@@ -187,7 +187,7 @@ impl Builder {
                 (sel.iter().map(|o| o.kept).sum(), sel.iter().map(|o| o.rerun).collect())
             }
         };
-        let early_stop_end = super::compute::early_stop_end(&ops);
+        let early_stop_end = crate::workload::recompute::early_stop_end(&ops);
         let transient = ops.iter().map(|op| op.compute().map_or([0.0; 2], |s| s.saved.transient_bytes)).collect();
         Block { ops, fwd, bwd, saved, saved_full: saved_none, early_stop_end, rerun, transient }
     }

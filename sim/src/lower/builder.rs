@@ -304,6 +304,13 @@ impl Builder {
         self.memory_event(task, MemoryEvent { device, at_end, activation_bytes, buffer_bytes: 0.0, next: NONE, tag });
     }
 
+    /// Bytes `task` holds on `device` only while it runs (an op's temporaries): allocated at
+    /// its start, freed at its end.
+    pub(super) fn memory_while(&mut self, task: u32, device: u32, bytes: f64, layer: i32) {
+        self.memory(task, device, false, bytes, layer);
+        self.memory(task, device, true, -bytes, layer);
+    }
+
     /// Attach a memory event to a task (a task may carry several).
     pub(super) fn memory_event(&mut self, task: u32, ev: MemoryEvent) {
         let id = self.p.memory_events.len() as u32;

@@ -58,8 +58,7 @@ pub(super) fn emit_block(
                 if transient > 0.0 {
                     for x in 0..t {
                         let di = Program::stream_device(ctx.streams[x as usize]);
-                        b.memory(f + x, di, false, transient, layer);
-                        b.memory(f + x, di, true, -transient, layer);
+                        b.memory_while(f + x, di, transient, layer);
                     }
                 }
                 if seen == compute_ops && free > 0.0 {
@@ -94,24 +93,11 @@ pub(super) enum Rerun {
     /// PyTorch's non-reentrant checkpoint stops recomputing once every tensor the backward
     /// saved has been rebuilt, and a GEMM saves its input before it runs, so a layer ending in
     /// a GEMM (the MLP's down projection) and a residual add skips both (see
-    /// [`early_stop_end`]).
+    /// [`crate::workload::recompute::early_stop_end`]).
     EarlyStop,
     /// What selective recomputation's modules rerun (the core attention by default; see
     /// `workload::recompute`).
     Selective,
-}
-
-/// How many of a block's ops a recomputation that stops early runs: up to the last op that
-/// keeps anything for backward, without it when it is a GEMM (which keeps only its input,
-/// saved before its kernel runs).
-pub(super) fn early_stop_end(ops: &[LayerOp]) -> usize {
-    let last =
-        ops.iter().rposition(|op| op.compute().is_some_and(|s| s.saved.bytes(crate::plan::Recompute::None) > 0.0));
-    match last {
-        Some(j) if is_gemm(ops.get(j)) => j,
-        Some(j) => j + 1,
-        None => 0,
-    }
 }
 
 /// Re-run a layer's forward before its backward: all of it, all of it up to the last tensor

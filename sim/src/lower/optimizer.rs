@@ -100,10 +100,7 @@ fn foreach_temporary(b: &mut Builder, plan: &Plan, task: u32, stream: u32, param
     if f.fused.adam || !f.foreach_optimizer || plan.optimizer != crate::plan::Optimizer::Adam || params <= 0.0 {
         return;
     }
-    let device = Program::stream_device(stream);
-    let bytes = 4.0 * params;
-    b.memory(task, device, false, bytes, OPTIMIZER);
-    b.memory(task, device, true, -bytes, OPTIMIZER);
+    b.memory_while(task, Program::stream_device(stream), 4.0 * params, OPTIMIZER);
 }
 
 /// An optimizer-step op over `params` parameters, on the device or (`host`) on the host CPU,

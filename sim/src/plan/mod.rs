@@ -348,7 +348,31 @@ fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S
     s.serialize_str(schedule_name(*k))
 }
 
+/// The features of a plan that pick its framework when the scenario names none
+/// ([`crate::framework::default_for`]), from the plan's parts.
+pub fn framework_traits(
+    tp: u32,
+    pp: u32,
+    zero_stage: u8,
+    offload: &Offload,
+    precision: crate::hardware::Precision,
+) -> crate::framework::PlanTraits {
+    crate::framework::PlanTraits {
+        tp,
+        pp,
+        zero_stage,
+        offloaded: offload.optimizer != Tier::Device || offload.params != Tier::Device,
+        gemini: offload.dynamic.is_some(),
+        fp16: precision == crate::hardware::Precision::Fp16,
+    }
+}
+
 impl Plan {
+    /// [`framework_traits`] of this plan.
+    pub fn framework_traits(&self) -> crate::framework::PlanTraits {
+        framework_traits(self.tp, self.pp, self.zero_stage, &self.offload, self.precision)
+    }
+
     /// The shape of one transformer layer under this plan (micro-batch, sequence, tensor
     /// parallelism, kernels), its activations at the training precision.
     pub fn layer_shape(&self) -> crate::workload::LayerShape {

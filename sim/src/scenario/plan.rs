@@ -184,14 +184,7 @@ pub(super) fn parse_plan(
             format!("{e} (micro-batches per replica = global_batch / (dp x micro_batch) = {micro_batches})"),
         ));
     }
-    let traits = crate::framework::PlanTraits {
-        tp,
-        pp,
-        zero_stage,
-        offloaded: offload.optimizer != Tier::Device || offload.params != Tier::Device,
-        gemini: offload.dynamic.is_some(),
-        fp16: t.precision == crate::hardware::Precision::Fp16,
-    };
+    let traits = crate::plan::framework_traits(tp, pp, zero_stage, &offload, t.precision);
     let framework = super::framework::resolve(t.framework.as_ref(), traits, defaults);
     if pp > 1 && zero_stage > framework.pipeline_max_zero_stage {
         return Err(invalid(

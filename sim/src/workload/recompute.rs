@@ -104,10 +104,7 @@ pub fn selective(ops: &[LayerOp], modules: RecomputeModules, input_bytes: f64) -
 /// Batched products (materialised attention's scores, grouped expert GEMMs) are other aten
 /// ops, off the list: rerun. Collectives other than reduce-scatters are rerun too.
 fn op_sac(ops: &[LayerOp], input_bytes: f64) -> Vec<Selective> {
-    let end = ops
-        .iter()
-        .rposition(|op| op.compute().is_some_and(|s| s.saved.bytes(Recompute::None) > 0.0))
-        .map_or(0, |j| if is_gemm(&ops[j]) { j } else { j + 1 });
+    let end = early_stop_end(ops);
     let mut mm = 0;
     let mut out: Vec<Selective> = ops
         .iter()
@@ -136,8 +133,15 @@ fn op_sac(ops: &[LayerOp], input_bytes: f64) -> Vec<Selective> {
     out
 }
 
-fn is_gemm(op: &LayerOp) -> bool {
-    op.compute().is_some_and(|s| matches!(s.class, super::OpClass::Gemm { .. }))
+/// How many of a layer's ops a recomputation that stops early runs (PyTorch's non-reentrant
+/// checkpoint stops once every tensor the backward saved is rebuilt): up to the last op that
+/// keeps anything for backward, without it when it is a GEMM (which keeps only its input,
+/// saved before its kernel runs).
+pub fn early_stop_end(ops: &[LayerOp]) -> usize {
+    let is_gemm = |op: &LayerOp| op.compute().is_some_and(|s| matches!(s.class, super::OpClass::Gemm { .. }));
+    ops.iter()
+        .rposition(|op| op.compute().is_some_and(|s| s.saved.bytes(Recompute::None) > 0.0))
+        .map_or(0, |j| if is_gemm(&ops[j]) { j } else { j + 1 })
 }
 
 /// Bytes of a fused attention kernel's output: its forward reads the queries, keys and values
