@@ -1,15 +1,38 @@
-//! The simulator's kernel model against trainsim's own measurements on a real GPU:
-//! `experiments/executor/gpu/microbench.py` through PyTorch 2.11 on one H200 (session 18,
-//! `traces/2026-11-26-cuda-h200/microbench.json`, `block.json`). Bounds hold what the model reaches now,
-//! so that a change that loses it fails; the printed tables are the validation.
+//! The simulator's kernel model against trainsim's own measurements on real GPUs:
+//! `experiments/executor/gpu/microbench.py` and `block.py` through PyTorch 2.11 on one H200
+//! (session 18, `traces/2026-11-26-cuda-h200/`) and one H100 SXM (session 25,
+//! `traces/2026-11-26-cuda-h100/`). The catalog's memory-kernel fractions and the Hopper
+//! presets' large-GEMM efficiency came from the H200's files; the H100's were measured after
+//! and held out. Bounds hold what the model reaches now, so that a change that loses it fails;
+//! the printed tables are the validation.
 
 use super::kernels::{gemm_s, predicted_tflops};
 use crate::util::repo_json;
 use serde_json::Value;
 use sim::hardware::kernels::{FlashKernel, GpuArch, memory_kernel_efficiency};
 
+/// A GPU trainsim measured, with the catalog preset and node preset that describe it.
+struct Gpu {
+    name: &'static str,
+    traces: &'static str,
+    device: &'static str,
+    node: &'static str,
+}
+
+const H200: Gpu = Gpu { name: "h200", traces: "traces/2026-11-26-cuda-h200", device: "h200", node: "hgx-h200" };
+const H100: Gpu = Gpu { name: "h100", traces: "traces/2026-11-26-cuda-h100", device: "h100-sxm", node: "dgx-h100" };
+
+impl Gpu {
+    fn microbench(&self) -> Value {
+        repo_json(&format!("{}/microbench.json", self.traces))
+    }
+    fn block(&self) -> Value {
+        repo_json(&format!("{}/block.json", self.traces))
+    }
+}
+
 fn microbench() -> Value {
-    repo_json("traces/2026-11-26-cuda-h200/microbench.json")
+    H200.microbench()
 }
 
 /// The catalog's memory-kernel fractions are the measured rates over the measured copy's,
@@ -44,10 +67,10 @@ fn memory_kernel_fractions_are_the_measured_ones() {
     assert_eq!(memory_kernel_efficiency(None, "ln1"), 1.0, "CPUs and FPGAs keep the roofline");
 }
 
-/// Each measured GEMM row of `rows` against the `h200` preset at `precision`: prints one row
+/// Each measured GEMM row of `rows` against `gpu`'s preset at `precision`: prints one row
 /// per shape tagged `tag` and a summary; returns (points, mean absolute error, worst error).
-fn compare_gemms(rows: &[&Value], precision: sim::hardware::Precision, tag: &str) -> (f64, f64, f64) {
-    let dev = sim::hardware::catalog::device("h200").expect("preset");
+fn compare_gemms(gpu: &Gpu, rows: &[&Value], precision: sim::hardware::Precision, tag: &str) -> (f64, f64, f64) {
+    let dev = sim::hardware::catalog::device(gpu.device).expect("preset");
     let (mut sum, mut signed, mut n, mut worst) = (0.0, 0.0, 0.0, 0.0f64);
     for r in rows {
         let (m, nn, k) = (r["m"].as_f64().unwrap(), r["n"].as_f64().unwrap(), r["k"].as_f64().unwrap());
@@ -68,7 +91,8 @@ fn compare_gemms(rows: &[&Value], precision: sim::hardware::Precision, tag: &str
         }
     }
     println!(
-        "h200 {tag}: mean {:.1}% (signed {:+.1}%) over {n}; worst {:+.1}%",
+        "{} {tag}: mean {:.1}% (signed {:+.1}%) over {n}; worst {:+.1}%",
+        gpu.name,
         100.0 * sum / n,
         100.0 * signed / n,
         100.0 * worst
@@ -86,7 +110,7 @@ fn compare_gemms(rows: &[&Value], precision: sim::hardware::Precision, tag: &str
 fn torch_gemms_on_an_h200_against_the_model() {
     let m = microbench();
     let rows: Vec<&Value> = m["gemm"].as_array().unwrap().iter().collect();
-    let (n, mean, worst) = compare_gemms(&rows, sim::hardware::Precision::Bf16, "torch gemm");
+    let (n, mean, worst) = compare_gemms(&H200, &rows, sim::hardware::Precision::Bf16, "torch gemm");
     assert_eq!(n, 32.0);
     assert!(mean < 0.13, "mean {:.1}%", 100.0 * mean);
     assert!(worst.abs() < 0.6, "worst {:.1}%", 100.0 * worst);
@@ -101,10 +125,19 @@ fn torch_gemms_on_an_h200_against_the_model() {
 /// is slower than the paper's own on H100); cuDNN: mean 8.9%, the model 5.0% too slow.
 #[test]
 fn sdpa_attention_on_an_h200_against_the_model() {
+    compare_sdpa(&H200, [0.13, 0.12], 48.0);
+}
+
+/// `gpu`'s SDPA rows per backend (FlashAttention-2, cuDNN) against the model's kernels:
+/// asserts each backend's row count (`rows`: forward and backward points) and mean error
+/// under `mean_max`.
+fn compare_sdpa(gpu: &Gpu, mean_max: [f64; 2], rows: f64) {
     let mut report = Vec::new();
-    for (backend, kernel, mean_max) in [("flash", FlashKernel::V2, 0.13), ("cudnn", FlashKernel::Cudnn, 0.12)] {
+    for ((backend, kernel), mean_max) in
+        [("flash", FlashKernel::V2), ("cudnn", FlashKernel::Cudnn)].into_iter().zip(mean_max)
+    {
         let (mut sum, mut signed, mut n) = (0.0, 0.0, 0.0);
-        for r in microbench()["attention"].as_array().unwrap().iter().filter(|r| r["backend"] == backend) {
+        for r in gpu.microbench()["attention"].as_array().unwrap().iter().filter(|r| r["backend"] == backend) {
             let (s, d, causal) =
                 (r["seq"].as_f64().unwrap(), r["hdim"].as_f64().unwrap(), r["causal"].as_bool().unwrap());
             for pass in ["fwd", "bwd"] {
@@ -112,7 +145,8 @@ fn sdpa_attention_on_an_h200_against_the_model() {
                 let predicted = predicted_tflops(GpuArch::Hopper, kernel, pass, s, d, causal);
                 let err = (predicted - measured) / measured;
                 println!(
-                    "| {backend} | {pass} | {s} | {d} | {causal} | {measured:.0} | {predicted:.0} | {:+.1}% |",
+                    "| {} {backend} | {pass} | {s} | {d} | {causal} | {measured:.0} | {predicted:.0} | {:+.1}% |",
+                    gpu.name,
                     100.0 * err
                 );
                 sum += err.abs();
@@ -121,10 +155,10 @@ fn sdpa_attention_on_an_h200_against_the_model() {
             }
         }
         report.push(format!("{backend}: mean {:.1}% (signed {:+.1}%) over {n}", 100.0 * sum / n, 100.0 * signed / n));
-        assert_eq!(n, 48.0, "{backend}");
+        assert_eq!(n, rows, "{backend}");
         assert!(sum / n < mean_max, "{backend}: mean {:.1}%", 100.0 * sum / n);
     }
-    println!("h200 sdpa attention: {}", report.join("; "));
+    println!("{} sdpa attention: {}", gpu.name, report.join("; "));
 }
 
 /// fp8 GEMMs (`torch._scaled_mm`, e4m3 operands, tensor-wise scales, bf16 out) at the same
@@ -145,7 +179,7 @@ fn torch_fp8_gemms_on_an_h200_against_the_model() {
     for fast in [true, false] {
         let rows: Vec<&Value> = m["fp8_gemm"].as_array().unwrap().iter().filter(|r| r["fast_accum"] == fast).collect();
         let (n, mean, worst) =
-            compare_gemms(&rows, sim::hardware::Precision::Fp8, &format!("torch fp8 gemm, fast={fast}"));
+            compare_gemms(&H200, &rows, sim::hardware::Precision::Fp8, &format!("torch fp8 gemm, fast={fast}"));
         assert_eq!(n, 32.0);
         assert!(mean < 0.18, "mean {:.1}%", 100.0 * mean);
         assert!(worst.abs() < 0.85, "worst {:.1}%", 100.0 * worst);
@@ -154,17 +188,41 @@ fn torch_fp8_gemms_on_an_h200_against_the_model() {
 
 /// Seconds trainsim charges one layer of `r`'s block (GEMMs, attention and memory-bound ops;
 /// the difference of 8 and 4 layers, so the embedding, head and optimizer drop out) on one
-/// `h200` under the eager `pytorch-ddp` profile with cuDNN attention (SDPA's default there).
-fn block_layer_s(r: &Value) -> f64 {
+/// `gpu` under the eager `pytorch-ddp` profile with cuDNN attention (SDPA's default there).
+/// A Llama row (`block.py`'s torchtitan block) runs a GEMM per projection and the fusions
+/// [`llama_fusion`] gives it.
+fn block_layer_s(gpu: &Gpu, r: &Value) -> f64 {
+    let compiled = r["compiled"].as_bool().unwrap_or(false);
+    // PyTorch 2.11's nn.RMSNorm runs as one kernel in eager mode too; torchtitan's own class
+    // (December 2024) as six. Inductor leaves the complex rotary multiply to eager kernels
+    // ("does not support code generation for complex operators"): unfused under compile too.
+    let fused = [compiled || r["norm"] != "torchtitan", compiled, false];
+    layer_s(gpu, r, fused)
+}
+
+/// [`block_layer_s`] with the Llama block's RMSNorm, SwiGLU and rotary embeddings fused or not
+/// as `fused` says (ignored for a GPT row).
+fn layer_s(gpu: &Gpu, r: &Value, [rms_norm, swiglu, rope]: [bool; 3]) -> f64 {
     let dim = |k: &str| r[k].as_u64().unwrap();
     let compute = |layers: u64| {
+        let mut t = serde_json::json!({"layers": layers, "hidden": dim("hidden"), "heads": dim("heads"),
+            "vocab": 50304, "max_positions": dim("seq"), "bias": false, "dropout": false});
+        let mut framework = serde_json::json!({"name": "pytorch-ddp"});
+        if r["model"] == "llama" {
+            t["kv_heads"] = r["kv_heads"].clone();
+            t["ffn_hidden"] = r["ffn_hidden"].clone();
+            t["mlp"] = "swiglu".into();
+            t["norm"] = "rmsnorm".into();
+            t["rotary"] = true.into();
+            framework["fused"] =
+                serde_json::json!({"rms_norm": rms_norm, "swiglu": swiglu, "rope": rope, "projections": false});
+        }
         let text = serde_json::json!({
             "name": "block",
-            "workload": {"transformer": {"layers": layers, "hidden": dim("hidden"), "heads": dim("heads"),
-                "vocab": 50304, "max_positions": dim("seq"), "bias": false, "dropout": false}},
-            "cluster": {"node": {"preset": "hgx-h200", "devices": 1}, "nodes": 1},
+            "workload": {"transformer": t},
+            "cluster": {"node": {"preset": gpu.node, "devices": 1}, "nodes": 1},
             "training": {"global_batch": dim("batch"), "micro_batch": dim("batch"), "seq_len": dim("seq"),
-                "precision": "bf16", "optimizer": "adam", "attention": "cudnn", "framework": "pytorch-ddp"},
+                "precision": "bf16", "optimizer": "adam", "attention": "cudnn", "framework": framework},
             "plan": {"dp": 1, "tp": 1, "pp": 1}
         })
         .to_string();
@@ -172,6 +230,32 @@ fn block_layer_s(r: &Value) -> f64 {
         t.gemm_s + t.attention_s + t.memory_bound_s
     };
     (compute(8) - compute(4)) / 4.0
+}
+
+/// `gpu`'s measured blocks of `section` (`block` or `llama`) against [`block_layer_s`]: prints
+/// each and returns the signed errors in the file's order.
+fn compare_blocks(gpu: &Gpu, section: &str) -> Vec<f64> {
+    let b = gpu.block();
+    let rows = b[section].as_array().expect("block rows");
+    rows.iter()
+        .map(|r| {
+            let measured = r["per_layer_s"].as_f64().expect("measured");
+            let predicted = block_layer_s(gpu, r);
+            let err = (predicted - measured) / measured;
+            println!(
+                "{} {section} h{} s{} b{} compiled={}: measured {:.3} ms, predicted {:.3} ms, {:+.1}%",
+                gpu.name,
+                r["hidden"],
+                r["seq"],
+                r["batch"],
+                r["compiled"],
+                measured * 1e3,
+                predicted * 1e3,
+                100.0 * err
+            );
+            err
+        })
+        .collect()
 }
 
 /// A GPT block's training step through eager PyTorch on the H200 (`block.json`, written by
@@ -182,22 +266,149 @@ fn block_layer_s(r: &Value) -> f64 {
 /// -1.9% to -4.8% at the 0.75 assumed before).
 #[test]
 fn an_eager_gpt_block_on_an_h200_against_the_model() {
-    let b = repo_json("traces/2026-11-26-cuda-h200/block.json");
-    let rows = b["block"].as_array().expect("block rows");
-    assert_eq!(rows.len(), 5);
-    for r in rows {
-        let measured = r["per_layer_s"].as_f64().expect("measured");
-        let predicted = block_layer_s(r);
-        let err = (predicted - measured) / measured;
-        println!(
-            "h{} s{} b{}: measured {:.3} ms, predicted {:.3} ms, {:+.1}%",
-            r["hidden"],
-            r["seq"],
-            r["batch"],
-            measured * 1e3,
-            predicted * 1e3,
-            100.0 * err
-        );
-        assert!(err.abs() < 0.05, "h{} s{}: {:+.1}%", r["hidden"], r["seq"], 100.0 * err);
+    let errors = compare_blocks(&H200, "block");
+    assert_eq!(errors.len(), 5);
+    for e in errors {
+        assert!(e.abs() < 0.05, "{:+.1}%", 100.0 * e);
     }
+}
+
+/// cuBLAS through `F.linear` on the H100 (held out: the Hopper presets' 0.72 came from the
+/// H200): mean 10.1%, signed +7.4% (the model slower than these one-millisecond bursts, as on
+/// the H200); worst -25.0% at 2,048 x 1,024 x 1,024 (14 us, Python's dispatch).
+#[test]
+fn torch_gemms_on_an_h100_against_the_model() {
+    let m = H100.microbench();
+    let rows: Vec<&Value> = m["gemm"].as_array().unwrap().iter().collect();
+    let (n, mean, worst) = compare_gemms(&H100, &rows, sim::hardware::Precision::Bf16, "torch gemm");
+    assert_eq!(n, 32.0);
+    assert!(mean < 0.12, "mean {:.1}%", 100.0 * mean);
+    assert!(worst.abs() < 0.3, "worst {:.1}%", 100.0 * worst);
+}
+
+/// fp8 GEMMs on the H100: mean 11.3% with fast accumulation, 9.6% without (+4.5%, +0.4%
+/// signed); the worst (-60%) is again the smallest shape, `_scaled_mm`'s 18 us dispatch.
+#[test]
+fn torch_fp8_gemms_on_an_h100_against_the_model() {
+    let m = H100.microbench();
+    for fast in [true, false] {
+        let rows: Vec<&Value> = m["fp8_gemm"].as_array().unwrap().iter().filter(|r| r["fast_accum"] == fast).collect();
+        let (n, mean, worst) =
+            compare_gemms(&H100, &rows, sim::hardware::Precision::Fp8, &format!("torch fp8 gemm, fast={fast}"));
+        assert_eq!(n, 32.0);
+        assert!(mean < 0.13, "mean {:.1}%", 100.0 * mean);
+        assert!(worst.abs() < 0.65, "worst {:.1}%", 100.0 * worst);
+    }
+}
+
+/// SDPA on the H100 over 512-32k tokens: FlashAttention-2 mean 13.6% (the model 13.3% too
+/// fast, as on the H200: PyTorch's build of it is slower than the paper's), cuDNN 11.1% (-0.3%
+/// signed); at 32k tokens cuDNN within -9.1% to +7.0%, FlashAttention-2 within -2.4% to
+/// +11.6%: the kernels' rate holds at long sequences, as modelled.
+#[test]
+fn sdpa_attention_on_an_h100_against_the_model() {
+    compare_sdpa(&H100, [0.15, 0.13], 56.0);
+}
+
+/// GPT blocks on the H100 (held out): within -1.2% to +2.5% of the measured step per layer.
+#[test]
+fn an_eager_gpt_block_on_an_h100_against_the_model() {
+    let errors = compare_blocks(&H100, "block");
+    assert_eq!(errors.len(), 5);
+    for e in errors {
+        assert!(e.abs() < 0.04, "{:+.1}%", 100.0 * e);
+    }
+}
+
+/// torchtitan's Llama 3 8B block on the H100 (block.py: RMSNorm, a GEMM per projection,
+/// complex rotary embeddings, repeat_kv, causal SDPA, SwiGLU), 8k and 32k tokens, eager and
+/// per-block torch.compile, with PyTorch's nn.RMSNorm or torchtitan's December 2024 class:
+/// the model is 2.8% to 8.7% slower than measured on every row (its GEMMs and memory-bound
+/// kernels both a little slow on this card; see the README of these traces).
+#[test]
+fn a_torchtitan_llama_block_on_an_h100_against_the_model() {
+    let errors = compare_blocks(&H100, "llama");
+    assert_eq!(errors.len(), 8);
+    for e in errors {
+        assert!((-0.02..0.11).contains(&e), "{:+.1}%", 100.0 * e);
+    }
+}
+
+/// The Llama block's memory-bound pieces on the H100 (`llama_ops`, 16,384 tokens), what
+/// fusing each saves, measured (eager minus torch.compile) against what the model saves
+/// (unfused minus fused, per layer: two norms):
+/// - torchtitan's RMSNorm class: 2 x (3.40 - 0.73) = 5.3 ms measured, 7.0 ms charged (its
+///   six eager passes are charged at LayerNorm's rate, where the forward's run at an
+///   elementwise kernel's; the fused norm's backward is charged too little);
+/// - SwiGLU: 0.91 ms measured, 1.02 ms charged;
+/// - rotary embeddings in complex numbers: compile saves 0.19 ms of 1.36 (Inductor leaves
+///   complex operators to eager kernels), so torchtitan's compiled runs are described with
+///   `fused.rope` false; fusing them would save 1.18 ms by the model.
+#[test]
+fn llama_pieces_on_an_h100_eager_against_compiled() {
+    let m = H100.microbench();
+    let ops = m["llama_ops"].as_array().expect("llama_ops");
+    let t = |op: &str, compiled: bool| {
+        let r = ops.iter().find(|r| r["op"] == op && r["compiled"] == compiled).expect("row");
+        r["fwd_bwd_s"].as_f64().unwrap()
+    };
+    let row = serde_json::json!({"model": "llama", "hidden": 4096, "heads": 32, "kv_heads": 8,
+        "ffn_hidden": 14336, "seq": 8192, "batch": 2});
+    let all = layer_s(&H100, &row, [true, true, true]);
+    let saves = |i: usize| {
+        let mut f = [true; 3];
+        f[i] = false;
+        layer_s(&H100, &row, f) - all
+    };
+    let norm = (2.0 * (t("rmsnorm_torchtitan", false) - t("rmsnorm_torchtitan", true)), saves(0));
+    let swiglu = (t("swiglu", false) - t("swiglu", true), saves(1));
+    for (name, (measured, model)) in [("rmsnorm", norm), ("swiglu", swiglu)] {
+        println!("{name}: fusing saves {:.2} ms measured, {:.2} ms charged", measured * 1e3, model * 1e3);
+        assert!((model / measured - 1.0).abs() < 0.4, "{name}: {model} against {measured}");
+    }
+    let (eager, compiled) = (t("rope", false), t("rope", true));
+    println!(
+        "rope: eager {:.2} ms, compiled {:.2} ms, fused by the model {:.2} ms less",
+        eager * 1e3,
+        compiled * 1e3,
+        saves(2) * 1e3
+    );
+    assert!(compiled > 0.7 * eager, "compile fused the complex rotary embeddings: {compiled} of {eager}");
+    assert!(saves(2) > eager - compiled, "the model's fused rope saves more than compile does");
+}
+
+/// The memory-bound kernels on the H100 reach larger shares of the copy's rate than on the
+/// H200 whose shares the catalog holds (elementwise ones the copy's own: GeLU 0.96-1.01, add
+/// 1.02; LayerNorm 0.54-0.79, softmax 0.44-0.79, dropout 0.84, fused AdamW 0.88, foreach
+/// AdamW 0.32); the catalog's shares charge them 14% slow on average there. A per-kernel rate
+/// cap shared by both cards (their SMs and clocks are the same) does no better across the two
+/// (12-14%), so the shares stay; this test keeps the comparison and fails if the H100's copy
+/// leaves the preset's streaming rate (0.85 of 3.35 TB/s; 0.89 measured).
+#[test]
+fn memory_kernels_on_an_h100_against_the_catalog() {
+    let m = H100.microbench();
+    let rows = m["memory"].as_array().expect("memory rows");
+    let copy = rows.iter().find(|r| r["op"] == "copy").unwrap()["gbps"].as_f64().unwrap();
+    let family = |op: &str| match op {
+        "layernorm" => Some("ln1"),
+        "softmax" => Some("softmax"),
+        "gelu" | "gelu_tanh" => Some("act"),
+        "dropout" => Some("attn_dropout"),
+        "adamw_fused" => Some("optimizer"),
+        "adamw_foreach" => Some("optimizer_foreach"),
+        _ => None,
+    };
+    let (mut sum, mut n) = (0.0, 0.0);
+    for r in rows {
+        let Some(f) = family(r["op"].as_str().unwrap()) else { continue };
+        let share = r["gbps"].as_f64().unwrap() / copy;
+        let catalog = memory_kernel_efficiency(Some(GpuArch::Hopper), f);
+        println!("h100 {} {}: {share:.3} of the copy, catalog {catalog:.2}", r["op"], r["width"]);
+        sum += (catalog - share).abs() / share;
+        n += 1.0;
+    }
+    println!("h100 memory kernels: the catalog's shares {:.1}% off on average over {n}", 100.0 * sum / n);
+    assert_eq!(n, 10.0);
+    assert!(sum / n < 0.2, "{:.1}%", 100.0 * sum / n);
+    assert!((copy / 3350.0 - 0.85).abs() < 0.06, "copy {copy} GB/s");
 }

@@ -6,11 +6,14 @@
    4 x the width, no biases, no dropout) in bf16, forward and backward, timed per layer at
    several widths, sequence lengths and batch sizes. `tests/gpu_microbench.rs` compares it
    with what trainsim charges one layer of the same shape.
-2. Sustained GEMM rates: back-to-back 8192-cubed bf16 and fp8 products for many seconds, the
+2. A Llama block's training step, as torchtitan writes it (RMSNorm, a GEMM per q/k/v projection
+   with grouped key-value heads, rotary embeddings through complex multiplication, repeat_kv,
+   causal SDPA, SwiGLU MLP), eager and under torch.compile per block, at Llama 3 8B's width.
+3. Sustained GEMM rates: back-to-back 8192-cubed bf16 and fp8 products for many seconds, the
    rate of each half second beside the SM clock, power and temperature nvidia-smi reads, to
    see how far a GPU at its power limit falls below a short burst's rate.
 
-    python3 block.py OUT.json [--seconds S]
+    python3 block.py OUT.json [--seconds S] [--only-titan-norm]
 """
 import json
 import subprocess
@@ -39,6 +42,152 @@ class Block(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def rope_freqs(head_dim, seq, theta=500000.0):
+    """Llama 3's rotary angles as unit complex numbers, one row per position (on the GPU)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    angles = torch.outer(torch.arange(seq).float(), freqs)
+    return torch.polar(torch.ones_like(angles), angles).to("cuda")
+
+
+def apply_rope(x, freqs_cis):
+    """torchtitan's apply_rotary_emb on one (batch, seq, heads, head_dim) tensor: fp32 copy,
+    complex multiply, cast back."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    f = freqs_cis[: x.shape[1]].view(1, x.shape[1], 1, xc.shape[-1])
+    return torch.view_as_real(xc * f).flatten(3).type_as(x)
+
+
+class TitanRMSNorm(nn.Module):
+    """torchtitan's own RMSNorm (models/norms.py at 9dec370, norm_type "rmsnorm" in its Llama 3
+    configs): x.float(), pow, mean, rsqrt multiply, type_as and the weight multiply as separate
+    eager kernels. PyTorch's nn.RMSNorm, which later torchtitan versions build, may run fused."""
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class LlamaBlock(nn.Module):
+    """torchtitan's Llama 3 TransformerBlock (models/llama/model.py at 9dec370, December 2024):
+    pre-RMSNorm, wq/wk/wv/wo without bias, rotary embeddings applied in fp32 complex numbers,
+    key-value heads repeated to the query heads, causal SDPA, w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, h, heads, kv_heads, ffn, seq, norm="nn"):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, h // heads
+        make = (lambda: nn.RMSNorm(h, eps=1e-5)) if norm == "nn" else (lambda: TitanRMSNorm(h))
+        self.attention_norm, self.ffn_norm = make(), make()
+        self.wq = nn.Linear(h, h, bias=False)
+        self.wk = nn.Linear(h, kv_heads * self.hd, bias=False)
+        self.wv = nn.Linear(h, kv_heads * self.hd, bias=False)
+        self.wo = nn.Linear(h, h, bias=False)
+        self.w1 = nn.Linear(h, ffn, bias=False)
+        self.w3 = nn.Linear(h, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, h, bias=False)
+        # A plain attribute, not a buffer: Module.to(bfloat16) would drop a buffer's imaginary part.
+        self.freqs_cis = rope_freqs(self.hd, seq)
+
+    def rope(self, x):
+        return apply_rope(x, self.freqs_cis)
+
+    def repeat_kv(self, x):
+        b, s, kv, d = x.shape
+        rep = self.heads // kv
+        return x[:, :, :, None, :].expand(b, s, kv, rep, d).reshape(b, s, kv * rep, d)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        y = self.attention_norm(x)
+        q = self.wq(y).view(b, s, self.heads, self.hd)
+        k = self.wk(y).view(b, s, self.kv_heads, self.hd)
+        v = self.wv(y).view(b, s, self.kv_heads, self.hd)
+        q, k = self.rope(q), self.rope(k)
+        k, v = self.repeat_kv(k), self.repeat_kv(v)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).contiguous().view(b, s, h))
+        y = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+def time_stack(model, x, g, warmup, reps):
+    """Median seconds of a forward-backward step and of a forward alone (CUDA events)."""
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        model(x).backward(g)
+
+    def fwd():
+        with torch.no_grad():
+            model(x)
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times, ftimes = [], []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+        a.record()
+        fwd()
+        b.record()
+        b.synchronize()
+        ftimes.append(a.elapsed_time(b) * 1e-3)
+    times.sort()
+    ftimes.sort()
+    return times[len(times) // 2], ftimes[len(ftimes) // 2]
+
+
+def llama_steps(warmup=3, reps=10, compile_budget_s=240.0, only_norm=None):
+    """Llama blocks at Llama 3 8B's width (4,096, 32 heads, 8 key-value heads, SwiGLU of 14,336):
+    8k tokens at batch 1 and 2 (torchtitan's 8B benchmark runs 2 x 8,192 a GPU), and 32k tokens,
+    eager; the 8k rows again with each block under torch.compile(fullgraph=True), as torchtitan's
+    apply_compile does (forward and backward graphs compiled by Inductor). Norms: PyTorch's
+    nn.RMSNorm ("nn") or torchtitan's December 2024 class ("torchtitan", TitanRMSNorm)."""
+    rows = []
+    t0 = time.time()
+    cases = [(False, "nn", 8192, 1, 4), (False, "nn", 8192, 2, 4), (False, "nn", 32768, 1, 2),
+             (True, "nn", 8192, 1, 4), (True, "nn", 8192, 2, 4),
+             (False, "torchtitan", 8192, 1, 4), (False, "torchtitan", 8192, 2, 4), (True, "torchtitan", 8192, 2, 4)]
+    if only_norm:
+        cases = [c for c in cases if c[1] == only_norm]
+    for compiled, norm, seq, batch, layers in cases:
+        row = {"model": "llama", "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
+               "seq": seq, "batch": batch, "layers": layers, "compiled": compiled, "norm": norm}
+        if compiled and time.time() - t0 > compile_budget_s:
+            row["error"] = "skipped: compile budget spent"
+            rows.append(row)
+            continue
+        try:
+            blocks = [LlamaBlock(4096, 32, 8, 14336, seq, norm) for _ in range(layers)]
+            model = nn.Sequential(*blocks).to("cuda", torch.bfloat16)
+            if compiled:
+                for i, blk in enumerate(blocks):
+                    model[i] = torch.compile(blk, fullgraph=True)
+            x = torch.randn(batch, seq, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            g = torch.randn(batch, seq, 4096, device="cuda", dtype=torch.bfloat16)
+            s = time.time()
+            step_s, fwd_s = time_stack(model, x, g, warmup, reps)
+            row.update({"step_s": step_s, "per_layer_s": step_s / layers, "forward_per_layer_s": fwd_s / layers,
+                        "peak_memory_bytes": torch.cuda.max_memory_allocated(), "wall_s": time.time() - s})
+            del model, blocks, x, g
+        except Exception as e:
+            row["error"] = repr(e)[:300]
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        rows.append(row)
+        print(row, flush=True)
+    return rows
 
 
 def block_steps(layers=4, warmup=3, reps=10):
@@ -156,15 +305,18 @@ def main():
     res = {"schema": "trainsim-gpu-block/1", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "cuda": torch.version.cuda, "created": time.strftime("%Y-%m-%d"),
            "method": "CUDA-event medians of 10 steps after 3 warm-ups; gradients set to None before each step"}
-    for name, fn in [("block", block_steps), ("sustained_bf16", lambda: sustained("bf16", seconds)),
-                     ("sustained_fp8", lambda: sustained("fp8", seconds))]:
+    sections = [("block", block_steps), ("sustained_bf16", lambda: sustained("bf16", seconds)),
+                ("sustained_fp8", lambda: sustained("fp8", seconds)), ("llama", llama_steps)]
+    if "--only-titan-norm" in sys.argv:  # the Llama rows with torchtitan's RMSNorm alone
+        sections = [("llama", lambda: llama_steps(only_norm="torchtitan"))]
+    for name, fn in sections:
         s = time.time()
         try:
             res[name] = fn()
         except Exception as e:
             res[name + "_error"] = repr(e)[:500]
         print(f"{name}: {time.time() - s:.1f} s", flush=True)
-    json.dump(res, open(out, "w"), indent=1)
+        json.dump(res, open(out, "w"), indent=1)  # after each section, so a run cut short keeps the rest
     for k in ["sustained_bf16", "sustained_fp8"]:
         w = res.get(k, {}).get("windows", [])
         if w:

@@ -3,11 +3,11 @@
 
 What a framework running on this GPU gets from its libraries: cuBLAS GEMMs at transformer
 shapes (nn.Linear's layout), scaled_dot_product_attention per backend (FlashAttention-2,
-cuDNN, memory-efficient, and whatever PyTorch picks by default) over sequence length, head
+cuDNN, memory-efficient, and whatever PyTorch picks by default) over sequence length (512-32k), head
 dimension and causality, fp8 GEMMs (torch._scaled_mm) with the eager cost of a dynamic
 cast, and the memory-bound ops (copy, LayerNorm, softmax, GeLU, dropout, fused AdamW). Times are CUDA-event medians after warm-ups, on random data.
 
-    python3 microbench.py OUT.json [--quick]
+    python3 microbench.py OUT.json [--quick] [--only SECTION,...]
 
 scripts/validate-gpu runs it; trainsim's predictions for the same shapes are compared in
 tests/gpu_microbench.rs against the committed file.
@@ -101,10 +101,10 @@ def attention(quick):
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "default": None}
     rows = []
     tokens, hidden = 16384, 2048
-    seqs = [1024, 4096, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
+    seqs = [1024, 4096, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384, 32768]
     for seq in seqs:
         for hdim in [64, 128]:
-            heads, batch = hidden // hdim, tokens // seq
+            heads, batch = hidden // hdim, max(1, tokens // seq)
             for causal in [False, True]:
                 q, k, v = (torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16,
                                        requires_grad=True) for _ in range(3))
@@ -167,6 +167,57 @@ def memory_ops():
     return rows
 
 
+def llama_ops():
+    """The Llama block's memory-bound pieces as torchtitan ran them in December 2024, eager and
+    under torch.compile, at Llama 3 8B's width and 16,384 tokens: its own RMSNorm class (six
+    kernels forward) beside PyTorch's nn.RMSNorm, rotary embeddings on the queries (32 heads)
+    and keys (8 heads) through fp32 complex numbers, and SwiGLU's silu(a) * b over 14,336
+    columns. Forward alone and forward with backward (gradients to every input)."""
+    sys.path.insert(0, __file__.rsplit("/", 1)[0] if "/" in __file__ else ".")
+    from block import TitanRMSNorm, apply_rope, rope_freqs
+    tokens, h, ffn = 16384, 4096, 14336
+    rows = []
+
+    def case(name, make_inputs, fn, **kw):
+        for compiled in [False, True]:
+            f = torch.compile(fn) if compiled else fn
+            ins = make_inputs()
+            outs = f(*ins)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            grads = [torch.randn_like(o) for o in outs]
+
+            def fwd():
+                with torch.no_grad():
+                    return f(*ins)
+
+            def fwd_bwd():
+                for t in ins:
+                    t.grad = None
+                o = f(*ins)
+                torch.autograd.backward(o if isinstance(o, tuple) else (o,), grads)
+            row = {"op": name, "compiled": compiled, "tokens": tokens, **kw}
+            try:
+                tf, tfb = timed(fwd), timed(fwd_bwd)
+                row.update({"fwd_s": tf, "fwd_bwd_s": tfb, "bwd_s": tfb - tf})
+            except Exception as e:
+                row["error"] = str(e).splitlines()[0][:200]
+            rows.append(row)
+            print(row, flush=True)
+            del ins, outs, grads
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    titan = TitanRMSNorm(h).to("cuda", torch.bfloat16)
+    native = torch.nn.RMSNorm(h, eps=1e-5).to("cuda", torch.bfloat16)
+    case("rmsnorm_torchtitan", lambda: [rand(tokens, h)], titan, width=h)
+    case("rmsnorm_nn", lambda: [rand(tokens, h)], native, width=h)
+    freqs = rope_freqs(128, tokens)
+    case("rope", lambda: [rand(1, tokens, 32, 128), rand(1, tokens, 8, 128)],
+         lambda q, k: (apply_rope(q, freqs), apply_rope(k, freqs)), q_heads=32, kv_heads=8, head_dim=128)
+    case("swiglu", lambda: [rand(tokens, ffn), rand(tokens, ffn)], lambda a, b: F.silu(a) * b, width=ffn)
+    return rows
+
+
 def main():
     out = sys.argv[1]
     quick = "--quick" in sys.argv
@@ -185,7 +236,10 @@ def main():
         "method": f"CUDA-event median of {REPS} samples after {WARMUP} warm-ups, each sample the mean of back-to-back calls filling about 1 ms (at most 100), random bf16 data",
     }
     sections = [("gemm", lambda: gemms(quick)), ("fp8_gemm", lambda: fp8_gemms(quick)),
-                ("attention", lambda: attention(quick)), ("memory", memory_ops)]
+                ("attention", lambda: attention(quick)), ("memory", memory_ops), ("llama_ops", llama_ops)]
+    if "--only" in sys.argv:
+        keep = sys.argv[sys.argv.index("--only") + 1].split(",")
+        sections = [s for s in sections if s[0] in keep]
     for name, fn in sections:
         s = time.time()
         try:
