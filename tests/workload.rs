@@ -539,7 +539,8 @@ fn recompute_modules_free_what_their_checkpoints_free() {
 /// projection, as torchtitan's code runs them: the layer keeps its input and the outputs of
 /// the first, third, fifth and seventh matrix products (wq, wv, w1, w2) and of the attention
 /// kernel, and reruns the rest up to the last tensor the backward needs (the norms, wk, rotary,
-/// wo, the first residual add, w3, SwiGLU), not the second residual add. So it keeps more than
+/// the key-value heads' repeat, wo, the first residual add, w3, SwiGLU), not the second
+/// residual add. So it keeps more than
 /// full recomputation and less than none, and takes between their times. Splitting the
 /// projections leaves the FLOPs as they were.
 #[test]
@@ -566,7 +567,7 @@ fn op_sac_keeps_every_second_matmul_and_the_attention() {
         ops.iter().zip(&sel).filter(|(_, s)| s.rerun).filter_map(|(o, _)| o.compute()).map(|o| o.name).collect();
     assert_eq!(
         rerun,
-        ["ln1", "k_proj", "rope", "out_proj", "dropout_residual", "ln2", "up_proj", "act"],
+        ["ln1", "k_proj", "rope", "repeat_kv", "out_proj", "dropout_residual", "ln2", "up_proj", "act"],
         "ops {names:?}"
     );
     assert_eq!(names.iter().filter(|n| **n == "dropout_residual").count(), 2, "{names:?}");
@@ -609,4 +610,46 @@ fn op_sac_keeps_every_second_matmul_and_the_attention() {
 
 fn simulate_report(s: &sim::scenario::Scenario) -> sim::report::Report {
     sim::simulate(s, false).report
+}
+
+/// `training.framework.fused.gqa` false (the eager profiles: torchtitan's and Hugging Face's
+/// `repeat_kv`): the key and value heads are copied to the query heads' width before the
+/// attention kernel, which then keeps them at that width and, under context parallelism,
+/// passes them around the ring at that width. Llama 3 8B (8 key-value heads of 32) at 8,192
+/// tokens and micro-batch 2: the repeat keeps 2 x 2 bytes x (4,096 - 1,024) more per token,
+/// the ring carries four times the bytes, and a model without grouped heads is untouched.
+#[test]
+fn repeated_key_value_heads_cost_a_copy_and_full_width_attention_inputs() {
+    let layer = |model: serde_json::Value, gqa: bool, cp: u32| {
+        let s = util::parse(
+            &json!({"workload": model, "cluster": {"node": {"preset": "dgx-h100", "devices": 4}, "nodes": 1},
+                "training": {"global_batch": 8, "micro_batch": 2, "seq_len": 8192, "precision": "bf16",
+                             "attention": "flash2",
+                             "framework": {"name": "pytorch-fsdp", "fused": {"gqa": gqa}}},
+                "plan": {"dp": 4 / cp, "cp": cp, "zero_stage": 3}})
+            .to_string(),
+        );
+        s.workload.transformer.layer_ops(s.plan.layer_shape())
+    };
+    let saved =
+        |ops: &[LayerOp]| ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(Recompute::None)).sum::<f64>();
+    let names = |ops: &[LayerOp]| ops.iter().filter_map(LayerOp::compute).map(|o| o.name).collect::<Vec<_>>();
+    let llama = json!({"preset": "llama3-8b"});
+    let (repeated, grouped) = (layer(llama.clone(), false, 1), layer(llama.clone(), true, 1));
+    assert!(names(&repeated).contains(&"repeat_kv") && !names(&grouped).contains(&"repeat_kv"));
+    let tokens = 2.0 * 8192.0;
+    assert_close(saved(&repeated) - saved(&grouped), 2.0 * 2.0 * tokens * (4096.0 - 1024.0), 1e-12, "kept K and V");
+    let copy = repeated.iter().filter_map(LayerOp::compute).find(|o| o.name == "repeat_kv").expect("repeat_kv");
+    assert_close(copy.forward_bytes, 2.0 * tokens * 2.0 * (1024.0 + 4096.0), 1e-12, "read K, V; write them 4x");
+    let ring = |ops: &[LayerOp]| {
+        ops.iter()
+            .find_map(|o| match o {
+                LayerOp::Comm { name: "cp_kv", bytes, .. } => Some(*bytes),
+                _ => None,
+            })
+            .expect("cp_kv")
+    };
+    assert_close(ring(&layer(llama.clone(), false, 2)), 4.0 * ring(&layer(llama, true, 2)), 1e-12, "ring bytes");
+    let mha = json!({"transformer": {"layers": 2, "hidden": 4096, "heads": 32, "vocab": 32000}});
+    assert_eq!(layer(mha.clone(), false, 1), layer(mha, true, 1), "no grouped heads, nothing to repeat");
 }

@@ -93,6 +93,14 @@ pub struct Fused {
     /// `w1`, `w3`). A property of the model code more than of the framework: every profile
     /// fuses them.
     pub projections: bool,
+    /// Grouped-query attention in the attention kernel: it reads each key-value head for its
+    /// group of query heads in place (FlashAttention-2, cuDNN and Transformer Engine take
+    /// fewer key-value heads; Megatron-Core). Off, the model code first repeats the key and
+    /// value heads to the query heads (torchtitan's and Meta's `repeat_kv`, Hugging Face's
+    /// eager and SDPA paths before `enable_gqa`): a copy of K and V at the queries' width,
+    /// which the kernel reads, keeps for backward and, under context parallelism, passes
+    /// around the ring. Only models with fewer key-value heads than heads notice.
+    pub gqa: bool,
 }
 
 /// The casts around an fp8 GEMM (`training.framework.fp8_casts`; see [`FP8_CASTS_SOURCE`]).
@@ -321,6 +329,7 @@ pub fn profile(name: &str) -> Option<Framework> {
         // (--cross-entropy-loss-fusion) is off unless asked for.
         cross_entropy: false,
         projections: true,
+        gqa: true,
     };
     let eager = Fused {
         softmax: false,
@@ -332,6 +341,7 @@ pub fn profile(name: &str) -> Option<Framework> {
         rope: false,
         cross_entropy: false,
         projections: true,
+        gqa: false,
     };
     let one_layer = Gather::PerLayer { prefetch: 1 };
     let f = match name {
@@ -437,7 +447,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "fused",
-                    "Transformer Engine fused LayerNorm-Linear / RMSNorm (TENorm), bias-GeLU, bias-SwiGLU (bias_swiglu_fusion) and bias-dropout-add (megatron/core/fusions), fused rotary embeddings (apply_rope_fusion), apex/TE FusedAdam",
+                    "Transformer Engine fused LayerNorm-Linear / RMSNorm (TENorm), bias-GeLU, bias-SwiGLU (bias_swiglu_fusion) and bias-dropout-add (megatron/core/fusions), fused rotary embeddings (apply_rope_fusion), apex/TE FusedAdam; grouped-query attention inside TE's attention kernel (num_query_groups)",
                 ),
             ],
         },
@@ -488,7 +498,10 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "attention",
                     "the model's own attention (Hugging Face / DeepSpeed examples of 2021-2023 materialise scores)",
                 ),
-                ("fused", "deepspeed/ops/adam FusedAdam (multi-tensor apply); other ops eager PyTorch"),
+                (
+                    "fused",
+                    "deepspeed/ops/adam FusedAdam (multi-tensor apply); other ops eager PyTorch, key-value heads repeated to the query heads before attention as Hugging Face's models do (repeat_kv)",
+                ),
                 ("unfused_loss", UNFUSED_LOSS_SOURCE),
             ],
         },
@@ -536,7 +549,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "fused",
-                    "eager PyTorch: one kernel per elementwise op; torch.optim.AdamW foreach (not fused) by default. As torchtitan (commit 04133643, torchtitan/models/llama/model.py) writes a Llama: RMSNorm as x.float(), pow(2).mean(-1), rsqrt, multiply, type_as, weight multiply; FeedForward as F.silu(w1(x)) * w3(x); apply_rotary_emb as float casts around a complex multiply",
+                    "eager PyTorch: one kernel per elementwise op; torch.optim.AdamW foreach (not fused) by default. As torchtitan (commit 04133643, torchtitan/models/llama/model.py) writes a Llama: RMSNorm as x.float(), pow(2).mean(-1), rsqrt, multiply, type_as, weight multiply; FeedForward as F.silu(w1(x)) * w3(x); apply_rotary_emb as float casts around a complex multiply; repeat_kv copies the key and value heads to the query heads before SDPA (no grouped-query attention in the kernel)",
                 ),
             ],
         },
@@ -573,7 +586,10 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "gather",
                     "colossalai/zero/gemini: chunk-based (plan.offload.policy \"gemini\" models the chunk manager)",
                 ),
-                ("fused", "colossalai/nn/optimizer HybridAdam / FusedAdam"),
+                (
+                    "fused",
+                    "colossalai/nn/optimizer HybridAdam / FusedAdam; Hugging Face's models otherwise (key-value heads repeated before attention, repeat_kv)",
+                ),
                 ("unfused_loss", UNFUSED_LOSS_SOURCE),
             ],
         },
@@ -612,7 +628,10 @@ pub fn profile(name: &str) -> Option<Framework> {
                     "attention",
                     "torch.nn.functional.scaled_dot_product_attention (FlashAttention-2 on sm80+, PyTorch 2.1)",
                 ),
-                ("fused", "eager PyTorch: one kernel per elementwise op"),
+                (
+                    "fused",
+                    "eager PyTorch: one kernel per elementwise op; key-value heads repeated to the query heads before attention (torchtitan's and Hugging Face's repeat_kv)",
+                ),
                 ("unfused_loss", UNFUSED_LOSS_SOURCE),
                 ("foreach_optimizer", FOREACH_SOURCE),
             ],
@@ -748,7 +767,7 @@ pub fn reference_markdown() -> String {
         };
         s += &format!("| attention | {attention} |\n");
         s += &format!(
-            "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {}, RMSNorm {}, SwiGLU {}, rotary {}, cross-entropy {} |\n\nSources:\n\n",
+            "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {}, RMSNorm {}, SwiGLU {}, rotary {}, cross-entropy {}, grouped-query attention in the kernel {} |\n\nSources:\n\n",
             yes(f.fused.softmax),
             yes(f.fused.bias_gelu),
             yes(f.fused.bias_dropout_add),
@@ -756,7 +775,8 @@ pub fn reference_markdown() -> String {
             yes(f.fused.rms_norm),
             yes(f.fused.swiglu),
             yes(f.fused.rope),
-            yes(f.fused.cross_entropy)
+            yes(f.fused.cross_entropy),
+            yes(f.fused.gqa)
         );
         for (what, src) in &f.sources {
             s += &format!("- {what}: {src}\n");

@@ -234,6 +234,7 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
             "rope" => f.fused.rope = *b,
             "cross_entropy" => f.fused.cross_entropy = *b,
             "projections" => f.fused.projections = *b,
+            "gqa" => f.fused.gqa = *b,
             _ => unreachable!("keys checked when read"),
         }
     }

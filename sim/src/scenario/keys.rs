@@ -140,8 +140,18 @@ pub const FRAMEWORK: &[&str] = &[
 ];
 
 /// `training.framework.fused`: kernels fused or not.
-pub const FUSED: &[&str] =
-    &["softmax", "bias_gelu", "bias_dropout_add", "adam", "rms_norm", "swiglu", "rope", "cross_entropy", "projections"];
+pub const FUSED: &[&str] = &[
+    "softmax",
+    "bias_gelu",
+    "bias_dropout_add",
+    "adam",
+    "rms_norm",
+    "swiglu",
+    "rope",
+    "cross_entropy",
+    "projections",
+    "gqa",
+];
 
 /// `plan`.
 pub const PLAN: &[&str] = &[

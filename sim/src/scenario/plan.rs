@@ -242,6 +242,7 @@ pub(super) fn parse_plan(
             rope: framework.fused.rope,
             cross_entropy: framework.fused.cross_entropy,
             projections: framework.fused.projections,
+            gqa: framework.fused.gqa,
             unfused_loss: framework.unfused_loss,
             fp8_gemm_inputs: t.precision == crate::hardware::Precision::Fp8
                 && framework.fp8_casts == crate::framework::Fp8Casts::Te,

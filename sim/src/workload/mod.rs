@@ -178,6 +178,9 @@ pub struct Fusion {
     /// One GEMM for the query, key and value projections and one for a gated MLP's gate and
     /// up projections; off, a GEMM each (see [`crate::framework::Fused::projections`]).
     pub projections: bool,
+    /// Grouped key-value heads read in place by the attention kernel; off, repeated to the
+    /// query heads first (see [`crate::framework::Fused::gqa`]).
+    pub gqa: bool,
     /// How the loss runs when it is not fused ([`loss::UnfusedLoss`]).
     pub unfused_loss: loss::UnfusedLoss,
 }
@@ -193,6 +196,7 @@ impl Default for Fusion {
             cross_entropy: false,
             fp8_gemm_inputs: false,
             projections: true,
+            gqa: true,
             unfused_loss: loss::UnfusedLoss::Fp32,
         }
     }

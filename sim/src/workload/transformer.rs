@@ -435,6 +435,25 @@ impl TransformerConfig {
             let per = if shape.fusion.rope { 2.0 * e } else { 2.0 * e + 16.0 };
             ops.push(LayerOp::Compute(mem_op("rope", per * elems, Saved::default())));
         }
+        // Key-value heads repeated to the query heads before attention (`fusion.gqa` off:
+        // torchtitan's `repeat_kv`, an expand and a copy): the kernel then reads, keeps and
+        // passes K and V at the queries' width. Backward sums each group's gradients back.
+        let repeat = self.mla.is_none() && !shape.fusion.gqa && self.kv_heads < self.heads;
+        let kv = if repeat {
+            let bytes = e * tokens * 2.0 * (kv + qw) / t;
+            ops.push(LayerOp::Compute(OpSpec {
+                name: "repeat_kv",
+                class: OpClass::Memory,
+                forward_flops: 0.0,
+                forward_bytes: bytes,
+                backward_flops: 0.0,
+                backward_bytes: bytes,
+                saved: Saved::default(),
+            }));
+            qw
+        } else {
+            kv
+        };
         // Scores keep Q and K (2 x 2sbh/t in Korthikanti's count, with full-width K).
         let heads = b * a / t;
         // Under token slicing the slice's queries also attend to `context` earlier tokens,
