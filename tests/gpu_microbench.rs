@@ -469,3 +469,61 @@ fn activation_memory_of_the_measured_blocks_against_the_model() {
     }
     assert_eq!(n, 16);
 }
+
+/// Kernel-selection cliffs on the H100: each SDPA backend over head dimensions 64-256 (4,096
+/// tokens, 16 heads, causal or not; `attention_hdim`, a third device call). cuDNN 9.19 runs 72
+/// and 80 at hdim 96's rate for their FLOPs, 112 at 128's, 160 at 192's and 224 at 256's
+/// (its forward at 72 is slower than at 64: 384 against 470 TFLOP/s), and its backward drops
+/// by a third above 128 (486 at 128, 276-332 from 160 to 256): the catalog's cuDNN pads to
+/// those head dimensions and takes that backward step since session 25 (before: mean 19.4%,
+/// the odd head dimensions' backward up to +74% too fast). PyTorch's FlashAttention-2 pads as
+/// the flash-attn templates say (160 and 224 run as 192 and 256), 13% slower than the model
+/// throughout, as at every other shape on both GPUs.
+#[test]
+fn attention_head_dimension_cliffs_on_an_h100() {
+    let m = H100.microbench();
+    let rows = m["attention_hdim"].as_array().expect("attention_hdim");
+    let mut report = Vec::new();
+    for (backend, kernel, bound) in [("flash", FlashKernel::V2, 0.16), ("cudnn", FlashKernel::Cudnn, 0.12)] {
+        let (mut sum, mut signed, mut n, mut worst) = (0.0, 0.0, 0.0, 0.0f64);
+        for r in rows.iter().filter(|r| r["backend"] == backend) {
+            let (s, d, causal) =
+                (r["seq"].as_f64().unwrap(), r["hdim"].as_f64().unwrap(), r["causal"].as_bool().unwrap());
+            for pass in ["fwd", "bwd"] {
+                let measured = r[format!("{pass}_tflops")].as_f64().unwrap();
+                let predicted = predicted_tflops(GpuArch::Hopper, kernel, pass, s, d, causal);
+                let err = (predicted - measured) / measured;
+                println!(
+                    "| h100 {backend} | {pass} | {d} | {causal} | {measured:.0} | {predicted:.0} | {:+.1}% |",
+                    100.0 * err
+                );
+                sum += err.abs();
+                signed += err;
+                n += 1.0;
+                if err.abs() > worst.abs() {
+                    worst = err;
+                }
+            }
+        }
+        report.push(format!(
+            "{backend}: mean {:.1}% (signed {:+.1}%), worst {:+.1}% over {n}",
+            100.0 * sum / n,
+            100.0 * signed / n,
+            100.0 * worst
+        ));
+        assert_eq!(n, 40.0, "{backend}");
+        assert!(sum / n < bound, "{backend}: mean {:.1}%", 100.0 * sum / n);
+        assert!(worst.abs() < 0.3, "{backend}: worst {:+.1}%", 100.0 * worst);
+    }
+    println!("h100 head dimensions: {}", report.join("; "));
+    // The cliff itself: cuDNN's forward does less useful work a second at 72 than at 64.
+    let fwd = |d: f64| predicted_tflops(GpuArch::Hopper, FlashKernel::Cudnn, "fwd", 4096.0, d, true);
+    assert!(
+        fwd(72.0) < fwd(64.0) && fwd(112.0) < fwd(128.0),
+        "{} {} {} {}",
+        fwd(64.0),
+        fwd(72.0),
+        fwd(112.0),
+        fwd(128.0)
+    );
+}

@@ -136,6 +136,45 @@ def attention(quick):
     return rows
 
 
+def attention_hdim():
+    """Kernel-selection cliffs: each SDPA backend over head dimensions between its compiled
+    templates (64-256, multiples of 8 and 16), 16 heads, batch 4 x 4,096 tokens, causal or not,
+    forward and forward with backward. A kernel without a template for a head dimension runs
+    the next larger one, doing the padded work for the useful FLOPs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    rows = []
+    heads, batch, seq = 16, 4, 4096
+    for hdim in [64, 72, 80, 96, 112, 128, 160, 192, 224, 256]:
+        for causal in [False, True]:
+            q, k, v = (torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16,
+                                   requires_grad=True) for _ in range(3))
+            dout = torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16)
+            fwd_flops = 4 * batch * heads * seq * seq * hdim * (0.5 if causal else 1.0)
+            for name, be in backends.items():
+                def fwd():
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                def fwd_bwd():
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    o.backward(dout)
+                row = {"backend": name, "seq": seq, "hdim": hdim, "heads": heads, "batch": batch,
+                       "causal": causal, "dtype": "bf16"}
+                try:
+                    with sdpa_kernel([be]):
+                        tf, tfb = timed(fwd), timed(fwd_bwd)
+                    row.update({"fwd_s": tf, "fwd_bwd_s": tfb, "bwd_s": tfb - tf,
+                                "fwd_tflops": fwd_flops / tf / 1e12,
+                                "bwd_tflops": 2.5 * fwd_flops / max(tfb - tf, 1e-9) / 1e12})
+                except Exception as e:
+                    row["error"] = str(e).splitlines()[0][:200]
+                rows.append(row)
+                q.grad = k.grad = v.grad = None
+            del q, k, v, dout
+    return rows
+
+
 def memory_ops():
     rows = []
     n = 1 << 28  # 256 M bf16 elements, 512 MiB
@@ -236,7 +275,8 @@ def main():
         "method": f"CUDA-event median of {REPS} samples after {WARMUP} warm-ups, each sample the mean of back-to-back calls filling about 1 ms (at most 100), random bf16 data",
     }
     sections = [("gemm", lambda: gemms(quick)), ("fp8_gemm", lambda: fp8_gemms(quick)),
-                ("attention", lambda: attention(quick)), ("memory", memory_ops), ("llama_ops", llama_ops)]
+                ("attention", lambda: attention(quick)), ("memory", memory_ops), ("llama_ops", llama_ops),
+                ("attention_hdim", attention_hdim)]
     if "--only" in sys.argv:
         keep = sys.argv[sys.argv.index("--only") + 1].split(",")
         sections = [s for s in sections if s[0] in keep]

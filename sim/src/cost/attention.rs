@@ -36,14 +36,17 @@ fn ramp(q: f64, context: f64, causal: bool, c: f64) -> f64 {
 
 /// Published 16k rate at a (padded) head dimension: linear in the head dimension below 64
 /// (the per-tile softmax work does not shrink with it), between 64 and 128, and from 128 to
-/// 256 by the kernel's measured hdim-256 ratio.
-fn rate_16k(table: &[[f64; 2]; 2], ratio256: f64, dp: f64, causal: bool) -> f64 {
+/// 256 by the kernel's measured hdim-256 ratio, reached at 256 or, with `step`, at once above
+/// 128.
+fn rate_16k(table: &[[f64; 2]; 2], ratio256: f64, step: bool, dp: f64, causal: bool) -> f64 {
     let i = usize::from(causal);
     let (r64, r128) = (table[0][i], table[1][i]);
     if dp <= 64.0 {
         r64 * dp / 64.0
     } else if dp <= 128.0 {
         r64 + (r128 - r64) * (dp - 64.0) / 64.0
+    } else if step {
+        r128 * ratio256
     } else {
         r128 * (1.0 + (ratio256 - 1.0) * ((dp - 128.0) / 128.0).min(1.0))
     }
@@ -61,12 +64,12 @@ pub fn efficiency(
 ) -> f64 {
     let (rates, measured_on): (&AttentionRates, GpuArch) = kernels::attention_rates(arch, kernel.resolve(arch));
     let dp = rates.kernel.padded_head_dim(head_dim).max(head_dim);
-    let (table, c) = if backward {
-        (&rates.bwd_16k_tflops, rates.bwd_overhead_blocks)
+    let (table, c, ratio256, step) = if backward {
+        (&rates.bwd_16k_tflops, rates.bwd_overhead_blocks, rates.bwd_hdim256_over_128, rates.bwd_hdim_step_above_128)
     } else {
-        (&rates.fwd_16k_tflops, rates.fwd_overhead_blocks)
+        (&rates.fwd_16k_tflops, rates.fwd_overhead_blocks, rates.hdim256_over_128, false)
     };
-    let at_16k = rate_16k(table, rates.hdim256_over_128, dp, causal) / kernels::measured_peak_tflops(measured_on);
+    let at_16k = rate_16k(table, ratio256, step, dp, causal) / kernels::measured_peak_tflops(measured_on);
     let long = at_16k / ramp(REFERENCE_TOKENS, 0.0, causal, c);
     (long * ramp(q.max(1.0), context, causal, c) * head_dim / dp).clamp(1e-3, 1.0)
 }

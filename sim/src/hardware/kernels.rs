@@ -175,8 +175,8 @@ impl FlashKernel {
     /// 96, 128, 192, 256 (`csrc/flash_attn/src/flash_fwd_hdim*.cu`), flash-attn 3.x hdim 64,
     /// 96, 128, 192, 256 (`hopper/instantiations/`), flash-attn 1.x 16, 32, 64, 128; the
     /// Triton kernels pad to the next power of two (`flash_attn_triton.py`: `BLOCK_HEADDIM =
-    /// max(next_power_of_2(d), 16)`; the tutorial compiles powers of two only); cuDNN takes any
-    /// multiple of 8 (no padding). Dao-AILab/flash-attention at
+    /// max(next_power_of_2(d), 16)`; the tutorial compiles powers of two only); cuDNN, measured,
+    /// behaves as if compiled for 64, 96, 128, 192 and 256. Dao-AILab/flash-attention at
     /// 0251105a2fb19d2957484b7f023cd8c115286ced.
     pub fn padded_head_dim(self, head_dim: f64) -> f64 {
         let templates: &[f64] = match self {
@@ -184,7 +184,14 @@ impl FlashKernel {
             FlashKernel::V2 | FlashKernel::Auto | FlashKernel::Te => &[32.0, 64.0, 96.0, 128.0, 192.0, 256.0],
             FlashKernel::V3 => &[64.0, 96.0, 128.0, 192.0, 256.0],
             FlashKernel::Triton | FlashKernel::Flash1Triton => return head_dim.max(16.0).log2().ceil().exp2(),
-            FlashKernel::Cudnn => return head_dim,
+            // cuDNN's fused attention runs head dimensions above 64 as 96, 128, 192 or 256:
+            // measured through PyTorch 2.11 (cuDNN 9.19) on an H100 SXM at 4,096 tokens
+            // (traces/2026-11-26-cuda-h100/microbench.json `attention_hdim`), 72 and 80 run at
+            // hdim 96's rate for their FLOPs (forward 384 and 441 TFLOP/s against 523 x 72/96
+            // = 392 and 436), 112 at 128's (592 against 592), 160 at 192's, 224 at 256's.
+            // Below 64 nothing was measured: no padding assumed.
+            FlashKernel::Cudnn if head_dim <= 64.0 => return head_dim,
+            FlashKernel::Cudnn => &[96.0, 128.0, 192.0, 256.0],
         };
         templates.iter().copied().find(|&t| t >= head_dim).unwrap_or(head_dim)
     }
@@ -202,6 +209,11 @@ pub struct AttentionRates {
     pub bwd_16k_tflops: [[f64; 2]; 2],
     /// A head dimension of 256 against 128, same kernel and mask (forward).
     pub hdim256_over_128: f64,
+    /// The same for backward: the forward's where nobody measured the backward apart.
+    pub bwd_hdim256_over_128: f64,
+    /// Whether that backward rate holds from just above 128 (a separate, slower kernel, as
+    /// cuDNN's measured backward is) rather than growing in linearly up to 256.
+    pub bwd_hdim_step_above_128: bool,
     /// Per query block (128 queries), the fixed work (load Q, rescale and write O; in
     /// backward also dQ's accumulation) in units of one 128-key block's work, read off the
     /// 512-token point against the 16k one (see `cost::attention`).
@@ -248,6 +260,8 @@ pub const ATTENTION_RATES: &[AttentionRates] = &[
         bwd_16k_tflops: FA2_A100.1,
         // FA3 paper Figure 5e vs 5c: FlashAttention-2 at hdim 256 runs 326 against 370 at 128.
         hdim256_over_128: 326.0 / 370.0,
+        bwd_hdim256_over_128: 326.0 / 370.0,
+        bwd_hdim_step_above_128: false,
         // 512 tokens at 0.75 of 16k (Figure 4a, hdim 64: 132 vs 176).
         fwd_overhead_blocks: 1.39,
         bwd_overhead_blocks: 1.39,
@@ -259,6 +273,8 @@ pub const ATTENTION_RATES: &[AttentionRates] = &[
         fwd_16k_tflops: FA1_A100.0,
         bwd_16k_tflops: FA1_A100.1,
         hdim256_over_128: 1.0,
+        bwd_hdim256_over_128: 1.0,
+        bwd_hdim_step_above_128: false,
         // Figure 4a, FlashAttention: 91 vs 110.
         fwd_overhead_blocks: 0.87,
         bwd_overhead_blocks: 0.87,
@@ -270,6 +286,8 @@ pub const ATTENTION_RATES: &[AttentionRates] = &[
         fwd_16k_tflops: TRITON_A100.0,
         bwd_16k_tflops: TRITON_A100.1,
         hdim256_over_128: 1.0,
+        bwd_hdim256_over_128: 1.0,
+        bwd_hdim_step_above_128: false,
         // Figure 4a, FlashAttention Triton: 90 vs 100.
         fwd_overhead_blocks: 0.46,
         bwd_overhead_blocks: 0.46,
@@ -281,6 +299,8 @@ pub const ATTENTION_RATES: &[AttentionRates] = &[
         fwd_16k_tflops: [[497.0, 473.0], [648.0, 616.0]],
         bwd_16k_tflops: [[474.0, 474.0 * 473.0 / 497.0], [561.0, 561.0 * 616.0 / 648.0]],
         hdim256_over_128: 756.0 / 648.0,
+        bwd_hdim256_over_128: 756.0 / 648.0,
+        bwd_hdim_step_above_128: false,
         // hdim 128, 512 vs 16k: forward 467 vs 648, backward 316 vs 561.
         fwd_overhead_blocks: 1.62,
         bwd_overhead_blocks: 3.28,
@@ -292,6 +312,8 @@ pub const ATTENTION_RATES: &[AttentionRates] = &[
         fwd_16k_tflops: [[324.0, 299.0], [370.0, 335.0]],
         bwd_16k_tflops: [[291.0, 291.0 * 299.0 / 324.0], [322.0, 322.0 * 335.0 / 370.0]],
         hdim256_over_128: 326.0 / 370.0,
+        bwd_hdim256_over_128: 326.0 / 370.0,
+        bwd_hdim_step_above_128: false,
         // hdim 128: forward 309 vs 370, backward 214 vs 322.
         fwd_overhead_blocks: 0.82,
         bwd_overhead_blocks: 2.12,
@@ -303,6 +325,12 @@ pub const ATTENTION_RATES: &[AttentionRates] = &[
         fwd_16k_tflops: [[413.0, 388.0], [595.0, 539.0]],
         bwd_16k_tflops: [[433.0, 433.0 * 388.0 / 413.0], [516.0, 516.0 * 539.0 / 595.0]],
         hdim256_over_128: 581.0 / 595.0,
+        // Backward at head dimension 256 (not in the paper's figures): cuDNN 9.19 through
+        // PyTorch 2.11 on an H100 SXM, 4,096 tokens, non-causal 332 vs 486 TFLOP/s, causal
+        // 320 vs 415 (traces/2026-11-26-cuda-h100/microbench.json `attention_hdim`): mean 0.73;
+        // from 160 up already (160: 276, 192: 308, 224: 327 non-causal, run as 192 and 256).
+        bwd_hdim256_over_128: 0.73,
+        bwd_hdim_step_above_128: true,
         // hdim 128: forward 497 vs 595, backward 305 vs 516.
         fwd_overhead_blocks: 0.82,
         bwd_overhead_blocks: 2.92,
@@ -317,6 +345,8 @@ pub const ATTENTION_RATES: &[AttentionRates] = &[
             [395.0 * 322.0 / 370.0, 378.0 * 322.0 / 370.0],
         ],
         hdim256_over_128: 1.0,
+        bwd_hdim256_over_128: 1.0,
+        bwd_hdim_step_above_128: false,
         // Figure 5c, Triton: 323 vs 395; backward as FlashAttention-2's.
         fwd_overhead_blocks: 0.93,
         bwd_overhead_blocks: 2.12,
