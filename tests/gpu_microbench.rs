@@ -125,19 +125,19 @@ fn torch_gemms_on_an_h200_against_the_model() {
 /// is slower than the paper's own on H100); cuDNN: mean 8.9%, the model 5.0% too slow.
 #[test]
 fn sdpa_attention_on_an_h200_against_the_model() {
-    compare_sdpa(&H200, [0.13, 0.12], 48.0);
+    compare_sdpa(&H200, "attention", [0.13, 0.12], 48.0);
 }
 
-/// `gpu`'s SDPA rows per backend (FlashAttention-2, cuDNN) against the model's kernels:
-/// asserts each backend's row count (`rows`: forward and backward points) and mean error
-/// under `mean_max`.
-fn compare_sdpa(gpu: &Gpu, mean_max: [f64; 2], rows: f64) {
+/// `gpu`'s SDPA rows of `section` per backend (FlashAttention-2, cuDNN) against the model's
+/// kernels: asserts each backend's count of points (`rows`: forward and backward) and mean
+/// error under `mean_max`; returns each backend's worst error.
+fn compare_sdpa(gpu: &Gpu, section: &str, mean_max: [f64; 2], rows: f64) -> [f64; 2] {
     let mut report = Vec::new();
-    for ((backend, kernel), mean_max) in
-        [("flash", FlashKernel::V2), ("cudnn", FlashKernel::Cudnn)].into_iter().zip(mean_max)
-    {
+    let mut worst = [0.0f64; 2];
+    let kernels = [("flash", FlashKernel::V2), ("cudnn", FlashKernel::Cudnn)];
+    for (((backend, kernel), mean_max), worst) in kernels.into_iter().zip(mean_max).zip(&mut worst) {
         let (mut sum, mut signed, mut n) = (0.0, 0.0, 0.0);
-        for r in gpu.microbench()["attention"].as_array().unwrap().iter().filter(|r| r["backend"] == backend) {
+        for r in gpu.microbench()[section].as_array().unwrap().iter().filter(|r| r["backend"] == backend) {
             let (s, d, causal) =
                 (r["seq"].as_f64().unwrap(), r["hdim"].as_f64().unwrap(), r["causal"].as_bool().unwrap());
             for pass in ["fwd", "bwd"] {
@@ -152,13 +152,22 @@ fn compare_sdpa(gpu: &Gpu, mean_max: [f64; 2], rows: f64) {
                 sum += err.abs();
                 signed += err;
                 n += 1.0;
+                if err.abs() > worst.abs() {
+                    *worst = err;
+                }
             }
         }
-        report.push(format!("{backend}: mean {:.1}% (signed {:+.1}%) over {n}", 100.0 * sum / n, 100.0 * signed / n));
+        report.push(format!(
+            "{backend}: mean {:.1}% (signed {:+.1}%), worst {:+.1}% over {n}",
+            100.0 * sum / n,
+            100.0 * signed / n,
+            100.0 * *worst
+        ));
         assert_eq!(n, rows, "{backend}");
         assert!(sum / n < mean_max, "{backend}: mean {:.1}%", 100.0 * sum / n);
     }
-    println!("{} sdpa attention: {}", gpu.name, report.join("; "));
+    println!("{} sdpa {section}: {}", gpu.name, report.join("; "));
+    worst
 }
 
 /// fp8 GEMMs (`torch._scaled_mm`, e4m3 operands, tensor-wise scales, bf16 out) at the same
@@ -317,7 +326,7 @@ fn torch_fp8_gemms_on_an_h100_against_the_model() {
 /// +11.6%: the kernels' rate holds at long sequences, as modelled.
 #[test]
 fn sdpa_attention_on_an_h100_against_the_model() {
-    compare_sdpa(&H100, [0.15, 0.13], 56.0);
+    compare_sdpa(&H100, "attention", [0.15, 0.13], 56.0);
 }
 
 /// GPT blocks on the H100 (held out): within -1.2% to +2.5% of the measured step per layer.
@@ -481,41 +490,8 @@ fn activation_memory_of_the_measured_blocks_against_the_model() {
 /// throughout, as at every other shape on both GPUs.
 #[test]
 fn attention_head_dimension_cliffs_on_an_h100() {
-    let m = H100.microbench();
-    let rows = m["attention_hdim"].as_array().expect("attention_hdim");
-    let mut report = Vec::new();
-    for (backend, kernel, bound) in [("flash", FlashKernel::V2, 0.16), ("cudnn", FlashKernel::Cudnn, 0.12)] {
-        let (mut sum, mut signed, mut n, mut worst) = (0.0, 0.0, 0.0, 0.0f64);
-        for r in rows.iter().filter(|r| r["backend"] == backend) {
-            let (s, d, causal) =
-                (r["seq"].as_f64().unwrap(), r["hdim"].as_f64().unwrap(), r["causal"].as_bool().unwrap());
-            for pass in ["fwd", "bwd"] {
-                let measured = r[format!("{pass}_tflops")].as_f64().unwrap();
-                let predicted = predicted_tflops(GpuArch::Hopper, kernel, pass, s, d, causal);
-                let err = (predicted - measured) / measured;
-                println!(
-                    "| h100 {backend} | {pass} | {d} | {causal} | {measured:.0} | {predicted:.0} | {:+.1}% |",
-                    100.0 * err
-                );
-                sum += err.abs();
-                signed += err;
-                n += 1.0;
-                if err.abs() > worst.abs() {
-                    worst = err;
-                }
-            }
-        }
-        report.push(format!(
-            "{backend}: mean {:.1}% (signed {:+.1}%), worst {:+.1}% over {n}",
-            100.0 * sum / n,
-            100.0 * signed / n,
-            100.0 * worst
-        ));
-        assert_eq!(n, 40.0, "{backend}");
-        assert!(sum / n < bound, "{backend}: mean {:.1}%", 100.0 * sum / n);
-        assert!(worst.abs() < 0.3, "{backend}: worst {:+.1}%", 100.0 * worst);
-    }
-    println!("h100 head dimensions: {}", report.join("; "));
+    let worst = compare_sdpa(&H100, "attention_hdim", [0.16, 0.12], 40.0);
+    assert!(worst.iter().all(|w| w.abs() < 0.3), "{worst:?}");
     // The cliff itself: cuDNN's forward does less useful work a second at 72 than at 64.
     let fwd = |d: f64| predicted_tflops(GpuArch::Hopper, FlashKernel::Cudnn, "fwd", 4096.0, d, true);
     assert!(

@@ -116,6 +116,14 @@ class LlamaBlock(nn.Module):
         return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
 
 
+def finish(rows, row):
+    """Frees the row's tensors' cached memory, restarts the peak count, keeps and prints the row."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    rows.append(row)
+    print(row, flush=True)
+
+
 def time_stack(model, x, g, warmup, reps):
     """Median seconds of a forward-backward step and of a forward alone (CUDA events)."""
     def step():
@@ -183,10 +191,7 @@ def llama_steps(warmup=3, reps=10, compile_budget_s=240.0, only_norm=None):
             del model, blocks, x, g
         except Exception as e:
             row["error"] = repr(e)[:300]
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        rows.append(row)
-        print(row, flush=True)
+        finish(rows, row)
     return rows
 
 
@@ -199,44 +204,13 @@ def block_steps(layers=4, warmup=3, reps=10):
             model = nn.Sequential(*[Block(h, heads) for _ in range(layers)]).to("cuda", torch.bfloat16)
             x = torch.randn(batch, seq, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             g = torch.randn(batch, seq, h, device="cuda", dtype=torch.bfloat16)
-
-            def step():
-                for p in model.parameters():
-                    p.grad = None
-                x.grad = None
-                model(x).backward(g)
-
-            def fwd():
-                with torch.no_grad():
-                    model(x)
-            for _ in range(warmup):
-                step()
-            torch.cuda.synchronize()
-            times, ftimes = [], []
-            for _ in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                step()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b) * 1e-3)
-                a.record()
-                fwd()
-                b.record()
-                b.synchronize()
-                ftimes.append(a.elapsed_time(b) * 1e-3)
-            times.sort()
-            ftimes.sort()
-            row.update({"step_s": times[len(times) // 2], "per_layer_s": times[len(times) // 2] / layers,
-                        "forward_per_layer_s": ftimes[len(ftimes) // 2] / layers,
+            step_s, fwd_s = time_stack(model, x, g, warmup, reps)
+            row.update({"step_s": step_s, "per_layer_s": step_s / layers, "forward_per_layer_s": fwd_s / layers,
                         "peak_memory_bytes": torch.cuda.max_memory_allocated()})
             del model, x, g
         except Exception as e:
             row["error"] = repr(e)[:300]
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        rows.append(row)
-        print(row, flush=True)
+        finish(rows, row)
     return rows
 
 

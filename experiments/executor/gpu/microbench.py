@@ -95,8 +95,43 @@ def fp8_gemms(quick):
     return rows
 
 
+def sdpa_rows(backends, batch, heads, seq, hdim, causal):
+    """One row per backend (None: PyTorch's own choice) of SDPA on random bf16 (batch, heads,
+    seq, hdim) inputs: forward alone and forward with backward, with the FlashAttention
+    benchmarks' FLOP count (4 s^2 d per head forward, halved under a causal mask; backward 2.5x)."""
+    from torch.nn.attention import sdpa_kernel
+    q, k, v = (torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16)
+    fwd_flops = 4 * batch * heads * seq * seq * hdim * (0.5 if causal else 1.0)
+    rows = []
+    for name, be in backends.items():
+        def fwd():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        def fwd_bwd():
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            o.backward(dout)
+        row = {"backend": name, "seq": seq, "hdim": hdim, "heads": heads, "batch": batch,
+               "causal": causal, "dtype": "bf16"}
+        try:
+            if be is None:
+                tf, tfb = timed(fwd), timed(fwd_bwd)
+            else:
+                with sdpa_kernel([be]):
+                    tf, tfb = timed(fwd), timed(fwd_bwd)
+            row.update({"fwd_s": tf, "fwd_bwd_s": tfb, "bwd_s": tfb - tf,
+                        "fwd_tflops": fwd_flops / tf / 1e12,
+                        "bwd_tflops": 2.5 * fwd_flops / max(tfb - tf, 1e-9) / 1e12})
+        except Exception as e:  # a backend that does not take this shape
+            row["error"] = str(e).splitlines()[0][:200]
+        rows.append(row)
+        q.grad = k.grad = v.grad = None
+    return rows
+
+
 def attention(quick):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "default": None}
     rows = []
@@ -104,35 +139,8 @@ def attention(quick):
     seqs = [1024, 4096, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384, 32768]
     for seq in seqs:
         for hdim in [64, 128]:
-            heads, batch = hidden // hdim, max(1, tokens // seq)
             for causal in [False, True]:
-                q, k, v = (torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16,
-                                       requires_grad=True) for _ in range(3))
-                dout = torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16)
-                fwd_flops = 4 * batch * heads * seq * seq * hdim * (0.5 if causal else 1.0)
-                for name, be in backends.items():
-                    def fwd():
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-                    def fwd_bwd():
-                        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                        o.backward(dout)
-                    row = {"backend": name, "seq": seq, "hdim": hdim, "heads": heads, "batch": batch,
-                           "causal": causal, "dtype": "bf16"}
-                    try:
-                        if be is None:
-                            tf, tfb = timed(fwd), timed(fwd_bwd)
-                        else:
-                            with sdpa_kernel([be]):
-                                tf, tfb = timed(fwd), timed(fwd_bwd)
-                        row.update({"fwd_s": tf, "fwd_bwd_s": tfb, "bwd_s": tfb - tf,
-                                    "fwd_tflops": fwd_flops / tf / 1e12,
-                                    "bwd_tflops": 2.5 * fwd_flops / max(tfb - tf, 1e-9) / 1e12})
-                    except Exception as e:  # a backend that does not take this shape
-                        row["error"] = str(e).splitlines()[0][:200]
-                    rows.append(row)
-                    q.grad = k.grad = v.grad = None
-                del q, k, v, dout
+                rows += sdpa_rows(backends, max(1, tokens // seq), hidden // hdim, seq, hdim, causal)
     return rows
 
 
@@ -141,37 +149,13 @@ def attention_hdim():
     templates (64-256, multiples of 8 and 16), 16 heads, batch 4 x 4,096 tokens, causal or not,
     forward and forward with backward. A kernel without a template for a head dimension runs
     the next larger one, doing the padded work for the useful FLOPs."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     rows = []
-    heads, batch, seq = 16, 4, 4096
     for hdim in [64, 72, 80, 96, 112, 128, 160, 192, 224, 256]:
         for causal in [False, True]:
-            q, k, v = (torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16,
-                                   requires_grad=True) for _ in range(3))
-            dout = torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16)
-            fwd_flops = 4 * batch * heads * seq * seq * hdim * (0.5 if causal else 1.0)
-            for name, be in backends.items():
-                def fwd():
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-                def fwd_bwd():
-                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                    o.backward(dout)
-                row = {"backend": name, "seq": seq, "hdim": hdim, "heads": heads, "batch": batch,
-                       "causal": causal, "dtype": "bf16"}
-                try:
-                    with sdpa_kernel([be]):
-                        tf, tfb = timed(fwd), timed(fwd_bwd)
-                    row.update({"fwd_s": tf, "fwd_bwd_s": tfb, "bwd_s": tfb - tf,
-                                "fwd_tflops": fwd_flops / tf / 1e12,
-                                "bwd_tflops": 2.5 * fwd_flops / max(tfb - tf, 1e-9) / 1e12})
-                except Exception as e:
-                    row["error"] = str(e).splitlines()[0][:200]
-                rows.append(row)
-                q.grad = k.grad = v.grad = None
-            del q, k, v, dout
+            rows += sdpa_rows(backends, 4, 16, 4096, hdim, causal)
     return rows
 
 
