@@ -653,3 +653,23 @@ fn repeated_key_value_heads_cost_a_copy_and_full_width_attention_inputs() {
     let mha = json!({"transformer": {"layers": 2, "hidden": 4096, "heads": 32, "vocab": 32000}});
     assert_eq!(layer(mha.clone(), false, 1), layer(mha, true, 1), "no grouped heads, nothing to repeat");
 }
+
+/// A head dimension between a fused kernel's compiled ones is named in the report's notes with
+/// the one it runs as (cuDNN, Megatron-Core's kernel on Hopper: 80 runs as 96); 128 is not.
+#[test]
+fn a_padded_head_dimension_is_noted() {
+    let report = |hidden: u32, heads: u32| {
+        util::simulate(
+            &json!({"workload": {"transformer": {"layers": 2, "hidden": hidden, "heads": heads, "vocab": 32000}},
+                "cluster": {"node": "dgx-h100", "nodes": 1},
+                "training": {"global_batch": 8, "micro_batch": 1, "seq_len": 2048, "precision": "bf16",
+                             "framework": "megatron-core"},
+                "plan": {"dp": 8}})
+            .to_string(),
+        )
+    };
+    let padded = report(2560, 32);
+    let note = padded.notes.iter().find(|n| n.contains("head dimension 80")).expect("a note on head dimension 80");
+    assert!(note.contains("`cudnn`") && note.contains("runs as 96") && note.contains("20%"), "{note}");
+    assert!(!report(4096, 32).notes.iter().any(|n| n.contains("head dimension")), "128 is compiled");
+}

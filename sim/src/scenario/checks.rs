@@ -47,9 +47,33 @@ pub(super) fn check_attention(cluster: &ClusterSpec, training: &Training) -> Res
     }
 }
 
-/// Notes on a plan outside common practice: tensor parallelism across nodes.
-pub(super) fn plan_notes(plan: &Plan, cluster: &ClusterSpec) -> Vec<String> {
+/// Notes on a plan outside common practice: tensor parallelism across nodes; and a head
+/// dimension the fused attention kernel has no compiled version of, which it runs padded to the
+/// next one (`FlashKernel::padded_head_dim`: the kernel-selection cliff).
+pub(super) fn plan_notes(plan: &Plan, cluster: &ClusterSpec, workload: &crate::workload::Workload) -> Vec<String> {
+    use crate::hardware::kernels::arch_of;
     let mut notes = Vec::new();
+    if workload.net.is_none() {
+        let d = workload.transformer.attention_head_dim();
+        let sixteen_bit = plan.layer_shape().activation_bytes == 2.0;
+        if let Some(kernel) = plan.attention.fused_kernel(d, sixteen_bit) {
+            let mut seen = Vec::new();
+            for dev in cluster.classes() {
+                let k = kernel.resolve(arch_of(dev));
+                let padded = k.padded_head_dim(d);
+                if padded > d && !seen.contains(&k) {
+                    seen.push(k);
+                    notes.push(format!(
+                        "attention: head dimension {d} has no kernel of its own in `{}`; it runs as {padded} \
+                         on {}, doing {:.0}% more work than its FLOPs (a head dimension of {padded} would cost the same)",
+                        crate::hardware::kernels::Attention::Fused(k).name(),
+                        dev.name,
+                        100.0 * (padded / d - 1.0)
+                    ));
+                }
+            }
+        }
+    }
     if plan.tp > cluster.node.devices {
         notes.push(format!(
             "tensor parallelism of {} spans {} nodes of {} devices: its collectives cross the inter-node \

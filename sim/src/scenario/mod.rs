@@ -200,7 +200,7 @@ pub fn from_value(v: &Value, load: &dyn Fn(&str) -> std::result::Result<String, 
     if freeze.is_some() {
         run::check_elastic(&plan_obj, &plan, &cluster)?;
     }
-    let notes = checks::plan_notes(&plan, &cluster);
+    let notes = checks::plan_notes(&plan, &cluster, &workload);
     let mut options = options::parse_options(root.obj("simulation")?)?;
     if let Some(r) = &run {
         run::share_kernel_jitter(r, &mut options)?;

@@ -135,7 +135,7 @@ impl SearchInput {
         training.micro_batch = micro_batch;
         let o = Obj::new(plan_value, "plan")?;
         let plan = plan::parse_plan(&o, &self.workload, &self.cluster, &training, &mut defaults)?;
-        let notes = checks::plan_notes(&plan, &self.cluster);
+        let notes = checks::plan_notes(&plan, &self.cluster, &self.workload);
         let scenario = Scenario {
             name: self.name.clone(),
             workload: self.workload.clone(),

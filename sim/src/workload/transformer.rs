@@ -120,6 +120,13 @@ impl TransformerConfig {
         }
     }
 
+    /// The head dimension the attention kernel runs at: the head's width, or under multi-head
+    /// latent attention the mean of a query/key head's and a value head's (their FLOPs follow
+    /// it).
+    pub fn attention_head_dim(&self) -> f64 {
+        if self.mla.is_some() { (self.q_width() + self.v_width()) / (2.0 * self.heads as f64) } else { self.head_dim() }
+    }
+
     /// Width of one attention head: the query/key head under multi-head latent attention.
     pub fn head_dim(&self) -> f64 {
         if let Some(m) = &self.mla {
@@ -363,7 +370,7 @@ impl TransformerConfig {
         let kv = self.kv_width();
         // Under MLA a head's query/key and value widths differ; attention's FLOPs and kernel
         // follow their mean.
-        let d = if self.mla.is_some() { (self.q_width() + self.v_width()) / (2.0 * a) } else { self.head_dim() };
+        let d = self.attention_head_dim();
         let sbh = s * b * h;
         // Replicated activations are split over t only under sequence parallelism.
         let rep = if shape.sequence_parallel { 1.0 / t } else { 1.0 };
