@@ -425,7 +425,9 @@ fn a_fused_loss_is_faster_and_keeps_less_memory() {
 /// it keeps (4) in backward, Megatron's in-place loss only the 16-bit gradient (2) beside its
 /// fp32 copy (4), the fused loss the 16-bit gradient (2) beside the 16-bit logits it keeps
 /// (2), and the native loss two 16-bit gradients (4) beside its 16-bit output (2). With a
-/// 128k vocabulary the logits set the peak: it differs by 6, 8 and 6 bytes a logit.
+/// 128k vocabulary the logits set the peak: it differs by 6, 8 and 6 bytes a logit. Under
+/// PyTorch's `loss_parallel` backward holds three fp32 tensors beside the kept output (12), 4
+/// more than `fp32`.
 #[test]
 fn the_loss_holds_its_temporaries_while_it_runs() {
     let run = |fused: bool, unfused: &str| {
@@ -444,6 +446,9 @@ fn the_loss_holds_its_temporaries_while_it_runs() {
     assert_close(bytes(run(false, "in_place")), 6.0, 0.02, "against Megatron's in-place loss, bytes a logit");
     assert_close(bytes(run(true, "fp32")), 8.0, 0.02, "against the fused loss, bytes a logit");
     assert_close(bytes(run(false, "native")), 6.0, 0.02, "against the native loss, bytes a logit");
+    // PyTorch's loss_parallel (decomposed log_softmax): 4 more bytes a logit in backward (the
+    // zero fill, exp and sum, or sum and product, beside the kept output).
+    assert_close(-bytes(run(false, "loss_parallel")), 4.0, 0.02, "loss_parallel over fp32, bytes a logit");
 }
 
 /// PyTorch's foreach Adam holds a new fp32 tensor per parameter (the update's denominator)

@@ -16,23 +16,30 @@ pub enum UnfusedLoss {
     /// PyTorch's `F.cross_entropy` on the 16-bit logits as the model returns them: its output
     /// and gradients in the same dtype.
     Native,
+    /// `F.cross_entropy` after `.float()` on logits sharded over the vocabulary, under PyTorch's
+    /// `loss_parallel` (DTensor; torchtitan's loss whenever tensor parallelism is on): its
+    /// `log_softmax` is decomposed into separate max, shift, exp, sum and subtraction kernels,
+    /// and its backward builds the gradient from a zero fill, an exp, a sum and a product, each
+    /// a dense fp32 tensor.
+    LossParallel,
 }
 
 impl UnfusedLoss {
-    pub const NAMES: [&'static str; 3] = ["in_place", "fp32", "native"];
+    pub const NAMES: [&'static str; 4] = ["in_place", "fp32", "native", "loss_parallel"];
 
     pub fn parse(name: &str) -> Option<UnfusedLoss> {
         Some(match name {
             "in_place" => UnfusedLoss::InPlace,
             "fp32" => UnfusedLoss::Fp32,
             "native" => UnfusedLoss::Native,
+            "loss_parallel" => UnfusedLoss::LossParallel,
             _ => return None,
         })
     }
 }
 
 /// Where `unfused_loss` comes from.
-pub const UNFUSED_LOSS_SOURCE: &str = "in_place: megatron/core/tensor_parallel/cross_entropy.py (core_r0.9.0; megatron/mpu/cross_entropy.py in v2.5, which Megatron-DeepSpeed's GPT models run) _VocabParallelCrossEntropy: one fp32 copy of the logits (vocab_parallel_logits.float()), max subtraction, exp and division in place, that buffer saved for backward, and the backward's softmax-minus-one-hot written into it; fp32: F.cross_entropy(pred.float(), labels) as torchtitan's train.py loss_fn (9dec370) and Hugging Face's Llama (logits.float()) run it: the fp32 copy and log_softmax's saved fp32 output forward, nll_loss_backward's dense fp32 gradient and log_softmax_backward's fp32 output backward; native: torch.nn.CrossEntropyLoss on the model's 16-bit logits, as hpcaitech/ColossalAI-Benchmark zero/common/gpt2.py GPTLMLoss (a contiguous copy of the shifted logits first) and Colossal-AI's GPT examples run it";
+pub const UNFUSED_LOSS_SOURCE: &str = "in_place: megatron/core/tensor_parallel/cross_entropy.py (core_r0.9.0; megatron/mpu/cross_entropy.py in v2.5, which Megatron-DeepSpeed's GPT models run) _VocabParallelCrossEntropy: one fp32 copy of the logits (vocab_parallel_logits.float()), max subtraction, exp and division in place, that buffer saved for backward, and the backward's softmax-minus-one-hot written into it; fp32: F.cross_entropy(pred.float(), labels) as torchtitan's train.py loss_fn (9dec370) and Hugging Face's Llama (logits.float()) run it: the fp32 copy and log_softmax's saved fp32 output forward, nll_loss_backward's dense fp32 gradient and log_softmax_backward's fp32 output backward; native: torch.nn.CrossEntropyLoss on the model's 16-bit logits, as hpcaitech/ColossalAI-Benchmark zero/common/gpt2.py GPTLMLoss (a contiguous copy of the shifted logits first) and Colossal-AI's GPT examples run it; loss_parallel: torch/distributed/tensor/parallel/loss.py (read at pytorch/pytorch 02eef6b8; loss_parallel exists since PyTorch 2.3, and torchtitan's train.py at 9dec370 enters it whenever tp > 1, get_train_context) _log_softmax (x.to(fp32), amax, x - max, exp, sum, log, shifted - logsumexp: the shifted logits and their exp beside the fp32 copy) and _nll_loss_and_log_softmax_backward (zeros_like, exp, the sum and its product with the incoming gradient, all fp32)";
 
 /// Bytes the loss moves per logit, as (forward, backward, kept for backward), at `e` bytes
 /// per logit as the output layer writes them.
@@ -52,7 +59,11 @@ pub const UNFUSED_LOSS_SOURCE: &str = "in_place: megatron/core/tensor_parallel/c
 /// writes `e`. Backward keeps `log_softmax`'s fp32 output. Megatron's in-place loss (max,
 /// subtract, exp, sum in place on its fp32 copy, and a softmax-minus-one-hot backward) makes
 /// about as many passes. Native (on the 16-bit logits): the same passes at `e` bytes, no copy,
-/// the 16-bit output kept.
+/// the 16-bit output kept. Under `loss_parallel` (DTensor's decomposition, every step its own
+/// fp32 kernel): forward the copy, the max (4 read), the shift (4 + 4), the exp (4 + 4), the sum
+/// (4) and the subtraction (4 + 4), 32 bytes beside the copy; backward the zero fill (4), the
+/// exp (4 + 4), the sum (4 + 4 + 4) and the product (4 + 4), 32 beside the copy's backward;
+/// `log_softmax`'s fp32 output kept.
 pub fn loss_bytes(fused: bool, unfused: UnfusedLoss, e: f64) -> (f64, f64, f64) {
     if fused {
         return (2.0 * e, 2.0 * e, e);
@@ -61,6 +72,9 @@ pub fn loss_bytes(fused: bool, unfused: UnfusedLoss, e: f64) -> (f64, f64, f64) 
         return (4.0 * e, 5.0 * e, e);
     }
     let (cast_fwd, cast_bwd) = if e < 4.0 { (e + 4.0, 4.0 + e) } else { (0.0, 0.0) };
+    if unfused == UnfusedLoss::LossParallel {
+        return (cast_fwd + 32.0, 32.0 + cast_bwd, 4.0);
+    }
     (cast_fwd + 16.0, 4.0 + 16.0 + cast_bwd, 4.0)
 }
 
@@ -74,7 +88,11 @@ pub fn loss_bytes(fused: bool, unfused: UnfusedLoss, e: f64) -> (f64, f64, f64) 
 /// the logits). After an fp32 copy: the 16-bit logits and their fp32 copy beside the kept fp32
 /// `log_softmax` output (`e + 4`; 4 in fp32), and backward `nll_loss_backward`'s dense fp32
 /// gradient and `log_softmax_backward`'s fp32 output beside it (8). Native: the logits beside
-/// the kept output (`e`), the two gradients beside it backward (`2e`).
+/// the kept output (`e`), the two gradients beside it backward (`2e`). `loss_parallel`: at
+/// most the 16-bit logits, their fp32 copy, the shifted copy and its exp at once forward, or
+/// the shifted copy beside the kept output (`e + 8` beside the kept 4; 8 in fp32 training,
+/// where the logits are the copy), and backward the zero-filled gradient, the exp and their
+/// sum, or the sum and the product, beside the kept output (12).
 pub fn loss_transient_bytes(fused: bool, unfused: UnfusedLoss, e: f64) -> [f64; 2] {
     let copy = e < 4.0;
     match (fused, unfused) {
@@ -83,6 +101,7 @@ pub fn loss_transient_bytes(fused: bool, unfused: UnfusedLoss, e: f64) -> [f64; 
         (false, UnfusedLoss::InPlace) => [0.0, 0.0],
         (false, UnfusedLoss::Fp32) => [if copy { e + 4.0 } else { 4.0 }, 8.0],
         (false, UnfusedLoss::Native) => [e, 2.0 * e],
+        (false, UnfusedLoss::LossParallel) => [if copy { e + 8.0 } else { 8.0 }, 12.0],
     }
 }
 
