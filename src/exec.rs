@@ -372,6 +372,35 @@ struct Validation {
     /// machine's noise, not the model's error).
     machine_drift: Option<f64>,
     ops: Vec<OpRow>,
+    /// What to know when reading the comparison (absent when there is nothing to say).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
+}
+
+/// The replay runs the executor's own kernels, not a framework's: on a GPU its memory-bound ops
+/// run at their own rates, where a prediction from the catalog preset charges PyTorch's
+/// kernels' measured shares of a copy's rate (`hardware::kernels::memory_kernel_efficiency`; on
+/// an H100 the preset's predictions of the four GPU plans were 16-30% above their replays, 4-28%
+/// with a profile: `traces/2026-11-26-cuda-h100/`). A profile measures the executor's own rates.
+/// Any backend predicted without a profile says that nothing of the machine was measured.
+fn validate_notes(backend: &str, profiled: bool) -> Vec<String> {
+    if profiled {
+        return Vec::new();
+    }
+    if backend != "cuda" {
+        return vec![
+            "predicted from the catalog preset, with nothing measured on this machine: `trainsim calibrate` and \
+             `--profile` compare the replay with a prediction from this machine's own rates"
+                .into(),
+        ];
+    }
+    vec![
+        "the replay runs trainsim's own memory-bound kernels (norms, softmax, masks, dropout, activations), not \
+         PyTorch's, whose measured shares of a copy's rate the preset charges: per op kind they differ from the prediction \
+         either way (on an H100 the score scale and mask passes replayed in about half the time charged, dropout and \
+         LayerNorm took 23-41% longer); predict with `--profile` (from `trainsim calibrate --backend cuda`) to compare like with like"
+            .into(),
+    ]
 }
 
 pub fn validate_cmd(
@@ -399,6 +428,7 @@ pub fn validate_cmd(
         reference_gemm_flops_per_s: probe.map(|(b, a)| [b, a]),
         machine_drift: probe.map(|(b, a)| a / b - 1.0),
         ops: rows,
+        notes: validate_notes(backend, profile.profile.is_some()),
     };
     if let Some(p) = plot {
         crate::validate_plot::draw(
@@ -431,6 +461,9 @@ pub fn validate_cmd(
             );
         }
         println!("op kinds:     mean absolute error {:.1}%", 100.0 * v.ops_mape);
+        for n in &v.notes {
+            println!("note:         {n}");
+        }
         for r in &v.ops {
             println!(
                 "              {:<18} {:<8} x{:<5} predicted {:>9.4} ms  measured {:>9.4} ms  {:+.1}%",
@@ -524,4 +557,18 @@ fn torch_block(s: &Scenario, warmup: u32, repeats: u32) -> Result<f64, String> {
 #[cfg(not(feature = "torch"))]
 fn torch_block(_: &Scenario, _: u32, _: u32) -> Result<f64, String> {
     Err("torch-block needs the torch backend: build with --features torch against PyTorch 2.11 (see the README)".into())
+}
+
+#[cfg(test)]
+mod validate_notes_tests {
+    use super::validate_notes;
+
+    #[test]
+    fn a_prediction_without_a_profile_says_what_it_compares() {
+        assert!(validate_notes("cuda", true).is_empty() && validate_notes("cpu", true).is_empty());
+        let cuda = validate_notes("cuda", false).join(" ");
+        assert!(cuda.contains("own memory-bound kernels") && cuda.contains("--profile"), "{cuda}");
+        let cpu = validate_notes("cpu", false).join(" ");
+        assert!(cpu.contains("nothing measured") && !cpu.contains("PyTorch"), "{cpu}");
+    }
 }
