@@ -11,6 +11,7 @@ pub mod hf;
 pub mod loss;
 pub mod moe;
 pub mod net;
+mod ops;
 pub mod recompute;
 pub mod ring;
 pub mod transformer;
