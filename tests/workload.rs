@@ -678,3 +678,32 @@ fn a_padded_head_dimension_is_noted() {
     assert!(note.contains("`cudnn`") && note.contains("runs as 96") && note.contains("20%"), "{note}");
     assert!(!report(4096, 32).notes.iter().any(|n| n.contains("head dimension")), "128 is compiled");
 }
+
+/// Tensor parallelism shards whole key-value heads (Megatron-Core divides its query groups by
+/// tp; torchtitan's wk and wv are column-parallel): a tp that does not divide them is the
+/// reader's error, naming the allowed values, where trainsim used to split heads into
+/// fractions; the plan search proposes only tensor-parallel degrees that divide them.
+#[test]
+fn tensor_parallelism_must_divide_the_key_value_heads() {
+    let text = |tp: u32| {
+        util::scenario(
+            json!({"transformer": {"layers": 2, "hidden": 4096, "heads": 32, "kv_heads": 4, "vocab": 32000}}),
+            1,
+            json!({"global_batch": 8, "micro_batch": 1, "seq_len": 2048, "precision": "bf16"}),
+            json!({"dp": 8 / tp, "tp": tp}),
+        )
+    };
+    let err = sim::scenario::parse(&text(8), &util::no_files).expect_err("tp 8 over 4 key-value heads").to_string();
+    assert!(err.contains("plan.tp") && err.contains("4 key-value heads") && err.contains("a divisor of 4"), "{err}");
+    util::parse(&text(4));
+    // The search's tensor-parallel degrees on 8 GPUs a node stop at 4.
+    let tmp = TempDir::new("kv-heads-search");
+    let mut v: serde_json::Value = serde_json::from_str(&text(4)).unwrap();
+    v["plan"] = json!({});
+    let path = tmp.write("s.json", &v.to_string());
+    let o = run(&[&"search", &path, &"--top", &"50", &"--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_str(&util::stdout(&o)).unwrap();
+    let tps: Vec<u64> = r["top"].as_array().unwrap().iter().map(|e| e["plan"]["tp"].as_u64().unwrap()).collect();
+    assert!(tps.contains(&4) && tps.iter().all(|&t| t <= 4), "{tps:?}");
+}

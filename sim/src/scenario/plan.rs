@@ -91,6 +91,19 @@ pub(super) fn parse_plan(
     if !tf.heads.is_multiple_of(tp) && tp_mode != TpMode::Ring {
         return Err(invalid(&o.key("tp"), format!("{tp} does not divide the workload's {} attention heads", tf.heads)));
     }
+    // Megatron-Core shards the key-value heads (query groups) over the tensor-parallel ranks
+    // and requires tp to divide them (`attention.py`: `divide(num_query_groups, world_size)`);
+    // torchtitan's column-parallel wk and wv need whole heads per rank too.
+    if tf.mla.is_none() && tf.kv_heads < tf.heads && !tf.kv_heads.is_multiple_of(tp) && tp_mode != TpMode::Ring {
+        return Err(invalid(
+            &o.key("tp"),
+            format!(
+                "{tp} does not divide the workload's {} key-value heads: tensor parallelism shards whole key-value \
+                 heads (Megatron-Core's query groups must be a multiple of tp); allowed: a divisor of {}",
+                tf.kv_heads, tf.kv_heads
+            ),
+        ));
+    }
     let schedule = match o.choice("schedule", keys::SCHEDULES, parse_schedule)? {
         Some(s) => s,
         None => {

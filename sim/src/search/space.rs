@@ -80,6 +80,8 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
     let w = &input.workload;
     let layers = w.layers();
     let heads = w.transformer.heads;
+    // Grouped key-value heads are sharded over the tensor-parallel ranks too (see `parse_plan`).
+    let kv_heads = if w.transformer.mla.is_some() { heads } else { w.transformer.kv_heads.max(1) };
     let gb = input.training.global_batch;
     let net = w.net.is_some();
     let experts = w.transformer.moe.filter(|_| !net).map(|m| m.experts);
@@ -99,7 +101,7 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
         None => (0..)
             .map(|i| 1u32 << i)
             .take_while(|&t| t <= per_node.max(1))
-            .filter(|&t| n.is_multiple_of(t) && heads.is_multiple_of(t))
+            .filter(|&t| n.is_multiple_of(t) && heads.is_multiple_of(t) && kv_heads.is_multiple_of(t))
             .collect(),
     };
     let mut out = Vec::new();
