@@ -31,15 +31,11 @@ impl Gpu {
     }
 }
 
-fn microbench() -> Value {
-    H200.microbench()
-}
-
 /// The catalog's memory-kernel fractions are the measured rates over the measured copy's,
 /// as `memory_kernel_efficiency` documents them (each family the mean of its rows).
 #[test]
 fn memory_kernel_fractions_are_the_measured_ones() {
-    let m = microbench();
+    let m = H200.microbench();
     let rows = m["memory"].as_array().expect("memory rows");
     let rate = |op: &str| {
         let v: Vec<f64> = rows.iter().filter(|r| r["op"] == op).map(|r| r["gbps"].as_f64().unwrap()).collect();
@@ -108,7 +104,7 @@ fn compare_gemms(gpu: &Gpu, rows: &[&Value], precision: sim::hardware::Precision
 /// waits for it), not the kernel; the model charges the kernel and a 3 us launch.
 #[test]
 fn torch_gemms_on_an_h200_against_the_model() {
-    let m = microbench();
+    let m = H200.microbench();
     let rows: Vec<&Value> = m["gemm"].as_array().unwrap().iter().collect();
     let (n, mean, worst) = compare_gemms(&H200, &rows, sim::hardware::Precision::Bf16, "torch gemm");
     assert_eq!(n, 32.0);
@@ -184,7 +180,7 @@ fn compare_sdpa(gpu: &Gpu, section: &str, mean_max: [f64; 2], rows: f64) -> [f64
 /// power limit after seconds of fp8 work (clocks were not read).
 #[test]
 fn torch_fp8_gemms_on_an_h200_against_the_model() {
-    let m = microbench();
+    let m = H200.microbench();
     for fast in [true, false] {
         let rows: Vec<&Value> = m["fp8_gemm"].as_array().unwrap().iter().filter(|r| r["fast_accum"] == fast).collect();
         let (n, mean, worst) =

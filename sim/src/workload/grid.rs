@@ -17,33 +17,16 @@
 //! The local GEMMs of a linear are one op (SUMMA's q steps as a batch of q). Activations and
 //! the non-GEMM ops are split over all the group's devices; weights over q^2 (2D, 2.5D) or q^3.
 
+use super::ops::{gemm_op, mem_op};
 use super::transformer::TransformerConfig;
 use super::{Axis, Comm, LayerOp, LayerShape, OpClass, OpSpec, Saved, TpMode};
 
 fn gemm(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e: f64, saved: f64) -> LayerOp {
-    let flops = 2.0 * batch * m * n * k;
-    let bytes = batch * e * (m * k + k * n + m * n);
-    LayerOp::Compute(OpSpec {
-        name,
-        class: OpClass::Gemm { batch, m, n, k },
-        forward_flops: flops,
-        forward_bytes: bytes,
-        backward_flops: 2.0 * flops,
-        backward_bytes: 2.0 * bytes,
-        saved: Saved { sharded_bytes: saved, ..Saved::default() },
-    })
+    LayerOp::Compute(gemm_op(name, batch, m, n, k, e, Saved { sharded_bytes: saved, ..Saved::default() }))
 }
 
 fn mem(name: &'static str, bytes: f64, saved: Saved) -> LayerOp {
-    LayerOp::Compute(OpSpec {
-        name,
-        class: OpClass::Memory,
-        forward_flops: 0.0,
-        forward_bytes: bytes,
-        backward_flops: 0.0,
-        backward_bytes: 1.5 * bytes,
-        saved,
-    })
+    LayerOp::Compute(mem_op(name, bytes, saved))
 }
 
 fn comm(
