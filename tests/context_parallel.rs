@@ -10,10 +10,11 @@ const HIDDEN: u32 = 2048;
 const SEQ: u32 = 16384;
 
 /// One DGX A100 node: dp x cp = 8 replicas of a 4-layer GPT-style model at 16k tokens, fused
-/// attention, one sample per replica's micro-batch.
+/// attention, one sample per replica's micro-batch, under Megatron-Core (Transformer Engine's
+/// ring).
 fn cp_scenario(dp: u32, cp: Option<u32>) -> Value {
     let training = json!({"global_batch": 8, "micro_batch": 1, "seq_len": SEQ, "precision": "bf16",
-                          "attention": "flash"});
+                          "attention": "flash", "framework": "megatron-core"});
     let mut plan = json!({"dp": dp, "tp": 1, "pp": 1});
     if let Some(cp) = cp {
         plan["cp"] = json!(cp);
@@ -91,6 +92,40 @@ fn the_ring_hides_behind_attention_until_the_link_is_slow() {
     assert!(exposed >= ring_s - slow_attention, "exposed {exposed} s; ring {ring_s} s, attention {slow_attention} s");
     assert!(exposed <= 1.5 * ring_s, "exposed {exposed} s for a ring of {ring_s} s at the link's bandwidth");
     assert_eq!(part(&slow, "exposed_tp_comm_s"), 0.0, "tp = 1: the ring is not tensor-parallel traffic");
+}
+
+/// PyTorch's all-gather ring (`cp_ring` `pytorch_allgather`, the `pytorch-fsdp` and
+/// `pytorch-ddp` profiles'): the all-gather of keys and values hides only behind the first
+/// step (the rank's own keys, a cp-th of the work), so on a slow link more of it is exposed
+/// than of Transformer Engine's ring: at least the two all-gathers (forward and backward)
+/// less the local steps they run beside. Its fp32 merges add memory-bound work to attention.
+#[test]
+fn pytorchs_allgather_ring_hides_behind_the_first_step_only() {
+    let te = cp_scenario(1, Some(8));
+    let mut pt = te.clone();
+    pt["training"]["framework"] = json!({"name": "megatron-core", "cp_ring": "pytorch_allgather"});
+    let bw = 1e9;
+    let run = |v: &Value, bw: Option<f64>| {
+        let text = v.to_string();
+        let text = bw.map_or(text.clone(), |bw| with_intra_node_bandwidth(&text, bw));
+        serde_json::to_value(simulate(&text)).unwrap()
+    };
+    let part = |r: &Value, k: &str| r["time_breakdown"][0][k].as_f64().unwrap();
+    let (te_fast, pt_fast) = (run(&te, None), run(&pt, None));
+    assert!(part(&pt_fast, "attention_s") > part(&te_fast, "attention_s"), "fp32 merges add to attention");
+    let (te_slow, pt_slow) = (run(&te, Some(bw)), run(&pt, Some(bw)));
+    let (cp, micro_batches) = (8.0, 8.0);
+    let buffer = cp * 2.0 * (SEQ as f64 / cp) * 2.0 * HIDDEN as f64;
+    let gathers_s = 2.0 * LAYERS as f64 * micro_batches * (cp - 1.0) / cp * buffer / bw;
+    // The local step: a cp-th of the kernels' work, at most twice its share of the time.
+    let local_s = 2.0 * part(&pt_slow, "attention_s") / cp;
+    let exposed = part(&pt_slow, "exposed_cp_comm_s");
+    assert!(exposed >= gathers_s - local_s, "exposed {exposed} s; all-gathers {gathers_s} s, local steps {local_s} s");
+    assert!(
+        exposed > 1.2 * part(&te_slow, "exposed_cp_comm_s"),
+        "PyTorch's ring {exposed} s exposed, Transformer Engine's {} s",
+        part(&te_slow, "exposed_cp_comm_s")
+    );
 }
 
 #[test]

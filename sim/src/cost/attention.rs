@@ -18,6 +18,7 @@
 //! Engine runs its fused attention in bf16 unless told otherwise).
 
 use crate::hardware::kernels::{self, AttentionRates, FlashKernel, GpuArch};
+use crate::workload::context_ring::RingPart;
 
 const BLOCK: f64 = 128.0;
 const REFERENCE_TOKENS: f64 = 16384.0;
@@ -75,13 +76,14 @@ pub fn efficiency(
 }
 
 /// Fraction of the 16-bit peak of context parallelism's ring attention on one rank: `cp`
-/// kernels over its `q` local queries (Transformer Engine's `AttnFuncWithCPAndKVP2P`). With
-/// Megatron-Core's causal load balancing a rank holds sequence chunks i and 2cp - 1 - i (of
-/// 2cp): its first step is causal over its own keys (1/cp of its work), and each of the other
-/// cp - 1 steps does half a square without a mask, either all its queries against the first
-/// half of the arriving keys or its second half of queries against all of them, equally
-/// often. Without a mask every step is a full square. The steps' times add up, so the
-/// fractions combine weighted by work (a harmonic mean).
+/// kernels over its `q` local queries (Transformer Engine's `AttnFuncWithCPAndKVP2P`,
+/// PyTorch's `_templated_ring_attention`), or `part` of them (the first step alone, or the
+/// others). With the causal load balancing both use, a rank holds sequence chunks i and
+/// 2cp - 1 - i (of 2cp): its first step is causal over its own keys (1/cp of its work), and
+/// each of the other cp - 1 steps does half a square without a mask, either all its queries
+/// against the first half of the arriving keys or its second half of queries against all of
+/// them, equally often. Without a mask every step is a full square. The steps' times add up,
+/// so the fractions combine weighted by work (a harmonic mean).
 pub fn ring_efficiency(
     arch: Option<GpuArch>,
     kernel: FlashKernel,
@@ -89,7 +91,7 @@ pub fn ring_efficiency(
     head_dim: f64,
     causal: bool,
     backward: bool,
-    cp: u32,
+    (cp, part): (u32, RingPart),
 ) -> f64 {
     let eff = |keys: f64, causal: bool| efficiency(arch, kernel, keys, 0.0, head_dim, causal, backward);
     let n = cp.max(1) as f64;
@@ -98,7 +100,11 @@ pub fn ring_efficiency(
     }
     // Each off-diagonal step's time per unit of work, half of the steps each way.
     let off = 0.5 / eff(q / 2.0, false) + 0.5 / eff(q, false);
-    1.0 / ((1.0 / eff(q, true) + (n - 1.0) * off) / n)
+    match part {
+        RingPart::Local => eff(q, true),
+        RingPart::Remote => 1.0 / off,
+        RingPart::All => 1.0 / ((1.0 / eff(q, true) + (n - 1.0) * off) / n),
+    }
 }
 
 #[cfg(test)]
@@ -144,7 +150,7 @@ mod tests {
     fn ring_steps_on_small_chunks_run_below_one_kernel_over_the_sequence() {
         let (arch, k, d) = (Some(GpuArch::Hopper), FlashKernel::V3, 128.0);
         let whole = efficiency(arch, k, 65536.0, 0.0, d, true, false);
-        let ring = |cp: u32| ring_efficiency(arch, k, 65536.0 / cp as f64, d, true, false, cp);
+        let ring = |cp: u32| ring_efficiency(arch, k, 65536.0 / cp as f64, d, true, false, (cp, RingPart::All));
         assert_eq!(ring(1), whole);
         assert!(
             ring(8) < ring(2) && ring(32) < ring(8) && ring(32) < whole,
@@ -154,6 +160,6 @@ mod tests {
             ring(32)
         );
         let plain = efficiency(arch, k, 2048.0, 0.0, d, false, true);
-        assert_eq!(ring_efficiency(arch, k, 2048.0, d, false, true, 8), plain);
+        assert_eq!(ring_efficiency(arch, k, 2048.0, d, false, true, (8, RingPart::All)), plain);
     }
 }

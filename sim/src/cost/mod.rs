@@ -17,6 +17,7 @@ pub mod slice;
 
 use crate::hardware::kernels::{self, GemmTiling, GpuArch};
 use crate::hardware::{DeviceKind, DeviceSpec, Precision};
+use crate::workload::context_ring::RingPart;
 use crate::workload::{OpClass, OpSpec};
 
 /// The kernel family a memory-bound op belongs to (ops of a family cost the same per byte;
@@ -244,9 +245,9 @@ impl ComputeModel {
                 let efficiency = self.shape_efficiency(base, peak, batch, m, n, k);
                 flops / (peak * efficiency * factor) + kernels * self.tiling.fixed_s
             }
-            OpClass::Attention { q, context, head_dim, causal, kernel, ring, .. } => {
+            OpClass::Attention { q, context, head_dim, causal, kernel, ring, part, .. } => {
                 let e = if ring > 1 {
-                    attention::ring_efficiency(self.arch, kernel, q, head_dim, causal, backward, ring)
+                    attention::ring_efficiency(self.arch, kernel, q, head_dim, causal, backward, (ring, part))
                 } else {
                     attention::efficiency(self.arch, kernel, q, context, head_dim, causal, backward)
                 };
@@ -306,8 +307,14 @@ impl ComputeModel {
 pub fn launches(op: &OpSpec, backward: bool) -> f64 {
     match op.class {
         OpClass::Gemm { .. } if backward => 2.0,
-        OpClass::Attention { ring, .. } if backward => 3.0 * ring.max(1) as f64,
-        OpClass::Attention { ring, .. } => ring.max(1) as f64,
+        OpClass::Attention { ring, part, .. } => {
+            let steps = match part {
+                RingPart::All => ring.max(1) as f64,
+                RingPart::Local => 1.0,
+                RingPart::Remote => ring.saturating_sub(1).max(1) as f64,
+            };
+            if backward { 3.0 * steps } else { steps }
+        }
         OpClass::Copies { kernels } => kernels,
         _ => 1.0,
     }

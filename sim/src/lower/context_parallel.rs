@@ -12,6 +12,12 @@
 //! sees as the ring outlasting the kernel; not modelled: the first step's compute (1/cp of
 //! the kernel), which cannot overlap a transfer, is counted as overlapped.
 //!
+//! PyTorch's `context_parallel` (`training.framework.cp_ring`, `workload::context_ring`) runs
+//! the same traffic differently, and the workload says so in its ops: with the all-gather
+//! rotater the kernel is split into the local step, which the all-gather runs beside, and the
+//! remote steps, which wait for it; the key/value gradients travel in fp32, and the wait for
+//! the last of them (`Axis::ContextExposed`) is on the compute stream ([`Beside::Blocking`]).
+//!
 //! The collective is one task for the whole group, on each member's communication stream
 //! (`StreamKind::TensorParallel`, shared with Transformer Engine's tensor-parallel overlap):
 //! the first replica of the group that lowers it creates it, the others find it by sequence
@@ -30,6 +36,9 @@ pub(super) enum Beside {
     /// The kernel was just emitted (backward, walked in reverse): the collective starts with
     /// it (after the tasks before it, `tails`, per lowered rank); the next compute task waits.
     Previous { tails: Vec<u32> },
+    /// Not beside anything: on the compute stream, which waits for it (PyTorch's wait for the
+    /// last key/value gradients of its ring, `workload::context_ring`).
+    Blocking,
 }
 
 /// Lowers one context-parallel collective of `bytes` for every lowered tensor rank, its tasks
@@ -47,7 +56,8 @@ pub(super) fn cp_collective(
     let mut after_next = Vec::new();
     for (x, members) in ctx.cp_members.iter().enumerate() {
         let x32 = x as u32;
-        let (compute, side) = (ctx.streams[x], ctx.cp_streams[x]);
+        let compute = ctx.streams[x];
+        let side = if matches!(beside, Beside::Blocking) { compute } else { ctx.cp_streams[x] };
         let at = ([ctx.cp_group, ctx.stage, x32], [ctx.replica, ctx.stage, x32, 0]);
         let task = b.shared_collective(Shared::Context, at, (kind, members, bytes), (label, mb), side);
         match beside {
@@ -61,6 +71,7 @@ pub(super) fn cp_collective(
                 }
                 b.held_tp[compute as usize].push(task);
             }
+            Beside::Blocking => {}
         }
     }
     after_next

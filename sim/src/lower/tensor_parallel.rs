@@ -125,9 +125,13 @@ impl TpOverlap {
         (name, bytes, label): (&'static str, f64, u32),
         mb: u32,
     ) -> bool {
-        if axis == Axis::Context {
+        if matches!(axis, Axis::Context | Axis::ContextExposed) {
             let backward = b.p.labels[label as usize].phase == Phase::Backward;
-            let beside = if backward { Beside::Previous { tails: self.tails.clone() } } else { Beside::Next };
+            let beside = match (axis, backward) {
+                (Axis::ContextExposed, _) => Beside::Blocking,
+                (_, true) => Beside::Previous { tails: self.tails.clone() },
+                (_, false) => Beside::Next,
+            };
             let pairs = cp_collective(b, ctx, kind, bytes, (label, mb), &beside);
             self.after_next.extend(pairs);
             return true;

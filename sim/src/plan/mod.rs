@@ -351,8 +351,7 @@ fn ser_schedule<S: serde::Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S
 /// The features of a plan that pick its framework when the scenario names none
 /// ([`crate::framework::default_for`]), from the plan's parts.
 pub fn framework_traits(
-    tp: u32,
-    pp: u32,
+    (tp, pp, cp): (u32, u32, u32),
     zero_stage: u8,
     offload: &Offload,
     precision: crate::hardware::Precision,
@@ -360,6 +359,7 @@ pub fn framework_traits(
     crate::framework::PlanTraits {
         tp,
         pp,
+        cp,
         zero_stage,
         offloaded: offload.optimizer != Tier::Device || offload.params != Tier::Device,
         gemini: offload.dynamic.is_some(),
@@ -370,7 +370,7 @@ pub fn framework_traits(
 impl Plan {
     /// [`framework_traits`] of this plan.
     pub fn framework_traits(&self) -> crate::framework::PlanTraits {
-        framework_traits(self.tp, self.pp, self.zero_stage, &self.offload, self.precision)
+        framework_traits((self.tp, self.pp, self.cp), self.zero_stage, &self.offload, self.precision)
     }
 
     /// The shape of one transformer layer under this plan (micro-batch, sequence, tensor

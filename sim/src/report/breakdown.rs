@@ -61,8 +61,10 @@ pub enum Part {
 /// Number of [`Part`]s.
 pub const PARTS: usize = Part::Tail as usize + 1;
 
-/// Ops of the attention core, by name (see `workload::transformer`, `grid` and `ring`).
-const ATTENTION_OPS: [&str; 6] = ["flash_attn", "scores", "attn_scale", "softmax", "attn_dropout", "attn_v"];
+/// Ops of the attention core, by name (see `workload::transformer`, `grid`, `ring` and
+/// `context_ring`).
+const ATTENTION_OPS: [&str; 8] =
+    ["flash_attn", "flash_attn_ring", "cp_merge", "scores", "attn_scale", "softmax", "attn_dropout", "attn_v"];
 
 /// A label's part when its task is a kernel: `None` for a layer op that is a GEMM or
 /// bandwidth-bound by its cost class.
@@ -81,7 +83,7 @@ pub fn blocking_comm_part(label: &Label) -> Part {
     match (label.op, label.phase) {
         ("recv_allgather", _) => Part::PpComm,
         ("ep_dispatch" | "ep_combine", _) => Part::EpComm,
-        ("cp_kv" | "cp_dkv", _) => Part::CpComm,
+        ("cp_kv" | "cp_dkv" | "cp_dkv_last", _) => Part::CpComm,
         (_, Phase::Sync) => Part::DpComm,
         _ => Part::TpComm,
     }

@@ -30,6 +30,7 @@ pub struct FrameworkSpec {
     recompute_early_stop: Option<bool>,
     fp8_casts: Option<Fp8Casts>,
     unfused_loss: Option<crate::framework::UnfusedLoss>,
+    cp_ring: Option<crate::framework::CpRing>,
     foreach_optimizer: Option<bool>,
 }
 
@@ -107,6 +108,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
             &crate::framework::UnfusedLoss::NAMES,
             crate::framework::UnfusedLoss::parse,
         )?,
+        cp_ring: f.choice("cp_ring", &crate::framework::CpRing::NAMES, crate::framework::CpRing::parse)?,
         foreach_optimizer: f.boolean("foreach_optimizer")?,
         grad_reduce,
         gather_prefetch,
@@ -216,6 +218,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(l) = s.unfused_loss {
         f.unfused_loss = l;
+    }
+    if let Some(r) = s.cp_ring {
+        f.cp_ring = r;
     }
     if let Some(b) = s.foreach_optimizer {
         f.foreach_optimizer = b;

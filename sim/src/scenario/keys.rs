@@ -135,6 +135,7 @@ pub const FRAMEWORK: &[&str] = &[
     "train_metrics",
     "recompute_early_stop",
     "unfused_loss",
+    "cp_ring",
     "foreach_optimizer",
     "fp8_casts",
 ];

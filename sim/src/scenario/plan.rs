@@ -197,7 +197,7 @@ pub(super) fn parse_plan(
             format!("{e} (micro-batches per replica = global_batch / (dp x micro_batch) = {micro_batches})"),
         ));
     }
-    let traits = crate::plan::framework_traits(tp, pp, zero_stage, &offload, t.precision);
+    let traits = crate::plan::framework_traits((tp, pp, cp), zero_stage, &offload, t.precision);
     let framework = super::framework::resolve(t.framework.as_ref(), traits, defaults);
     if pp > 1 && zero_stage > framework.pipeline_max_zero_stage {
         return Err(invalid(
@@ -257,6 +257,7 @@ pub(super) fn parse_plan(
             projections: framework.fused.projections,
             gqa: framework.fused.gqa,
             unfused_loss: framework.unfused_loss,
+            cp_ring: framework.cp_ring,
             fp8_gemm_inputs: t.precision == crate::hardware::Precision::Fp8
                 && framework.fp8_casts == crate::framework::Fp8Casts::Te,
         },

@@ -70,8 +70,9 @@ fn block_s(
         let spec = match op {
             LayerOp::Compute(spec) => spec,
             // Expert-parallel all-to-alls are bounded by 0 (their members and links vary), as
-            // is context parallelism's ring (it runs beside the attention kernel).
-            LayerOp::Comm { axis: Axis::Expert | Axis::Context, .. } => continue,
+            // is context parallelism's ring (it runs beside the attention kernel; PyTorch's
+            // last wait for it too, a lower bound all the same).
+            LayerOp::Comm { axis: Axis::Expert | Axis::Context | Axis::ContextExposed, .. } => continue,
             LayerOp::Comm { bytes, axis, forward, backward, .. } => {
                 let members = axis.dim().map_or(dims.iter().product(), |d| dims.get(d).copied().unwrap_or(1));
                 if members > 1 && egress > 0.0 {

@@ -6,6 +6,7 @@
 //! micro-batch `b`, the sequence length `s` and the tensor-parallel degree `t`.
 
 pub mod catalog;
+pub mod context_ring;
 pub mod grid;
 pub mod hf;
 pub mod loss;
@@ -133,6 +134,9 @@ pub enum OpClass {
         /// against the local keys, then against each other rank's (see
         /// `cost::attention::ring_efficiency`); 1 for one kernel over all keys.
         ring: u32,
+        /// Which of the ring's kernels the op stands for (PyTorch's all-gather ring runs the
+        /// local step apart from the others: `context_ring`).
+        part: context_ring::RingPart,
     },
 }
 
@@ -143,6 +147,9 @@ impl OpClass {
     pub fn gemm_shape(&self) -> Option<(f64, f64, f64, f64)> {
         match *self {
             OpClass::Gemm { batch, m, n, k } => Some((batch, m, n, k)),
+            OpClass::Attention { part: context_ring::RingPart::Remote, heads, q, context, head_dim, .. } => {
+                Some((heads, q, context, head_dim))
+            }
             OpClass::Attention { heads, q, context, head_dim, causal, .. } => {
                 Some((heads, q, context + if causal { q / 2.0 } else { q }, head_dim))
             }
@@ -184,6 +191,9 @@ pub struct Fusion {
     pub gqa: bool,
     /// How the loss runs when it is not fused ([`loss::UnfusedLoss`]).
     pub unfused_loss: loss::UnfusedLoss,
+    /// How context parallelism's ring runs around a fused attention kernel
+    /// ([`context_ring::CpRing`]).
+    pub cp_ring: context_ring::CpRing,
 }
 
 impl Default for Fusion {
@@ -199,6 +209,7 @@ impl Default for Fusion {
             projections: true,
             gqa: true,
             unfused_loss: loss::UnfusedLoss::Fp32,
+            cp_ring: context_ring::CpRing::TeP2p,
         }
     }
 }
@@ -268,12 +279,15 @@ pub enum Axis {
     /// sequences. Its collectives run beside the attention kernel (the lowering's
     /// `context_parallel` pass).
     Context,
+    /// The context-parallel ring's group, on the compute stream: a transfer the framework
+    /// waits for before it goes on (PyTorch's last key/value gradients: `context_ring`).
+    ContextExposed,
 }
 
 impl Axis {
     pub fn dim(self) -> Option<usize> {
         match self {
-            Axis::Tensor | Axis::Expert | Axis::Context => None,
+            Axis::Tensor | Axis::Expert | Axis::Context | Axis::ContextExposed => None,
             Axis::Dim0 => Some(0),
             Axis::Dim1 => Some(1),
             Axis::Dim2 => Some(2),
@@ -406,6 +420,13 @@ impl LayerOp {
         match self {
             LayerOp::Compute(op) => Some(op),
             LayerOp::Comm { .. } => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            LayerOp::Compute(op) => op.name,
+            LayerOp::Comm { name, .. } => name,
         }
     }
 }

@@ -149,6 +149,10 @@ pub fn early_stop_end(ops: &[LayerOp]) -> usize {
 /// the output is its traffic less what it keeps. (Its log-sum-exp, 4 bytes a head and token,
 /// is left out: under 2% of the output at a head width of 64 or more in 16-bit.)
 fn attention_output_bytes(s: &super::OpSpec) -> f64 {
+    if matches!(s.class, super::OpClass::Attention { part: super::context_ring::RingPart::Remote, .. }) {
+        // A ring's remote steps merge into the output the local step wrote.
+        return 0.0;
+    }
     (s.forward_bytes - s.saved.bytes(Recompute::None)).max(0.0)
 }
 

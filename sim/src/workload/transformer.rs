@@ -11,6 +11,7 @@
 //! breakdown in `docs/reference/activation_memory_korthikanti2022.json`): summed over a GPT
 //! layer this gives `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes.
 
+use super::context_ring::{self, RingPart, RingShare};
 use super::loss::loss_op;
 pub use super::loss::{loss_bytes, metric_bytes};
 pub(super) use super::ops::{act_bytes, gemm_op, mem_op};
@@ -476,23 +477,18 @@ impl TransformerConfig {
         };
         let keys = s + context;
         let kernel = shape.attention.fused_kernel(d, e == 2.0);
-        if cp > 1 {
-            // Each rank's keys and values go around the ring (cp - 1 steps: an all-gather),
-            // and again in backward, where the key and value gradients come back (a
-            // reduce-scatter): Transformer Engine's `AttnFuncWithCPAndKVP2P`. Under MLA a
-            // key is as wide as a query.
-            let width = if self.mla.is_some() { qw + vw } else { 2.0 * kv };
-            let bytes = cp as f64 * e * tokens * width / t;
-            let ring = |name, forward, backward| LayerOp::Comm {
-                name,
-                bytes,
-                axis: Axis::Context,
-                root: 0,
-                forward,
-                backward,
-            };
-            ops.push(ring("cp_kv", Some(Comm::AllGather), Some(Comm::AllGather)));
-            ops.push(ring("cp_dkv", None, Some(Comm::ReduceScatter)));
+        // Each rank's keys and values go around the ring (`context_ring`). Under MLA a key is
+        // as wide as a query.
+        let ring = RingShare {
+            cp,
+            e,
+            queries: tokens * qw / t,
+            output: tokens * vw / t,
+            keys_values: tokens * if self.mla.is_some() { qw + vw } else { 2.0 * kv } / t,
+        };
+        if cp > 1 && kernel.is_none() {
+            // Around materialised scores: Transformer Engine's ring traffic.
+            ops.extend(context_ring::te_comms(ring));
         }
         if let Some(kernel) = kernel {
             // One fused kernel (FlashAttention): scores never reach memory; it keeps Q, K,
@@ -502,15 +498,30 @@ impl TransformerConfig {
             // Its time per shape is `cost::attention`'s (published rates per kernel).
             let read = if self.causal { context + s / 2.0 } else { keys };
             let flops = 4.0 * heads * s * read * d;
-            ops.push(LayerOp::Compute(OpSpec {
+            let part = RingPart::All;
+            let attn = OpSpec {
                 name: "flash_attn",
-                class: OpClass::Attention { heads, q: s, context, head_dim: d, causal: self.causal, kernel, ring: cp },
+                class: OpClass::Attention {
+                    heads,
+                    q: s,
+                    context,
+                    head_dim: d,
+                    causal: self.causal,
+                    kernel,
+                    ring: cp,
+                    part,
+                },
                 forward_flops: flops,
                 forward_bytes: e * (2.0 * sbq + 2.0 * s * b * kv) / t,
                 backward_flops: 2.5 * flops,
                 backward_bytes: 2.0 * e * (2.0 * sbq + 2.0 * s * b * kv) / t,
                 saved: Saved { sharded_bytes: e * (sbq + 2.0 * s * b * kv) / t, ..Saved::default() },
-            }));
+            };
+            if cp > 1 {
+                ops.extend(context_ring::ops(shape.fusion.cp_ring, attn, ring));
+            } else {
+                ops.push(LayerOp::Compute(attn));
+            }
         } else {
             ops.push(LayerOp::Compute(gemm_op(
                 "scores",

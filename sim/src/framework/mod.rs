@@ -6,7 +6,11 @@
 //! Every value carries its source in [`Framework::sources`] (and `docs/reference/frameworks.md`,
 //! which `tests/docs.rs` keeps in step with [`NAMES`]).
 
+mod profiles;
+pub use profiles::profile;
+
 use crate::hardware::kernels::{Attention, FlashKernel};
+pub use crate::workload::context_ring::{CP_RING_SOURCE, CpRing};
 pub use crate::workload::loss::{UNFUSED_LOSS_SOURCE, UnfusedLoss};
 use serde::Serialize;
 
@@ -236,6 +240,9 @@ pub struct Framework {
     /// How the loss runs when it is not fused (`fused.cross_entropy` off): the bytes it moves,
     /// keeps and holds while it runs (see [`UNFUSED_LOSS_SOURCE`]).
     pub unfused_loss: UnfusedLoss,
+    /// How context parallelism's ring runs around a fused attention kernel: Transformer
+    /// Engine's point-to-point steps or PyTorch's `context_parallel` (see [`CP_RING_SOURCE`]).
+    pub cp_ring: CpRing,
     /// Without `fused.adam`, Adam runs PyTorch's foreach implementation, which holds an fp32
     /// tensor per parameter (the update's denominator) while it steps; off, a loop over the
     /// parameters (Composer's `DecoupledAdamW`), one parameter's temporaries at a time (see
@@ -284,16 +291,6 @@ pub const FIRST_CHUNK_BUCKETS_SOURCE: &str = "megatron/core/distributed/distribu
 /// inputs"). v0.5.5 (November 2021) coalesced the gathers.
 pub const GATHER_PER_TENSOR_SOURCE: &str = "microsoft/DeepSpeed v0.3.13-v0.5.0 (2021) deepspeed/runtime/zero/partition_parameters.py _allgather_param (torch.cuda.synchronize(), then torch.distributed.all_gather into world_size views, per parameter; _reduce_scatter_gradient: a list reduce_scatter per parameter) and stage3.py fetch_sub_module (_synchronize_communication: torch.cuda.synchronize() before the module runs); PyTorch ProcessGroupNCCL::allgather copies the flat result into each of the world_size outputs and ::reduce_scatter each input into a flat buffer (one copy_ per rank); coalesced from v0.5.5";
 
-const MEGATRON_2021: &str = "NVIDIA/Megatron-LM v2.5 (2021)";
-const MEGATRON_CORE: &str = "NVIDIA/Megatron-LM core_r0.9.0 (2024)";
-const DEEPSPEED: &str = "microsoft/DeepSpeed v0.14 (2024) configuration defaults, with ZeRO-3's parameter gathers as v0.3-v0.5.4 (2021) ran them";
-const FSDP: &str = "pytorch/pytorch v2.1 (2023), torch.distributed.fsdp";
-const COLOSSAL: &str = "hpcaitech/ColossalAI v0.3 (2023)";
-const DDP: &str = "pytorch/pytorch v2.1 (2023), torch.nn.parallel.DistributedDataParallel";
-
-/// PyTorch DDP's default bucket (`bucket_cap_mb=25`).
-const DDP_BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
-
 /// Profile names from a list (`trainsim search --frameworks`, the Python package's
 /// `search(frameworks=...)`): each one of [`NAMES`], or `all` for every one; in the order given,
 /// each once.
@@ -315,337 +312,12 @@ pub fn parse_names<S: AsRef<str>>(list: &[S]) -> Result<Vec<&'static str>, Strin
     Ok(out)
 }
 
-/// The profile named `name` (one of [`NAMES`]).
-pub fn profile(name: &str) -> Option<Framework> {
-    let all_fused = Fused {
-        softmax: true,
-        bias_gelu: true,
-        bias_dropout_add: true,
-        adam: true,
-        rms_norm: true,
-        swiglu: true,
-        rope: true,
-        // No profile fuses the loss by default: Megatron-Core's cross_entropy_loss_fusion
-        // (--cross-entropy-loss-fusion) is off unless asked for.
-        cross_entropy: false,
-        projections: true,
-        gqa: true,
-    };
-    let eager = Fused {
-        softmax: false,
-        bias_gelu: false,
-        bias_dropout_add: false,
-        adam: false,
-        rms_norm: false,
-        swiglu: false,
-        rope: false,
-        cross_entropy: false,
-        projections: true,
-        gqa: false,
-    };
-    let one_layer = Gather::PerLayer { prefetch: 1 };
-    let f = match name {
-        "megatron-lm-2021" => Framework {
-            name: name.into(),
-            version: MEGATRON_2021.into(),
-            grad_reduce: GradReduce::AfterBackward,
-            gather: one_layer,
-            param_gather_overlap: false,
-            bucket_first_chunk_only: false,
-            pipeline_reduces_after_backward: false,
-            interleaved_p2p_overlap: false,
-            blocking_reduce_below_zero3: false,
-            fp32_reduce_bf16_only: true,
-            pipeline_max_zero_stage: 3,
-            tp_comm_overlap: false,
-            ep_comm_overlap: false,
-            gather_copy_out: false,
-            gather_per_tensor: false,
-            bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
-            grad_reduce_dtype: ReduceDtype::Fp32,
-            attention: Attention::Naive,
-            fused: all_fused,
-            train_metrics: Vec::new(),
-            recompute_early_stop: false,
-            fp8_casts: Fp8Casts::Te,
-            unfused_loss: UnfusedLoss::InPlace,
-            foreach_optimizer: false,
-            sources: vec![
-                (
-                    "grad_reduce",
-                    "megatron/training.py train_step: model.allreduce_gradients() after forward_backward_func returns (local DDP, one contiguous buffer), v2.5",
-                ),
-                (
-                    "grad_reduce_dtype",
-                    "megatron/arguments.py: with bf16 it turns accumulate_allreduce_grads_in_fp32 on (gradients accumulated and all-reduced in fp32)",
-                ),
-                ("fp32_reduce_bf16_only", FP32_REDUCE_SOURCE),
-                ("unfused_loss", UNFUSED_LOSS_SOURCE),
-                (
-                    "attention",
-                    "megatron/model/transformer.py CoreAttention: baddbmm scores, FusedScaleMaskSoftmax (megatron/fused_kernels), no FlashAttention in 2021",
-                ),
-                (
-                    "fused",
-                    "megatron/arguments.py defaults: masked_softmax_fusion, bias_gelu_fusion, bias_dropout_fusion on; apex FusedAdam and FusedLayerNorm",
-                ),
-            ],
-        },
-        "megatron-core" => Framework {
-            name: name.into(),
-            version: MEGATRON_CORE.into(),
-            grad_reduce: GradReduce::Overlapped,
-            gather: one_layer,
-            param_gather_overlap: true,
-            bucket_first_chunk_only: true,
-            pipeline_reduces_after_backward: false,
-            interleaved_p2p_overlap: true,
-            blocking_reduce_below_zero3: false,
-            fp32_reduce_bf16_only: true,
-            pipeline_max_zero_stage: 3,
-            tp_comm_overlap: true,
-            ep_comm_overlap: false,
-            gather_copy_out: false,
-            gather_per_tensor: false,
-            bucket: Bucket::Params { min_params: 40e6, per_rank_params: 1e6 },
-            grad_reduce_dtype: ReduceDtype::Fp32,
-            attention: Attention::Fused(FlashKernel::Te),
-            fused: all_fused,
-            train_metrics: Vec::new(),
-            recompute_early_stop: false,
-            fp8_casts: Fp8Casts::Te,
-            unfused_loss: UnfusedLoss::InPlace,
-            foreach_optimizer: false,
-            sources: vec![
-                (
-                    "grad_reduce",
-                    "megatron/core/distributed/distributed_data_parallel_config.py overlap_grad_reduce (the gradient all-reduce or reduce-scatter runs during backward); --overlap-grad-reduce",
-                ),
-                (
-                    "param_gather_overlap",
-                    "distributed_data_parallel_config.py overlap_param_gather (the parameter all-gather runs during the forward); --overlap-param-gather",
-                ),
-                (
-                    "bucket",
-                    "distributed_data_parallel_config.py bucket_size: default max(40000000, 1000000 * dp_size) parameters",
-                ),
-                ("bucket_first_chunk_only", FIRST_CHUNK_BUCKETS_SOURCE),
-                ("interleaved_p2p_overlap", INTERLEAVED_P2P_SOURCE),
-                ("unfused_loss", UNFUSED_LOSS_SOURCE),
-                (
-                    "grad_reduce_dtype",
-                    "megatron/training/arguments.py: bf16 with fp32 main grads sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16",
-                ),
-                ("fp32_reduce_bf16_only", FP32_REDUCE_SOURCE),
-                (
-                    "tp_comm_overlap",
-                    "megatron/core/model_parallel_config.py tp_comm_overlap (Transformer Engine userbuffers; requires sequence parallelism); --tp-comm-overlap. Transformer Engine's userbuffers configurations (ub_cfg, as NeMo's recipes ship them): qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad by ring_exchange (the all-gather beside the GEMM); proj_fprop, fc2_fprop by pipeline (chunked reduce-scatter, the last chunk exposed). Applied only with plan.sequence_parallel in 1-D tensor parallelism",
-                ),
-                (
-                    "attention",
-                    "megatron/core/transformer/custom_layers/transformer_engine.py TEDotProductAttention; Transformer Engine's get_attention_backend prefers cuDNN's FusedAttention (F16_arbitrary_seqlen) over FlashAttention on sm90 and later (\"Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance reasons\"), FlashAttention-2 on Ampere: `te`",
-                ),
-                (
-                    "fused",
-                    "Transformer Engine fused LayerNorm-Linear / RMSNorm (TENorm), bias-GeLU, bias-SwiGLU (bias_swiglu_fusion) and bias-dropout-add (megatron/core/fusions), fused rotary embeddings (apply_rope_fusion), apex/TE FusedAdam; grouped-query attention inside TE's attention kernel (num_query_groups)",
-                ),
-            ],
-        },
-        "deepspeed" => Framework {
-            name: name.into(),
-            version: DEEPSPEED.into(),
-            grad_reduce: GradReduce::Overlapped,
-            gather: Gather::PerModule { prefetch_bucket_params: 5e7, max_live_params: 1e9 },
-            param_gather_overlap: false,
-            bucket_first_chunk_only: false,
-            pipeline_reduces_after_backward: true,
-            interleaved_p2p_overlap: false,
-            blocking_reduce_below_zero3: true,
-            fp32_reduce_bf16_only: false,
-            pipeline_max_zero_stage: 1,
-            tp_comm_overlap: false,
-            ep_comm_overlap: false,
-            gather_copy_out: false,
-            gather_per_tensor: true,
-            // reduce_bucket_size 5e8 elements, in the training precision.
-            bucket: Bucket::Params { min_params: 5e8, per_rank_params: 0.0 },
-            grad_reduce_dtype: ReduceDtype::Params,
-            attention: Attention::Naive,
-            fused: Fused { adam: true, ..eager },
-            train_metrics: Vec::new(),
-            recompute_early_stop: false,
-            fp8_casts: Fp8Casts::Te,
-            unfused_loss: UnfusedLoss::InPlace,
-            foreach_optimizer: false,
-            sources: vec![
-                (
-                    "grad_reduce",
-                    "deepspeed/runtime/zero/config.py overlap_comm (ZeRO-3 default true; below ZeRO-3 see blocking_reduce_below_zero3); docs deepspeed.readthedocs.io zero3.html",
-                ),
-                (
-                    "gather",
-                    "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order: one all-gather per module of a layer (each norm, attention projection and MLP matrix)",
-                ),
-                ("bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8 elements"),
-                ("gather_per_tensor", GATHER_PER_TENSOR_SOURCE),
-                ("pipeline_reduces_after_backward", PIPELINE_REDUCE_SOURCE),
-                ("blocking_reduce_below_zero3", OVERLAP_COMM_SOURCE),
-                (
-                    "grad_reduce_dtype",
-                    "deepspeed/runtime/config.py communication_data_type: default None, the model's dtype",
-                ),
-                (
-                    "attention",
-                    "the model's own attention (Hugging Face / DeepSpeed examples of 2021-2023 materialise scores)",
-                ),
-                (
-                    "fused",
-                    "deepspeed/ops/adam FusedAdam (multi-tensor apply); other ops eager PyTorch, key-value heads repeated to the query heads before attention as Hugging Face's models do (repeat_kv)",
-                ),
-                ("unfused_loss", UNFUSED_LOSS_SOURCE),
-            ],
-        },
-        "pytorch-fsdp" => Framework {
-            name: name.into(),
-            version: FSDP.into(),
-            grad_reduce: GradReduce::Overlapped,
-            gather: one_layer,
-            param_gather_overlap: false,
-            bucket_first_chunk_only: false,
-            pipeline_reduces_after_backward: false,
-            interleaved_p2p_overlap: false,
-            blocking_reduce_below_zero3: false,
-            fp32_reduce_bf16_only: false,
-            pipeline_max_zero_stage: 3,
-            tp_comm_overlap: false,
-            ep_comm_overlap: false,
-            gather_copy_out: false,
-            gather_per_tensor: false,
-            bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
-            grad_reduce_dtype: ReduceDtype::Params,
-            attention: Attention::Fused(FlashKernel::Auto),
-            fused: eager,
-            train_metrics: Vec::new(),
-            recompute_early_stop: true,
-            fp8_casts: Fp8Casts::Te,
-            unfused_loss: UnfusedLoss::Fp32,
-            foreach_optimizer: true,
-            sources: vec![
-                (
-                    "gather",
-                    "docs.pytorch.org/docs/stable/notes/fsdp.html: implicit forward prefetch (next all-gather on a separate stream); backward_prefetch=BACKWARD_PRE; limit_all_gathers=True default since pytorch#104900 (two all-gathers in flight)",
-                ),
-                (
-                    "grad_reduce",
-                    "torch/distributed/fsdp/_runtime_utils.py: each unit's reduce-scatter in its post-backward hook on a separate stream",
-                ),
-                ("grad_reduce_dtype", "torch.distributed.fsdp.MixedPrecision: reduce_dtype defaults to param_dtype"),
-                ("recompute_early_stop", RECOMPUTE_EARLY_STOP_SOURCE),
-                ("unfused_loss", UNFUSED_LOSS_SOURCE),
-                ("foreach_optimizer", FOREACH_SOURCE),
-                (
-                    "attention",
-                    "torch.nn.functional.scaled_dot_product_attention selects the FlashAttention-2 kernel on sm80+, Hopper included (PyTorch 2.1; its cuDNN backend became the H100 default only in 2.5.0 and was turned off again in 2.5.1): `flash`",
-                ),
-                (
-                    "fused",
-                    "eager PyTorch: one kernel per elementwise op; torch.optim.AdamW foreach (not fused) by default. As torchtitan (commit 04133643, torchtitan/models/llama/model.py) writes a Llama: RMSNorm as x.float(), pow(2).mean(-1), rsqrt, multiply, type_as, weight multiply; FeedForward as F.silu(w1(x)) * w3(x); apply_rotary_emb as float casts around a complex multiply; repeat_kv copies the key and value heads to the query heads before SDPA (no grouped-query attention in the kernel)",
-                ),
-            ],
-        },
-        "colossal-ai" => Framework {
-            name: name.into(),
-            version: COLOSSAL.into(),
-            grad_reduce: GradReduce::Overlapped,
-            gather: one_layer,
-            param_gather_overlap: false,
-            bucket_first_chunk_only: false,
-            pipeline_reduces_after_backward: false,
-            interleaved_p2p_overlap: false,
-            blocking_reduce_below_zero3: false,
-            fp32_reduce_bf16_only: false,
-            pipeline_max_zero_stage: 3,
-            tp_comm_overlap: false,
-            ep_comm_overlap: false,
-            gather_copy_out: false,
-            gather_per_tensor: false,
-            // LowLevelZeroPlugin reduce_bucket_size_in_m = 12 (million elements).
-            bucket: Bucket::Params { min_params: 12e6, per_rank_params: 0.0 },
-            grad_reduce_dtype: ReduceDtype::Params,
-            attention: Attention::Naive,
-            fused: Fused { adam: true, ..eager },
-            train_metrics: Vec::new(),
-            recompute_early_stop: false,
-            fp8_casts: Fp8Casts::Te,
-            unfused_loss: UnfusedLoss::Native,
-            foreach_optimizer: false,
-            sources: vec![
-                ("grad_reduce", "colossalai/booster/plugin/low_level_zero_plugin.py overlap_communication=True"),
-                ("bucket", "low_level_zero_plugin.py reduce_bucket_size_in_m=12"),
-                (
-                    "gather",
-                    "colossalai/zero/gemini: chunk-based (plan.offload.policy \"gemini\" models the chunk manager)",
-                ),
-                (
-                    "fused",
-                    "colossalai/nn/optimizer HybridAdam / FusedAdam; Hugging Face's models otherwise (key-value heads repeated before attention, repeat_kv)",
-                ),
-                ("unfused_loss", UNFUSED_LOSS_SOURCE),
-            ],
-        },
-        "pytorch-ddp" => Framework {
-            name: name.into(),
-            version: DDP.into(),
-            grad_reduce: GradReduce::Overlapped,
-            gather: one_layer,
-            param_gather_overlap: false,
-            bucket_first_chunk_only: false,
-            pipeline_reduces_after_backward: false,
-            interleaved_p2p_overlap: false,
-            blocking_reduce_below_zero3: false,
-            fp32_reduce_bf16_only: false,
-            pipeline_max_zero_stage: 3,
-            tp_comm_overlap: false,
-            ep_comm_overlap: false,
-            gather_copy_out: false,
-            gather_per_tensor: false,
-            bucket: Bucket::Bytes { bytes: DDP_BUCKET_BYTES },
-            grad_reduce_dtype: ReduceDtype::Params,
-            attention: Attention::Fused(FlashKernel::Auto),
-            fused: eager,
-            train_metrics: Vec::new(),
-            recompute_early_stop: false,
-            fp8_casts: Fp8Casts::Te,
-            unfused_loss: UnfusedLoss::Fp32,
-            foreach_optimizer: true,
-            sources: vec![
-                (
-                    "grad_reduce",
-                    "torch/nn/parallel/distributed.py: autograd hooks all-reduce each bucket as it fills, overlapping backward",
-                ),
-                ("bucket", "DistributedDataParallel bucket_cap_mb=25"),
-                (
-                    "attention",
-                    "torch.nn.functional.scaled_dot_product_attention (FlashAttention-2 on sm80+, PyTorch 2.1)",
-                ),
-                (
-                    "fused",
-                    "eager PyTorch: one kernel per elementwise op; key-value heads repeated to the query heads before attention (torchtitan's and Hugging Face's repeat_kv)",
-                ),
-                ("unfused_loss", UNFUSED_LOSS_SOURCE),
-                ("foreach_optimizer", FOREACH_SOURCE),
-            ],
-        },
-        _ => return None,
-    };
-    Some(f)
-}
-
 /// The plan's features that pick a framework when the scenario names none.
 #[derive(Clone, Copy, Debug)]
 pub struct PlanTraits {
     pub tp: u32,
     pub pp: u32,
+    pub cp: u32,
     pub zero_stage: u8,
     pub offloaded: bool,
     pub gemini: bool,
@@ -654,13 +326,13 @@ pub struct PlanTraits {
 }
 
 /// The framework a plan most likely runs on, and why (listed in `defaults_applied`):
-/// Megatron for tensor or pipeline parallelism, Colossal-AI for Gemini, DeepSpeed for
+/// Megatron for tensor, pipeline or context parallelism, Colossal-AI for Gemini, DeepSpeed for
 /// ZeRO-Offload and ZeRO-1/2, PyTorch FSDP for ZeRO-3, PyTorch DDP otherwise.
 pub fn default_for(t: PlanTraits) -> (&'static str, &'static str) {
     if t.gemini {
         ("colossal-ai", "Gemini is Colossal-AI's")
-    } else if t.tp > 1 || t.pp > 1 {
-        ("megatron-core", "tensor or pipeline parallelism")
+    } else if t.tp > 1 || t.pp > 1 || t.cp > 1 {
+        ("megatron-core", "tensor, pipeline or context parallelism")
     } else if t.offloaded {
         ("deepspeed", "ZeRO-Offload is DeepSpeed's")
     } else if t.zero_stage == 3 {
@@ -696,7 +368,7 @@ pub fn reference_markdown() -> String {
     let mut s = String::from(
         "# Framework profiles\n\n\
          What `training.framework` selects (see `docs/scenario.md`). Generated from\n\
-         `sim/src/framework.rs` by `TRAINSIM_BLESS=1 cargo test --release --test tests frameworks`;\n\
+         `sim/src/framework/profiles.rs` by `TRAINSIM_BLESS=1 cargo test --release --test tests frameworks`;\n\
          edit the profiles there, not this file.\n\n\
          `ep_comm_overlap` is off in every profile; where a run turns it on:\n",
     );
@@ -808,11 +480,12 @@ mod tests {
 
     #[test]
     fn defaults_follow_the_plan() {
-        let t = PlanTraits { tp: 1, pp: 1, zero_stage: 0, offloaded: false, gemini: false, fp16: false };
+        let t = PlanTraits { tp: 1, pp: 1, cp: 1, zero_stage: 0, offloaded: false, gemini: false, fp16: false };
         assert_eq!(default_for(t).0, "pytorch-ddp");
         assert_eq!(default_for(PlanTraits { zero_stage: 3, ..t }).0, "pytorch-fsdp");
         assert_eq!(default_for(PlanTraits { zero_stage: 3, offloaded: true, ..t }).0, "deepspeed");
         assert_eq!(default_for(PlanTraits { pp: 4, zero_stage: 1, ..t }).0, "megatron-core");
+        assert_eq!(default_for(PlanTraits { cp: 2, ..t }).0, "megatron-core");
         assert_eq!(default_for(PlanTraits { gemini: true, tp: 2, ..t }).0, "colossal-ai");
     }
 }
