@@ -402,7 +402,8 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.2, "gather_copy_out", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "gather_per_tensor", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "recompute_early_stop", |r| json!(r.chance(0.5)));
-        opt(&mut f, r, 0.2, "unfused_loss", |r| json!(*r.pick(&["in_place", "fp32", "native"])));
+        opt(&mut f, r, 0.2, "unfused_loss", |r| json!(*r.pick(&["in_place", "fp32", "native", "loss_parallel"])));
+        opt(&mut f, r, 0.2, "cp_ring", |r| json!(*r.pick(&["te_p2p", "pytorch_allgather", "pytorch_alltoall"])));
         opt(&mut f, r, 0.2, "foreach_optimizer", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "fp8_casts", |r| json!(*r.pick(&["te", "torchao"])));
         opt(&mut f, r, 0.3, "train_metrics", |r| {

@@ -17,7 +17,9 @@ pub enum CpRing {
     /// Transformer Engine's `AttnFuncWithCPAndKVP2P` (Megatron-Core): each step sends the
     /// chunk it holds to the next rank while it computes on it, so the ring's traffic runs
     /// beside the whole attention; backward passes the key/value gradients back in the
-    /// activations' dtype.
+    /// activations' dtype. Not charged: its per-step output corrections and gradient
+    /// additions, fused kernels in the activations' dtype (`flash_attn_fwd_out_correction`,
+    /// about 6 bytes an element a step, a seventh of PyTorch's fp32 merging).
     TeP2p,
     /// PyTorch's `context_parallel` with the all-gather rotater (its default since December
     /// 2024; torchtitan's `context_parallel_rotate_method = "allgather"`): one all-gather of
