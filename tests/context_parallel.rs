@@ -75,6 +75,13 @@ fn the_ring_hides_behind_attention_until_the_link_is_slow() {
     let bw = 1e9;
     let slow = serde_json::to_value(simulate(&with_intra_node_bandwidth(&text, bw))).unwrap();
     let part = |r: &Value, k: &str| r["time_breakdown"][0][k].as_f64().unwrap();
+    // The profile's ring is listed with the defaults (the scenario names Megatron-Core only).
+    let listed = fast["defaults_applied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d.as_str().is_some_and(|d| d.starts_with("training.framework.cp_ring = te_p2p (megatron-core")));
+    assert!(listed, "{}", fast["defaults_applied"]);
     let attention = part(&fast, "attention_s");
     assert!(
         part(&fast, "exposed_cp_comm_s") < 0.01 * attention,

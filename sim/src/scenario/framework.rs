@@ -141,6 +141,22 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
             ));
         }
     };
+    // Under context parallelism the ring the profile runs is listed: PyTorch's and Transformer
+    // Engine's differ in what they overlap.
+    let cp_ring_note = |f: &Framework, defaults: &mut Vec<String>| {
+        if traits.cp > 1 {
+            let (ring, how) = match f.cp_ring {
+                framework::CpRing::TeP2p => ("te_p2p", "Transformer Engine's ring, beside the whole attention"),
+                framework::CpRing::PytorchAllgather => {
+                    ("pytorch_allgather", "PyTorch's context_parallel: one all-gather beside the local step only")
+                }
+                framework::CpRing::PytorchAlltoall => {
+                    ("pytorch_alltoall", "PyTorch's context_parallel, a permute per step")
+                }
+            };
+            defaults.push(format!("training.framework.cp_ring = {ring} ({}: {how})", f.name));
+        }
+    };
     // A pipeline engine that reduces after its schedule (DeepSpeed's) does so whatever the
     // profile's `grad_reduce` says, unless the scenario sets it.
     // Likewise one whose reductions block the compute stream below ZeRO-3 (DeepSpeed's
@@ -175,6 +191,7 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
         defaults.push(format!("training.framework = {name} ({why})"));
         let mut f = framework::profile(name).expect("default framework has a profile");
         per_tensor_note(&f, defaults);
+        cp_ring_note(&f, defaults);
         pipeline_reduce(&mut f, defaults);
         fp16_reduce(&mut f, defaults);
         return f;
@@ -219,8 +236,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     if let Some(l) = s.unfused_loss {
         f.unfused_loss = l;
     }
-    if let Some(r) = s.cp_ring {
-        f.cp_ring = r;
+    match s.cp_ring {
+        Some(r) => f.cp_ring = r,
+        None => cp_ring_note(&f, defaults),
     }
     if let Some(b) = s.foreach_optimizer {
         f.foreach_optimizer = b;
