@@ -135,6 +135,26 @@ fn pytorchs_allgather_ring_hides_behind_the_first_step_only() {
     );
 }
 
+/// PyTorch's ring refuses a non-causal model unless its load balancing is turned off: the
+/// report says so, and says nothing of it for a causal model or for Transformer Engine's ring.
+#[test]
+fn a_non_causal_model_under_pytorchs_ring_is_noted() {
+    let noted = |causal: bool, framework: &str| {
+        let mut v = cp_scenario(2, Some(4));
+        v["workload"]["transformer"]["causal"] = json!(causal);
+        v["training"]["framework"] = json!(framework);
+        let r = report(&v);
+        r["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("balances load only under a causal mask"))
+    };
+    assert!(noted(false, "pytorch-fsdp"));
+    assert!(!noted(true, "pytorch-fsdp"));
+    assert!(!noted(false, "megatron-core"));
+}
+
 #[test]
 fn what_is_not_modelled_is_refused_with_the_reason() {
     let mut odd = cp_scenario(2, Some(4));

@@ -47,9 +47,10 @@ pub(super) fn check_attention(cluster: &ClusterSpec, training: &Training) -> Res
     }
 }
 
-/// Notes on a plan outside common practice: tensor parallelism across nodes; and a head
-/// dimension the fused attention kernel has no compiled version of, which it runs padded to the
-/// next one (`FlashKernel::padded_head_dim`: the kernel-selection cliff).
+/// Notes on a plan outside common practice: tensor parallelism across nodes; a head dimension
+/// the fused attention kernel has no compiled version of, which it runs padded to the next one
+/// (`FlashKernel::padded_head_dim`: the kernel-selection cliff); and a non-causal model under
+/// PyTorch's context parallelism, which refuses it unless load balancing is turned off.
 pub(super) fn plan_notes(plan: &Plan, cluster: &ClusterSpec, workload: &crate::workload::Workload) -> Vec<String> {
     use crate::hardware::kernels::arch_of;
     let mut notes = Vec::new();
@@ -73,6 +74,19 @@ pub(super) fn plan_notes(plan: &Plan, cluster: &ClusterSpec, workload: &crate::w
                 }
             }
         }
+    }
+    let pytorch_ring = matches!(
+        plan.framework.cp_ring,
+        crate::framework::CpRing::PytorchAllgather | crate::framework::CpRing::PytorchAlltoall
+    );
+    if plan.cp > 1 && pytorch_ring && workload.net.is_none() && !workload.transformer.causal {
+        notes.push(
+            "context parallelism: PyTorch's context_parallel balances load only under a causal mask and, \
+             with its default enable_load_balance, refuses is_causal=False (its error: Load balancing \
+             requires is_causal=True); this non-causal model is charged as its ring runs with load \
+             balancing turned off (_cp_options.enable_load_balance = False): every step a full square"
+                .to_string(),
+        );
     }
     if plan.tp > cluster.node.devices {
         notes.push(format!(
