@@ -26,8 +26,10 @@ pub fn print_summary(r: &sim::report::Report) {
     );
     println!("iteration:    {:.4} s", r.iteration_s);
     println!(
-        "throughput:   {:.2} samples/s, {:.0} tokens/s ({:.0} tokens/s per device)",
-        r.samples_per_s, r.tokens_per_s, r.tokens_per_s_per_device
+        "throughput:   {:.2} samples/s, {} tokens/s ({} tokens/s per device)",
+        r.samples_per_s,
+        rate(r.tokens_per_s),
+        rate(r.tokens_per_s_per_device)
     );
     println!(
         "MFU:          {:.1}% ({:.1} TFLOP/s of model math per device); HFU {:.1}% ({:.1} TFLOP/s with recomputation)",
@@ -292,9 +294,30 @@ pub fn presets(json: bool) {
     }
 }
 
+/// A rate for the summary: whole units from 100 up, three significant digits below (a slow
+/// plan's fraction of a token per second is not printed as 0).
+fn rate(v: f64) -> String {
+    if v >= 100.0 || v == 0.0 {
+        format!("{v:.0}")
+    } else {
+        let decimals = (2.0 - v.abs().log10().floor()).clamp(0.0, 12.0) as usize;
+        format!("{v:.decimals$}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::short;
+    use super::{rate, short};
+
+    /// A slow plan's rate keeps three significant digits instead of printing as 0.
+    #[test]
+    fn a_small_rate_keeps_its_digits() {
+        assert_eq!(rate(0.3231), "0.323");
+        assert_eq!(rate(0.05392), "0.0539");
+        assert_eq!(rate(96.73), "96.7");
+        assert_eq!(rate(99_037.4), "99037");
+        assert_eq!(rate(0.0), "0");
+    }
 
     #[test]
     fn a_part_fits_its_column() {

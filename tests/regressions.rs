@@ -74,6 +74,11 @@ const CASES: &[(&str, &str, Expect)] = &[
     // granularity fits.
     ("fuzz_slice_table_time.json", "simulate", Error("plan.token_granularity")),
     ("fuzz_slice_table_time.json", "slices", Error("plan.token_granularity")),
+    // Fuzz case 158 (seed 2602, corpus): 1,248 micro-batches of a 2BW schedule chained as many
+    // data-parallel waits, which the time attribution followed by recursion until the stack
+    // overflowed (abort); now a loop.
+    ("fuzz_dp_wait_chain_overflow.json", "simulate", Report),
+    ("fuzz_dp_wait_chain_overflow.json", "partition", Refused("no plan fits")),
 ];
 
 /// Train-run, freezing and partition inputs fixed in another branch: skipped here until it is

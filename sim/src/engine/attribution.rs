@@ -102,48 +102,57 @@ impl Attribution {
         }
     }
 
-    /// Charge device `d`'s idle stretch `from..now` to what `cause` is.
+    /// Charge device `d`'s idle stretch `from..now` to what `cause` is. A data-parallel
+    /// collective dispatched only once another task ended hands the stretch before its
+    /// dispatch to that task, which may be such a collective in turn: the chain is followed in
+    /// a loop (a schedule of a thousand micro-batches chains as many), each link taking the
+    /// earlier part of the stretch, and at most once per task (a cycle ends in `DpComm`).
     fn charge_wait(&mut self, p: &Program, t: u32, cause: u32, d: usize, from: u64, now: u64) {
-        let parts = &mut self.parts[d];
-        if cause == NONE {
-            parts[Part::Other as usize] += now - from;
-            return;
-        }
-        let c = &p.tasks[cause as usize];
-        let part = match (c.kind, Program::stream_kind(c.stream)) {
-            (TaskKind::Transfer, _) => {
-                // Until the sender's data was ready the stage waited for another stage's
-                // compute; from then on, for the transfer.
-                let sent = self.transfer_ready[c.payload as usize].clamp(from, now);
-                parts[Part::Bubble as usize] += sent - from;
-                parts[Part::PpComm as usize] += now - sent;
+        let (mut cause, mut now) = (cause, now);
+        for _ in 0..=p.tasks.len() {
+            if cause == NONE {
+                self.parts[d][Part::Other as usize] += now - from;
                 return;
             }
-            (TaskKind::HostCopy, _) => Part::Offload,
-            (TaskKind::Collective, StreamKind::Compute | StreamKind::TensorParallel | StreamKind::ExpertParallel) => {
-                self.comm[c.label as usize]
-            }
-            (TaskKind::Collective, _) => {
-                // A data-parallel collective that was dispatched only once something else
-                // ended (Megatron-Core's gather of a stage's update, dispatched when the
-                // stage's input arrives): until then the device waited for that; from then
-                // on, for the collective.
-                let ready = self.dp_ready.get(&cause).copied();
-                if let Some((ready, by)) = ready.filter(|&(r, by)| r > from && by != cause) {
-                    let ready = ready.min(now);
-                    self.charge_wait(p, t, by, d, from, ready);
-                    self.parts[d][Part::DpComm as usize] += now - ready;
+            let c = &p.tasks[cause as usize];
+            let part = match (c.kind, Program::stream_kind(c.stream)) {
+                (TaskKind::Transfer, _) => {
+                    // Until the sender's data was ready the stage waited for another stage's
+                    // compute; from then on, for the transfer.
+                    let sent = self.transfer_ready[c.payload as usize].clamp(from, now);
+                    self.parts[d][Part::Bubble as usize] += sent - from;
+                    self.parts[d][Part::PpComm as usize] += now - sent;
                     return;
                 }
-                Part::DpComm
-            }
-            // A collective waiting for its other members to arrive.
-            (TaskKind::Compute, _) if p.tasks[t as usize].kind == TaskKind::Collective => {
-                self.comm[p.tasks[t as usize].label as usize]
-            }
-            (TaskKind::Compute, _) => Part::Other,
-        };
-        parts[part as usize] += now - from;
+                (TaskKind::HostCopy, _) => Part::Offload,
+                (
+                    TaskKind::Collective,
+                    StreamKind::Compute | StreamKind::TensorParallel | StreamKind::ExpertParallel,
+                ) => self.comm[c.label as usize],
+                (TaskKind::Collective, _) => {
+                    // A data-parallel collective that was dispatched only once something else
+                    // ended (Megatron-Core's gather of a stage's update, dispatched when the
+                    // stage's input arrives): until then the device waited for that; from then
+                    // on, for the collective.
+                    let ready = self.dp_ready.get(&cause).copied();
+                    if let Some((ready, by)) = ready.filter(|&(r, by)| r > from && by != cause) {
+                        let ready = ready.min(now);
+                        self.parts[d][Part::DpComm as usize] += now - ready;
+                        (cause, now) = (by, ready);
+                        continue;
+                    }
+                    Part::DpComm
+                }
+                // A collective waiting for its other members to arrive.
+                (TaskKind::Compute, _) if p.tasks[t as usize].kind == TaskKind::Collective => {
+                    self.comm[p.tasks[t as usize].label as usize]
+                }
+                (TaskKind::Compute, _) => Part::Other,
+            };
+            self.parts[d][part as usize] += now - from;
+            return;
+        }
+        self.parts[d][Part::DpComm as usize] += now - from;
     }
 
     /// The task at the head of device `d`'s compute stream begins at `now`: any time since
