@@ -17,9 +17,9 @@ pub enum CpRing {
     /// Transformer Engine's `AttnFuncWithCPAndKVP2P` (Megatron-Core): each step sends the
     /// chunk it holds to the next rank while it computes on it, so the ring's traffic runs
     /// beside the whole attention; backward passes the key/value gradients back in the
-    /// activations' dtype. Not charged: its per-step output corrections and gradient
-    /// additions, fused kernels in the activations' dtype (`flash_attn_fwd_out_correction`,
-    /// about 6 bytes an element a step, a seventh of PyTorch's fp32 merging).
+    /// activations' dtype; each step's output is corrected into the 16-bit output by one fused
+    /// kernel (`flash_attn_fwd_out_correction`, 3 reads and writes an element a step at 16
+    /// bits: a sixth of PyTorch's fp32 merging) and each step's gradients added likewise.
     TeP2p,
     /// PyTorch's `context_parallel` with the all-gather rotater (its default since December
     /// 2024; torchtitan's `context_parallel_rotate_method = "allgather"`): one all-gather of
@@ -87,8 +87,16 @@ fn ring_comm(name: &'static str, bytes: f64, axis: Axis, forward: Option<Comm>, 
 ///   steps wait for it.
 pub fn ops(ring: CpRing, attn: OpSpec, r: RingShare) -> Vec<LayerOp> {
     if ring == CpRing::TeP2p {
+        // The steps' outputs are kept until the loop ends, beside the 16-bit output they are
+        // corrected into and the double-buffered keys and values; backward, the query and
+        // key/value gradients and their double buffer.
+        let steps = 1.0 + STEP_SHARE * (r.cp as f64 - 1.0);
+        let held =
+            [r.e * r.output * (steps + 1.0) + 2.0 * r.e * r.keys_values, r.e * (r.queries + 3.0 * r.keys_values)];
+        let attn = OpSpec { saved: Saved { transient_bytes: held, ..attn.saved }, ..attn };
         let mut ops = te_comms(r);
         ops.push(LayerOp::Compute(attn));
+        ops.push(LayerOp::Compute(te_merge_op(r)));
         return ops;
     }
     let n = r.cp as f64;
@@ -153,6 +161,30 @@ fn split(attn: OpSpec, transient: [f64; 2]) -> (OpSpec, OpSpec) {
         saved: Saved { transient_bytes: transient, ..Saved::default() },
     };
     (local, remote)
+}
+
+/// Of a rank's `cp - 1` remote steps half take all its queries and half only the second half
+/// of them (or, backward, the first half of the arriving keys): a remote step touches 3/4 of
+/// the output on average.
+const STEP_SHARE: f64 = 0.75;
+
+/// Transformer Engine's corrections around its ring's kernels, per rank, in the activations'
+/// dtype (`e` bytes): forward, the output zeroed (e per element of O) and each step's output
+/// added into it, scaled by its log-sum-exp correction (`flash_attn_fwd_out_correction`, one
+/// fused kernel: reads the step's output and the output, writes the output, 3e) over all or
+/// half of O; backward, each step's query and key/value gradients added into the running ones
+/// (`dq.add_`, `dkv.add_`: 3e an element) over all or half of them.
+fn te_merge_op(r: RingShare) -> OpSpec {
+    let steps = 1.0 + STEP_SHARE * (r.cp as f64 - 1.0);
+    OpSpec {
+        name: "cp_merge",
+        class: OpClass::Memory,
+        forward_flops: 0.0,
+        forward_bytes: r.e * r.output * (1.0 + 3.0 * steps),
+        backward_flops: 0.0,
+        backward_bytes: 3.0 * r.e * (r.queries + r.keys_values) * steps,
+        saved: Saved::default(),
+    }
 }
 
 /// PyTorch's fp32 merging around the ring's kernels, per rank (bytes read and written, at
@@ -258,7 +290,12 @@ mod tests {
         };
         assert_eq!(bytes(&pt, "cp_kv"), bytes(&te, "cp_kv"));
         assert_eq!(bytes(&pt, "cp_dkv").unwrap(), 2.0 * bytes(&te, "cp_dkv").unwrap());
-        assert!(te.iter().all(|o| o.name() != "cp_merge"));
+        // Transformer Engine's fused 16-bit corrections move a fraction of PyTorch's fp32 merging.
+        let merge_bytes = |ops: &[LayerOp]| {
+            let m = ops.iter().filter_map(LayerOp::compute).find(|s| s.name == "cp_merge").unwrap();
+            m.forward_bytes + m.backward_bytes
+        };
+        assert!(merge_bytes(&te) < 0.25 * merge_bytes(&pt), "{} {}", merge_bytes(&te), merge_bytes(&pt));
         // The merges grow with the ring's steps: more than one pass over the output per step.
         let merge = |cp| ops(CpRing::PytorchAlltoall, attn(cp), share(cp))[3].compute().unwrap().forward_bytes;
         let o = share(2).output;
