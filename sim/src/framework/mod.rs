@@ -326,17 +326,21 @@ pub struct PlanTraits {
 }
 
 /// The framework a plan most likely runs on, and why (listed in `defaults_applied`):
-/// Megatron for tensor, pipeline or context parallelism, Colossal-AI for Gemini, DeepSpeed for
-/// ZeRO-Offload and ZeRO-1/2, PyTorch FSDP for ZeRO-3, PyTorch DDP otherwise.
+/// Megatron for tensor or pipeline parallelism, Colossal-AI for Gemini, DeepSpeed for
+/// ZeRO-Offload and ZeRO-1/2, PyTorch FSDP for ZeRO-3 (with context parallelism too, as
+/// torchtitan runs FSDP2 with PyTorch's `context_parallel`), Megatron for context parallelism
+/// otherwise, PyTorch DDP for data parallelism alone.
 pub fn default_for(t: PlanTraits) -> (&'static str, &'static str) {
     if t.gemini {
         ("colossal-ai", "Gemini is Colossal-AI's")
-    } else if t.tp > 1 || t.pp > 1 || t.cp > 1 {
-        ("megatron-core", "tensor, pipeline or context parallelism")
+    } else if t.tp > 1 || t.pp > 1 {
+        ("megatron-core", "tensor or pipeline parallelism")
     } else if t.offloaded {
         ("deepspeed", "ZeRO-Offload is DeepSpeed's")
     } else if t.zero_stage == 3 {
         ("pytorch-fsdp", "ZeRO-3 without offload")
+    } else if t.cp > 1 {
+        ("megatron-core", "context parallelism without ZeRO-3")
     } else if t.zero_stage > 0 {
         ("deepspeed", "ZeRO-1/2")
     } else {
@@ -486,6 +490,8 @@ mod tests {
         assert_eq!(default_for(PlanTraits { zero_stage: 3, offloaded: true, ..t }).0, "deepspeed");
         assert_eq!(default_for(PlanTraits { pp: 4, zero_stage: 1, ..t }).0, "megatron-core");
         assert_eq!(default_for(PlanTraits { cp: 2, ..t }).0, "megatron-core");
+        assert_eq!(default_for(PlanTraits { cp: 2, zero_stage: 1, ..t }).0, "megatron-core");
+        assert_eq!(default_for(PlanTraits { cp: 2, zero_stage: 3, ..t }).0, "pytorch-fsdp");
         assert_eq!(default_for(PlanTraits { gemini: true, tp: 2, ..t }).0, "colossal-ai");
     }
 }
