@@ -77,7 +77,8 @@ fn ring_comm(name: &'static str, bytes: f64, axis: Axis, forward: Option<Comm>, 
 /// The ring around one fused attention op `attn` (built for all `cp` steps, `RingPart::All`).
 ///
 /// - `te_p2p`: the all-gather of keys and values (`cp_kv`) beside the kernel in forward and
-///   again in backward, the reduce-scatter of their gradients (`cp_dkv`) beside its backward.
+///   again in backward, the reduce-scatter of their gradients (`cp_dkv`) beside its backward,
+///   and its fused 16-bit corrections after the kernels (`cp_merge`).
 /// - `pytorch_alltoall`: the same traffic, the gradients in fp32, and what PyTorch does
 ///   besides: the fp32 merges and gradient accumulation (`cp_merge`, memory-bound), and the
 ///   wait for the last step's key/value gradients after the loop (`cp_dkv_last`, on the
