@@ -155,6 +155,20 @@ fn a_non_causal_model_under_pytorchs_ring_is_noted() {
     assert!(!noted(false, "megatron-core"));
 }
 
+/// Frameworks without a context-parallel ring of their own say which ring `plan.cp` runs as.
+#[test]
+fn a_framework_without_a_ring_says_which_one_stands_in() {
+    let notes = |framework: &str| {
+        let mut v = cp_scenario(2, Some(4));
+        v["training"]["framework"] = json!(framework);
+        report(&v)["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    let stands_in = |n: &Vec<String>| n.iter().any(|n| n.contains("plan.cp runs as the ring") && n.contains("te_p2p"));
+    assert!(stands_in(&notes("deepspeed")), "{:?}", notes("deepspeed"));
+    assert!(stands_in(&notes("megatron-lm-2021")));
+    assert!(!stands_in(&notes("megatron-core")));
+}
+
 #[test]
 fn what_is_not_modelled_is_refused_with_the_reason() {
     let mut odd = cp_scenario(2, Some(4));

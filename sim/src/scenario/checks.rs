@@ -88,6 +88,21 @@ pub(super) fn plan_notes(plan: &Plan, cluster: &ClusterSpec, workload: &crate::w
                 .to_string(),
         );
     }
+    if plan.cp > 1 {
+        let without = match plan.framework.name.as_str() {
+            "megatron-lm-2021" => Some("Megatron-LM of 2021 has no context parallelism"),
+            "deepspeed" => {
+                Some("DeepSpeed splits sequences by all-to-alls of attention heads (Ulysses), not by a ring")
+            }
+            _ => None,
+        };
+        if let Some(why) = without {
+            notes.push(format!(
+                "context parallelism: {why}; plan.cp runs as the ring training.framework.cp_ring names ({})",
+                plan.framework.cp_ring.name()
+            ));
+        }
+    }
     if plan.tp > cluster.node.devices {
         notes.push(format!(
             "tensor parallelism of {} spans {} nodes of {} devices: its collectives cross the inter-node \

@@ -34,13 +34,16 @@ pub enum CpRing {
 impl CpRing {
     pub const NAMES: [&'static str; 3] = ["te_p2p", "pytorch_allgather", "pytorch_alltoall"];
 
+    pub fn name(self) -> &'static str {
+        match self {
+            CpRing::TeP2p => "te_p2p",
+            CpRing::PytorchAllgather => "pytorch_allgather",
+            CpRing::PytorchAlltoall => "pytorch_alltoall",
+        }
+    }
+
     pub fn parse(name: &str) -> Option<CpRing> {
-        Some(match name {
-            "te_p2p" => CpRing::TeP2p,
-            "pytorch_allgather" => CpRing::PytorchAllgather,
-            "pytorch_alltoall" => CpRing::PytorchAlltoall,
-            _ => return None,
-        })
+        [CpRing::TeP2p, CpRing::PytorchAllgather, CpRing::PytorchAlltoall].into_iter().find(|r| r.name() == name)
     }
 }
 
