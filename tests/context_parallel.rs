@@ -135,6 +135,24 @@ fn pytorchs_allgather_ring_hides_behind_the_first_step_only() {
     );
 }
 
+/// PyTorch's all-gather ring holds every rank's keys and values while its remote steps run
+/// (Transformer Engine's holds a step's): with a vocabulary too small for the loss to set the
+/// peak, the peak is higher by at least the gathered keys and values less the two chunks TE
+/// double-buffers.
+#[test]
+fn pytorchs_ring_holds_the_gathered_keys_and_values() {
+    let peak = |ring: &str| {
+        let mut v = cp_scenario(1, Some(8));
+        v["workload"]["transformer"]["vocab"] = json!(1000);
+        v["training"]["framework"] = json!({"name": "megatron-core", "cp_ring": ring});
+        report(&v)["peak_memory_bytes"].as_f64().unwrap()
+    };
+    // Keys and values of one 2,048-token chunk, bf16, 2 x hidden wide.
+    let chunk = 2.0 * (SEQ as f64 / 8.0) * 2.0 * HIDDEN as f64;
+    let (te, pt) = (peak("te_p2p"), peak("pytorch_allgather"));
+    assert!(pt - te >= (8.0 - 2.0) * chunk, "peak {pt} B under PyTorch's ring, {te} B under Transformer Engine's");
+}
+
 /// PyTorch's ring refuses a non-causal model unless its load balancing is turned off: the
 /// report says so, and says nothing of it for a causal model or for Transformer Engine's ring.
 #[test]
