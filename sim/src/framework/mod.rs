@@ -442,14 +442,7 @@ pub fn reference_markdown() -> String {
             a => format!("fused (`{}`)", a.name()),
         };
         s += &format!("| attention | {attention} |\n");
-        let ring = match f.cp_ring {
-            CpRing::TeP2p => "`te_p2p`: Transformer Engine's, each step's keys and values beside the kernel",
-            CpRing::PytorchAllgather => {
-                "`pytorch_allgather`: PyTorch's, one all-gather beside the local step, fp32 merging"
-            }
-            CpRing::PytorchAlltoall => "`pytorch_alltoall`: PyTorch's, a permute per step, fp32 merging",
-        };
-        s += &format!("| context-parallel ring | {ring} |\n");
+        s += &format!("| context-parallel ring | `{}`: {} |\n", f.cp_ring.name(), f.cp_ring.summary());
         s += &format!(
             "| fused kernels | softmax {}, bias-GeLU {}, bias-dropout-add {}, Adam {}, RMSNorm {}, SwiGLU {}, rotary {}, cross-entropy {}, grouped-query attention in the kernel {} |\n\nSources:\n\n",
             yes(f.fused.softmax),

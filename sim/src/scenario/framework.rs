@@ -145,14 +145,8 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     // Engine's differ in what they overlap.
     let cp_ring_note = |f: &Framework, defaults: &mut Vec<String>| {
         if traits.cp > 1 {
-            let how = match f.cp_ring {
-                framework::CpRing::TeP2p => "Transformer Engine's ring, beside the whole attention",
-                framework::CpRing::PytorchAllgather => {
-                    "PyTorch's context_parallel: one all-gather beside the local step only"
-                }
-                framework::CpRing::PytorchAlltoall => "PyTorch's context_parallel, a permute per step",
-            };
-            defaults.push(format!("training.framework.cp_ring = {} ({}: {how})", f.cp_ring.name(), f.name));
+            let (ring, how) = (f.cp_ring.name(), f.cp_ring.summary());
+            defaults.push(format!("training.framework.cp_ring = {ring} ({}: {how})", f.name));
         }
     };
     // A pipeline engine that reduces after its schedule (DeepSpeed's) does so whatever the

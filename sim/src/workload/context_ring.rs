@@ -42,6 +42,15 @@ impl CpRing {
         }
     }
 
+    /// What the ring does, in a phrase (the report's defaults and the profiles' reference).
+    pub fn summary(self) -> &'static str {
+        match self {
+            CpRing::TeP2p => "Transformer Engine's ring, beside the whole attention",
+            CpRing::PytorchAllgather => "PyTorch's context_parallel: one all-gather beside the local step only",
+            CpRing::PytorchAlltoall => "PyTorch's context_parallel, a permute per step",
+        }
+    }
+
     pub fn parse(name: &str) -> Option<CpRing> {
         [CpRing::TeP2p, CpRing::PytorchAllgather, CpRing::PytorchAlltoall].into_iter().find(|r| r.name() == name)
     }
