@@ -96,24 +96,31 @@ def fp8_gemms(quick):
 
 
 def sdpa_rows(backends, batch, heads, seq, hdim, causal):
-    """One row per backend (None: PyTorch's own choice) of SDPA on random bf16 (batch, heads,
-    seq, hdim) inputs: forward alone and forward with backward, with the FlashAttention
+    """One row per backend (None: PyTorch's own choice) of SDPA on random bf16 inputs, (batch, heads,
+    seq, hdim) as SDPA sees them: forward alone and forward with backward, with the FlashAttention
     benchmarks' FLOP count (4 s^2 d per head forward, halved under a causal mask; backward 2.5x)."""
     from torch.nn.attention import sdpa_kernel
-    q, k, v = (torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    # Leaves in (batch, seq, heads, hdim), as a projection's output is laid out, handed to SDPA
+    # transposed, as models do: the gradients come back in the leaves' own layout. Each
+    # backward starts with the gradients cleared (as flash-attn's benchmark_backward does), so
+    # the time is the kernels', not an accumulation into the last call's gradients as well
+    # (rows without "grads_reset", before session 27, include one: tests/gpu_microbench.rs).
+    q, k, v = (torch.randn(batch, seq, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     dout = torch.randn(batch, heads, seq, hdim, device="cuda", dtype=torch.bfloat16)
     fwd_flops = 4 * batch * heads * seq * seq * hdim * (0.5 if causal else 1.0)
     rows = []
     for name, be in backends.items():
         def fwd():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=causal)
 
         def fwd_bwd():
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            o = fwd()
+            q.grad = k.grad = v.grad = None
             o.backward(dout)
         row = {"backend": name, "seq": seq, "hdim": hdim, "heads": heads, "batch": batch,
-               "causal": causal, "dtype": "bf16"}
+               "causal": causal, "dtype": "bf16", "grads_reset": True}
         try:
             if be is None:
                 tf, tfb = timed(fwd), timed(fwd_bwd)
