@@ -31,7 +31,9 @@ pub(super) fn stage_memory(
         0.0
     };
     let mut device = MemoryBreakdown {
-        weights: frozen_weights + if lw.host_params { 0.0 } else { lw.sharded_bytes(st, 3, wb) },
+        weights: frozen_weights
+            + if lw.host_params { 0.0 } else { lw.sharded_bytes(st, 3, wb) }
+            + te_fp8_weight_copies(lw, st),
         // With the optimizer on the host, gradients go there bucket by bucket. They are kept
         // in the dtype they are reduced in: Megatron accumulates into fp32 `main_grad` buffers
         // under bf16 (`accumulate_allreduce_grads_in_fp32`; Megatron-Core's distributed
@@ -83,6 +85,28 @@ pub(super) fn stage_memory(
         b.p.nvme_bytes[di] = nvme;
     }
     placement
+}
+
+/// Transformer Engine's fp8 copies of the stage's GEMM weights: under fp8 each TE module
+/// keeps its weight cast to fp8 and that cast's transpose (1 byte each a parameter) in
+/// persistent placeholders, reused over the step's micro-batches (`weight1_fp8`,
+/// `weight1_t_fp8`: transformer_engine/pytorch/module/linear.py `get_fp8_weights_scratchpad`
+/// at v1.3, used whenever the caller passes `is_first_microbatch`, as Megatron-Core does). The
+/// layers' parameters only: the embedding and the output layer stay 16-bit. Not under ZeRO-3
+/// (a gathered unit's weights are transient) nor with torchao's casts (cast at every use).
+fn te_fp8_weight_copies(lw: &Lowering, st: &Stage) -> f64 {
+    let plan = lw.plan;
+    let device = lw.s.cluster.class(st.class);
+    let fp8 = plan.precision == crate::hardware::Precision::Fp8 && device.peak_flops.fp8.is_some();
+    if !fp8 || lw.z3 || plan.framework.fp8_casts != crate::framework::Fp8Casts::Te {
+        return 0.0;
+    }
+    let layers: f64 = st
+        .my_chunks
+        .iter()
+        .map(|&c| (lw.starts[c as usize]..lw.starts[c as usize + 1]).map(|l| lw.lp[l as usize]).sum::<f64>())
+        .sum();
+    2.0 * layers
 }
 
 /// Largest unit gathered at once under ZeRO-3 (two in flight with prefetch).

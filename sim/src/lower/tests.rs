@@ -648,3 +648,32 @@ fn reducing_after_backward_holds_zero2_gradients_whole() {
     assert!(per_micro_batch >= 2 * once && once >= 1, "{per_micro_batch} vs {once}");
     assert!((whole / shard - 16.0).abs() < 1e-9, "{whole} vs {shard}");
 }
+
+/// Transformer Engine keeps each layer weight's fp8 cast and its transpose through the step
+/// (`weight1_fp8`, `weight1_t_fp8`): 2 bytes more a parameter of the device's layers than
+/// the 16-bit weights alone; torchao casts at every use and ZeRO-3 gathers transient weights,
+/// so neither holds them.
+#[test]
+fn transformer_engine_holds_fp8_copies_of_the_layer_weights() {
+    let weights = |precision: &str, casts: &str, plan: &str| {
+        let text = format!(
+            r#"{{"workload": {GPT}, "cluster": {{"node": "dgx-h100", "nodes": 1}},
+                "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512, "precision": "{precision}",
+                              "framework": {{"name": "megatron-core", "fp8_casts": "{casts}"}}}},
+                "plan": {plan}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        (super::lower(&s).static_memory[0].weights, s)
+    };
+    let plan = r#"{"dp": 4, "tp": 2, "zero_stage": 1}"#;
+    let (bf16, s) = weights("bf16", "te", plan);
+    let (te, _) = weights("fp8", "te", plan);
+    // The layers' parameters on one device: all but the tied embedding (split over tp) and
+    // the final norm.
+    let w = &s.workload.transformer;
+    let layers = (s.workload.parameters() - (w.vocab * w.hidden) as f64 - 2.0 * w.hidden as f64) / 2.0;
+    assert!(((te - bf16) / (2.0 * layers) - 1.0).abs() < 0.01, "{} vs {}", te - bf16, 2.0 * layers);
+    assert_eq!(weights("fp8", "torchao", plan).0, bf16);
+    let z3 = r#"{"dp": 8, "zero_stage": 3}"#;
+    assert_eq!(weights("fp8", "te", z3).0, weights("bf16", "te", z3).0);
+}
