@@ -27,23 +27,38 @@ pub enum GpuArch {
     Blackwell,
 }
 
-/// The architecture of an NVIDIA device, from its preset family name; `None` for CPUs, FPGAs,
-/// other vendors' GPUs (an AMD MI300X keeps the generic model: no CDNA kernel measurement is
-/// in the catalog) and GPUs the catalog does not know.
+/// The architecture of an NVIDIA device, from the model number in its name
+/// ([`generation_in_name`]); `None` for CPUs, FPGAs, other vendors' GPUs (an AMD MI300X keeps
+/// the generic model: no CDNA kernel measurement is in the catalog) and GPUs the catalog does
+/// not know.
 pub fn arch_of(device: &DeviceSpec) -> Option<GpuArch> {
     if device.kind != DeviceKind::Gpu || device.vendor != Vendor::Nvidia {
         return None;
     }
-    let n = device.name.to_ascii_lowercase();
-    if n.starts_with("h100") || n.starts_with("h200") || n.starts_with("gh200") {
+    generation_in_name(&device.name)
+}
+
+/// The GPU generation a device's name gives by a model number among its words, whatever the
+/// case and the words around it: the presets' names (`h100-sxm`, `a100-sxm-80gb`), the names
+/// `nvidia-smi` prints (`NVIDIA H100 80GB HBM3`, `NVIDIA A800-SXM4-80GB`) and export parts
+/// (H800, H20, A800). `None` when no word names a known part. The one place a name becomes a
+/// generation: the kernel model reads it here and NCCL's tables (`nccl::Arch::of`) too.
+pub fn generation_in_name(name: &str) -> Option<GpuArch> {
+    let n = name.to_ascii_lowercase();
+    let words: Vec<&str> = n.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+    let word = |parts: &[&str]| words.iter().any(|w| parts.contains(w));
+    let starts = |parts: &[&str]| words.iter().any(|w| parts.iter().any(|p| w.starts_with(p)));
+    // Model numbers alone or with a memory suffix (`h100`, `h100sxm`, `a100`): prefixes of
+    // a word, longest first where one is a prefix of another.
+    if starts(&["gh200", "h100", "h200", "h800"]) || word(&["h20"]) {
         Some(GpuArch::Hopper)
-    } else if ["b100", "b200", "b300", "gb200", "gb300"].iter().any(|p| n.starts_with(p)) {
+    } else if starts(&["gb200", "gb300", "b100", "b200", "b300"]) {
         Some(GpuArch::Blackwell)
-    } else if n.starts_with("a100") || n.starts_with("a800") {
+    } else if starts(&["a100", "a800"]) {
         Some(GpuArch::Ampere)
-    } else if n.starts_with("v100") {
+    } else if starts(&["v100"]) {
         Some(GpuArch::Volta)
-    } else if n.contains("rtx5000") || n.contains("rtx-5000") || n.starts_with("t4") {
+    } else if starts(&["rtx5000"]) || n.contains("rtx 5000") || n.contains("rtx-5000") || word(&["t4"]) {
         Some(GpuArch::Turing)
     } else {
         None

@@ -36,19 +36,15 @@ impl Arch {
     /// AMD GPU runs RCCL, whose algorithms and tuning differ; it takes the generic
     /// collectives, `engine::collective`).
     pub fn of(device: &DeviceSpec) -> Option<Arch> {
+        use super::kernels::{GpuArch, generation_in_name};
         if device.kind != DeviceKind::Gpu || device.vendor != Vendor::Nvidia {
             return None;
         }
-        let n = device.name.to_ascii_lowercase();
-        let has = |keys: &[&str]| keys.iter().any(|k| n.contains(k));
-        Some(if has(&["v100", "rtx5000", "t4", "rtx-5000"]) {
-            Arch::Volta
-        } else if has(&["h100", "h200", "h800", "h20", "gh200"]) {
-            Arch::Hopper
-        } else if has(&["b100", "b200", "b300", "gb200", "gb300"]) {
-            Arch::Blackwell
-        } else {
-            Arch::Ampere
+        Some(match generation_in_name(&device.name) {
+            Some(GpuArch::Volta | GpuArch::Turing) => Arch::Volta,
+            Some(GpuArch::Hopper) => Arch::Hopper,
+            Some(GpuArch::Blackwell) => Arch::Blackwell,
+            Some(GpuArch::Ampere) | None => Arch::Ampere,
         })
     }
 

@@ -220,3 +220,39 @@ fn catalog_agrees_with_the_reference_file() {
         assert!((num(&g, sparse) / num(&g, bf16_key) - 2.0).abs() < 1e-3, "{preset}");
     }
 }
+
+/// A GPU's generation comes from the model number among its name's words, as the presets,
+/// `nvidia-smi` and the export parts write them; the kernel model and NCCL's tables agree.
+#[test]
+fn gpu_generation_reads_the_model_number_in_any_name() {
+    use kernels::generation_in_name as g;
+    for (name, arch) in [
+        ("h100-sxm", Some(GpuArch::Hopper)),
+        ("NVIDIA H100 80GB HBM3", Some(GpuArch::Hopper)),
+        ("NVIDIA H800", Some(GpuArch::Hopper)),
+        ("H20", Some(GpuArch::Hopper)),
+        ("gh200", Some(GpuArch::Hopper)),
+        ("h200-nvl", Some(GpuArch::Hopper)),
+        ("H100 96GB HBM2e, 500 W (Grand Teton)", Some(GpuArch::Hopper)),
+        ("NVIDIA A800-SXM4-80GB", Some(GpuArch::Ampere)),
+        ("a100-sxm-40gb", Some(GpuArch::Ampere)),
+        ("gb200", Some(GpuArch::Blackwell)),
+        ("b200", Some(GpuArch::Blackwell)),
+        ("v100-sxm2-32gb", Some(GpuArch::Volta)),
+        ("quadro-rtx5000", Some(GpuArch::Turing)),
+        ("Quadro RTX 5000", Some(GpuArch::Turing)),
+        ("Tesla T4", Some(GpuArch::Turing)),
+        ("my cluster GPU", None),
+        ("mi300x", None),
+        ("th100x", None),
+    ] {
+        assert_eq!(g(name), arch, "{name}");
+    }
+    let nvidia = |name: &str| DeviceSpec { name: name.into(), ..catalog::device("h100-sxm").unwrap() };
+    assert_eq!(Arch::of(&nvidia("NVIDIA H800")), Some(Arch::Hopper));
+    assert_eq!(kernels::arch_of(&nvidia("NVIDIA H800")), Some(GpuArch::Hopper));
+    assert_eq!(Arch::of(&nvidia("Tesla T4")), Some(Arch::Volta));
+    // An NVIDIA GPU of no known generation: NCCL's Ampere row, the kernel model's generic one.
+    assert_eq!(Arch::of(&nvidia("my cluster GPU")), Some(Arch::Ampere));
+    assert_eq!(kernels::arch_of(&nvidia("my cluster GPU")), None);
+}

@@ -144,7 +144,15 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
         d.kernel_launch_s = x;
     }
     if let Some(n) = o.string("name")? {
-        d.name = n.into();
+        // The kernel model and NCCL's tables read a GPU's generation from its name
+        // (`kernels::generation_in_name`): a name without a model number keeps the preset's
+        // in brackets, so a renamed H100 still runs as one.
+        let kept = crate::hardware::kernels::generation_in_name(&d.name);
+        d.name = if kept.is_some() && crate::hardware::kernels::generation_in_name(n).is_none() {
+            format!("{n} ({})", d.name)
+        } else {
+            n.into()
+        };
     }
     if let Some(eff) = o.obj("op_efficiency")? {
         let mut v = Vec::new();

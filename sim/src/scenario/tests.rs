@@ -390,3 +390,23 @@ fn recompute_modules_are_checked() {
     let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
     assert_eq!(s.plan.recompute_modules.names(), ["op_sac"]);
 }
+
+/// A preset GPU renamed without a model number keeps the preset's in brackets, so the kernel
+/// model and NCCL still know it as the part it is; a name with one is taken as it stands.
+#[test]
+fn a_renamed_gpu_keeps_its_generation() {
+    let device = |name: &str| {
+        let mut v = base();
+        v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "h100-sxm", "name": name}});
+        let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+        s.cluster.node.device.name.clone()
+    };
+    assert_eq!(device("our training GPU"), "our training GPU (h100-sxm)");
+    assert_eq!(device("NVIDIA H800"), "NVIDIA H800");
+    let arch = |name: &str| {
+        let d =
+            crate::hardware::DeviceSpec { name: device(name), ..crate::hardware::catalog::device("h100-sxm").unwrap() };
+        crate::hardware::kernels::arch_of(&d)
+    };
+    assert_eq!(arch("our training GPU"), Some(crate::hardware::kernels::GpuArch::Hopper));
+}
