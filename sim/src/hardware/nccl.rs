@@ -255,7 +255,7 @@ impl NcclSystem {
         let node = &cluster.node;
         let arch = Arch::of(&node.device)?;
         let intra = node.intra_node.as_ref();
-        let nvlink = intra.is_some_and(|l| l.name.to_ascii_lowercase().starts_with("nvlink"));
+        let nvlink = intra.is_some_and(|l| is_nvlink(&l.name));
         let intra_bytes_per_s =
             node.intra_group_bytes_per_s(node.devices).unwrap_or_else(|| node.nic.effective_bytes_per_s());
         let graph_channels = ring_graph_channels(arch, intra_bytes_per_s / GB);
@@ -295,6 +295,13 @@ fn ring_graph_channels(arch: Arch, total_gbps: f64) -> u32 {
     let n = ((total_gbps / speed).floor() as u32).max(1);
     let dup = speed >= 25.0 && !(arch > Arch::Ampere && speed < 50.0 && n > 4);
     if dup { (2 * n).min(MAX_CHANNELS) } else { n }
+}
+
+/// Whether a link's name says NVLink (or NVSwitch, its switch) anywhere, whatever the case:
+/// NCCL's NVLink latencies, LL128 and NVLS need it. The one place a link's name is read.
+pub fn is_nvlink(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("nvlink") || n.contains("nvswitch")
 }
 
 /// How NCCL runs one collective.

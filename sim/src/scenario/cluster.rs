@@ -42,7 +42,10 @@ fn parse_link(v: &Value, path: &str) -> Result<LinkSpec> {
         link.efficiency = e;
     }
     if let Some(n) = o.string("name")? {
-        link.name = n.into();
+        // NCCL's model reads NVLink from the name (`nccl::is_nvlink`): a renamed NVLink preset
+        // keeps the preset's name in brackets.
+        use crate::hardware::nccl::is_nvlink;
+        link.name = if is_nvlink(&link.name) && !is_nvlink(n) { format!("{n} ({})", link.name) } else { n.into() };
     }
     Ok(link)
 }

@@ -409,4 +409,11 @@ fn a_renamed_gpu_keeps_its_generation() {
         crate::hardware::kernels::arch_of(&d)
     };
     assert_eq!(arch("our training GPU"), Some(crate::hardware::kernels::GpuArch::Hopper));
+    // A link likewise: NCCL's NVLink latencies, LL128 and NVLS follow the word NVLink.
+    let mut v = base();
+    v["cluster"]["node"] = json!({"preset": "dgx-h100", "intra_node": {"preset": "nvlink4", "name": "H800 fabric"}});
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    let link = s.cluster.node.intra_node.as_ref().expect("link");
+    assert_eq!(link.name, "H800 fabric (nvlink4)");
+    assert!(crate::hardware::nccl::NcclSystem::new(&s.cluster).expect("nvidia").nvls);
 }
