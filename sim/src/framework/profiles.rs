@@ -186,7 +186,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "gather",
-                    "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order: one all-gather per module of a layer (each norm, attention projection and MLP matrix)",
+                    "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order: one all-gather per module of a layer (each norm, attention projection and MLP matrix). trainsim gates them by whole layers: a bucket smaller than a layer (5e7 parameters is a quarter of a 7B model's layer) prefetches the next layer, where DeepSpeed looks about one module ahead, an optimistic overlap on fast GPUs",
                 ),
                 ("bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8 elements"),
                 ("gather_per_tensor", GATHER_PER_TENSOR_SOURCE),
