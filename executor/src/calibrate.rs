@@ -221,6 +221,7 @@ fn gemm_op(batch: f64, m: f64, n: f64, k: f64) -> OpInstance {
         nvme_bytes: 0.0,
         class: 0,
         sm_share: 1.0,
+        part: sim::lower::OpPart::Whole,
     }
 }
 
@@ -240,6 +241,7 @@ fn stream_op(bytes: f64) -> OpInstance {
         nvme_bytes: 0.0,
         class: 0,
         sm_share: 1.0,
+        part: sim::lower::OpPart::Whole,
     }
 }
 

@@ -15,5 +15,13 @@ pub(crate) fn op(name: &'static str, class: OpClass, bytes: f64, backward: bool)
         backward_bytes: 1.5 * bytes,
         saved: Saved::default(),
     };
-    OpInstance { spec, backward, on_host: name == "cpu_optimizer", nvme_bytes: 0.0, class: 0, sm_share: 1.0 }
+    OpInstance {
+        spec,
+        backward,
+        on_host: name == "cpu_optimizer",
+        nvme_bytes: 0.0,
+        class: 0,
+        sm_share: 1.0,
+        part: sim::lower::OpPart::Whole,
+    }
 }

@@ -209,10 +209,10 @@ impl Device for TorchDevice {
     fn run_op(&mut self, op: &OpInstance, ctx: &OpContext) -> Result<f64> {
         let spec = &op.spec;
         let name = spec.name;
-        if let Some((batch, m, n, k)) = spec.class.gemm_shape() {
+        if let Some((batch, m, n, k, backward)) = op.gemm() {
             let (batch, m) = (count(name, "batch", batch)?, count(name, "m", m)?);
             let (n, k) = (count(name, "n", n)?, count(name, "k", k)?);
-            return Ok(self.gemm(batch, m, n, k, op.backward, self.kind(ctx.element_bytes)));
+            return Ok(self.gemm(batch, m, n, k, backward, self.kind(ctx.element_bytes)));
         }
         let bytes = if op.backward { spec.backward_bytes } else { spec.forward_bytes };
         if !(ctx.element_bytes.is_finite() && ctx.element_bytes > 0.0) {

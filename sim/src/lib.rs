@@ -115,7 +115,7 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
             let seconds = if o.on_host {
                 host.op_s(&o.spec, o.backward).max(o.nvme_bytes / nvme_bytes_per_s)
             } else {
-                models[o.class as usize].op_s(&o.spec, o.backward) * straggle[o.class as usize] / o.sm_share
+                models[o.class as usize].op_s(&o.spec, o.backward) * o.share() * straggle[o.class as usize] / o.sm_share
             };
             duration_ns(seconds)
         })
@@ -338,7 +338,7 @@ fn simulate_2bw(s: &scenario::Scenario, record: bool) -> Result<Simulation, SimE
             K::DataParallel | K::Gather => Some(Part::DpComm),
             K::PipelineSend => Some(Part::PpComm),
             K::HostCopy => Some(Part::Offload),
-            K::TensorParallel => Some(Part::TpComm),
+            K::TensorParallel | K::TensorAsync => Some(Part::TpComm),
             K::ExpertParallel => Some(Part::EpComm),
         };
         part.map(|p| (p, (iteration_s - doubled_s.max(busiest_compute)).max(0.0)))

@@ -265,11 +265,11 @@ impl Device for CpuDevice {
     fn run_op(&mut self, op: &OpInstance, ctx: &OpContext) -> Result<f64> {
         match op.spec.class {
             OpClass::Gemm { .. } | OpClass::Attention { .. } => {
-                let (batch, m, n, k) = op.spec.class.gemm_shape().expect("a product");
+                let (batch, m, n, k, backward) = op.gemm().expect("a product");
                 let name = op.spec.name;
                 let (batch, m) = (count(name, "batch", batch)?, count(name, "m", m)?);
                 let (n, k) = (count(name, "n", n)?, count(name, "k", k)?);
-                Ok(self.run_gemm(batch, m, n, k, op.backward))
+                Ok(self.run_gemm(batch, m, n, k, backward))
             }
             OpClass::Memory | OpClass::Copies { .. } => self.run_memory(op, ctx),
         }
@@ -352,6 +352,7 @@ mod tests {
             nvme_bytes: 0.0,
             class: 0,
             sm_share: 1.0,
+            part: sim::lower::OpPart::Whole,
         }
     }
 

@@ -150,14 +150,14 @@ pub(super) fn plan(op: &OpInstance, ctx: &OpContext, cap_bytes: usize, host_cap_
     }
     let precision = Precision::for_element_bytes(ctx.element_bytes);
     let nothing = Plan { work: Work::Nothing, scale: 1.0 };
-    if let Some((batch, m, n, k)) = spec.class.gemm_shape() {
+    if let Some((batch, m, n, k, backward)) = op.gemm() {
         let (batch, m) = (count(name, "batch", batch)?, count(name, "m", m)?);
         let (n, k) = (count(name, "n", n)?, count(name, "k", k)?);
         if batch == 0 || m == 0 || n == 0 || k == 0 {
             return Ok(nothing);
         }
         let fit = fit_gemm(batch, m, n, k, (cap_bytes / precision.bytes()).max(1));
-        let work = Work::Gemm { batch: fit.batch, m: fit.m, n: fit.n, k: fit.k, backward: op.backward, precision };
+        let work = Work::Gemm { batch: fit.batch, m: fit.m, n: fit.n, k: fit.k, backward, precision };
         return Ok(Plan { work, scale: fit.scale });
     }
     let bytes = if op.backward { spec.backward_bytes } else { spec.forward_bytes };

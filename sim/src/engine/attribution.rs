@@ -127,7 +127,10 @@ impl Attribution {
                 (TaskKind::HostCopy, _) => Part::Offload,
                 (
                     TaskKind::Collective,
-                    StreamKind::Compute | StreamKind::TensorParallel | StreamKind::ExpertParallel,
+                    StreamKind::Compute
+                    | StreamKind::TensorParallel
+                    | StreamKind::TensorAsync
+                    | StreamKind::ExpertParallel,
                 ) => self.comm[c.label as usize],
                 (TaskKind::Collective, _) => {
                     // A data-parallel collective that was dispatched only once something else
@@ -213,7 +216,7 @@ impl Attribution {
                     let part = match StreamKind::ALL[k] {
                         StreamKind::PipelineSend => Part::PpComm,
                         StreamKind::HostCopy => Part::Offload,
-                        StreamKind::TensorParallel => Part::TpComm,
+                        StreamKind::TensorParallel | StreamKind::TensorAsync => Part::TpComm,
                         StreamKind::ExpertParallel => Part::EpComm,
                         _ => Part::DpComm,
                     };

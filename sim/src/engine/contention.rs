@@ -3,11 +3,12 @@
 //! An NCCL collective runs as one CUDA block per channel, each block resident on its own SM
 //! for the whole collective (NCCL's `ncclConfig_t.minCTAs`/`maxCTAs` bound exactly this
 //! count; "Demystifying NCCL", arXiv 2507.04786, section on channels). While a data-parallel
-//! reduction or a ZeRO gather overlaps a kernel on the compute stream, that kernel runs on the
+//! reduction, a ZeRO gather or a column-parallel layer's asynchronous backward collective
+//! (`StreamKind::TensorAsync`) overlaps a kernel on the compute stream, that kernel runs on the
 //! SMs left: its remaining work is redone at `(units - held) / units` of its speed, and its
 //! end moves each time a collective starts or ends on its device. At most half the SMs are
-//! taken (the block scheduler time-shares beyond that). Tensor-parallel overlap keeps its own
-//! static SM margin (Transformer Engine's `num_sm`), so its stream is not counted here.
+//! taken (the block scheduler time-shares beyond that). Transformer Engine's userbuffers
+//! overlap keeps its own static SM margin (`num_sm`), so its stream is not counted here.
 
 /// The compute kernel a device is running, as work left at full speed.
 #[derive(Clone, Copy)]

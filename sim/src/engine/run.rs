@@ -738,10 +738,14 @@ impl<'a> Engine<'a> {
 
     /// Collective `t`'s kernel takes its SMs on its members (`hold`) or gives them back;
     /// the compute kernels running there are rescheduled. Only collectives that overlap
-    /// compute count: data-parallel reductions and ZeRO gathers.
+    /// compute count: data-parallel reductions, ZeRO gathers and the tensor-parallel NCCL
+    /// collectives beside a column-parallel layer's backward GEMMs.
     fn hold_sms(&mut self, t: u32, hold: bool, now: u64) {
         let task = self.p.tasks[t as usize];
-        if !matches!(Program::stream_kind(task.stream), StreamKind::DataParallel | StreamKind::Gather) {
+        if !matches!(
+            Program::stream_kind(task.stream),
+            StreamKind::DataParallel | StreamKind::Gather | StreamKind::TensorAsync
+        ) {
             return;
         }
         let sms = self.expanded[task.payload as usize].as_ref().map_or(0, |x| x.sms);

@@ -158,7 +158,15 @@ fn pipeline(kind: ScheduleKind, shape: ScheduleShape, f: u64, b: u64) -> RunResu
 
 /// `op()` as a device op instance of class 0 on all its compute units.
 fn device_op(backward: bool) -> OpInstance {
-    OpInstance { spec: op(), backward, on_host: false, nvme_bytes: 0.0, class: 0, sm_share: 1.0 }
+    OpInstance {
+        spec: op(),
+        backward,
+        on_host: false,
+        nvme_bytes: 0.0,
+        class: 0,
+        sm_share: 1.0,
+        part: crate::lower::OpPart::Whole,
+    }
 }
 
 fn op() -> OpSpec {

@@ -209,6 +209,15 @@ pub struct Framework {
     pub pipeline_max_zero_stage: u8,
     /// Tensor-parallel collectives overlap the neighbouring GEMMs (split into chunks).
     pub tp_comm_overlap: bool,
+    /// A column-parallel layer's backward runs its communication beside its own GEMMs on an
+    /// NCCL stream: the sequence-parallel input re-gathered for the weight gradient beside the
+    /// data-gradient GEMM, and the input gradient's reduce-scatter (all-reduce without sequence
+    /// parallelism) beside the weight-gradient GEMM (Megatron's
+    /// `LinearWithGradAccumulationAndAsyncCommunication`, Transformer Engine's `Linear`; see
+    /// [`TP_ASYNC_BACKWARD_SOURCE`]). Off, the input gradient is reduced on the compute stream
+    /// after the layer's backward (Megatron-LM of 2021, DTensor's tensor parallelism) and the
+    /// layer keeps its gathered input, so nothing is re-gathered.
+    pub tp_async_backward: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
     /// [`EP_COMM_OVERLAP_SOURCE`]); off in every profile, a knob to turn on.
     pub ep_comm_overlap: bool,
@@ -260,6 +269,9 @@ pub const EP_COMM_OVERLAP_SOURCE: &str = "Megatron-Core's overlap_moe_expert_par
 /// `foreach_all_gather_copy_out` copies it into each parameter's own tensor on the current
 /// (compute) stream after waiting for the all-gather's event.
 pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py (FSDP2, PyTorch 2.4 and later): foreach_all_gather_copy_out waits for the all-gather event on the current stream, then copies the flat all-gather output into each parameter's unsharded tensor (torch.split_with_sizes_copy): the unit's gathered bytes read and written once more on the compute stream before its forward (and again before its backward, after reshard_after_forward)";
+
+/// Where `tp_async_backward` comes from.
+pub const TP_ASYNC_BACKWARD_SOURCE: &str = "NVIDIA/Megatron-LM core_v0.6.0 megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward: with sequence parallelism the saved (sharded) input is all-gathered with async_op=True before the data-gradient matmul and waited for after it, then the input gradient's _reduce_scatter_base (all_reduce when async_grad_allreduce, without sequence parallelism) is launched with async_op=True before the weight-gradient GEMM and waited for after it (CUDA_DEVICE_MAX_CONNECTIONS=1 keeps the launch order); the same in the 2023 forks (FlagScale, Megatron-DeepSpeed's megatron/core/tensor_parallel/layers.py). NVIDIA/TransformerEngine v1.3 transformer_engine/pytorch/module/linear.py _Linear.backward ('Overlap input AG with dgrad', 'Overlap dgrad-RS/AR with wgrad'; LayerNormLinear likewise), which Megatron-Core's transformer_engine layers run. NVIDIA/Megatron-LM v2.5 (2021) megatron/mpu/layers.py ColumnParallelLinear: copy_to_tensor_model_parallel_region, whose backward all-reduces the input gradient after the layer's backward, on the compute stream";
 
 /// Where `fp32_reduce_bf16_only` comes from.
 pub const FP32_REDUCE_SOURCE: &str = "megatron/arguments.py (v2.5, 2021) and megatron/training/arguments.py (2026): only with --bf16 is accumulate_allreduce_grads_in_fp32 turned on ('bfloat16 requires gradient accumulation and all-reduce to be done in fp32'); --fp16 leaves it off unless --accumulate-allreduce-grads-in-fp32 is given, so fp16 gradients are reduced in fp16";
@@ -431,6 +443,10 @@ pub fn reference_markdown() -> String {
             ("below ZeRO-3, gradient reductions on the compute stream (`blocking`)", f.blocking_reduce_below_zero3),
             ("fp32 gradient reduction under bf16 only (fp16 training reduces in fp16)", f.fp32_reduce_bf16_only),
             ("TP communication overlaps GEMMs (with sequence parallelism)", f.tp_comm_overlap),
+            (
+                "column-parallel backward: input re-gathered beside the data-gradient GEMM, its gradient reduced beside the weight-gradient GEMM",
+                f.tp_async_backward,
+            ),
             ("expert all-to-alls overlap another micro-batch's compute", f.ep_comm_overlap),
         ];
         for (behaviour, on) in flags {

@@ -83,14 +83,17 @@ pub(super) struct Builder {
     pub(super) unit_log: Vec<gemini::UnitAccess>,
     /// Blocking point-to-point (`plan.p2p`): the sends each compute stream's next task waits for.
     pub(super) held_sends: Option<Vec<Vec<u32>>>,
-    /// Overlapped tensor-parallel collectives each compute stream's next task waits for
-    /// (empty unless `framework.tp_comm_overlap` applies).
     /// Per compute stream, overlapped expert all-to-alls its next schedule step waits for
     /// (`Plan::ep_overlap`; see `expert_parallel::ep_collective`).
     pub(super) held_step: Vec<Vec<u32>>,
+    /// Overlapped tensor-parallel collectives each compute stream's next task waits for
+    /// (empty unless `framework.tp_comm_overlap` or `tp_async_backward` applies, or context
+    /// or expert parallelism overlaps).
     pub(super) held_tp: Vec<Vec<u32>>,
     /// Each op's copy that runs on fewer compute units (`TpOverlap`), by op.
     pub(super) narrowed_ops: HashMap<u32, u32>,
+    /// Each op's copies that run one product of its backward (`TpOverlap`), by op and part.
+    part_ops: HashMap<(u32, u8), u32>,
     /// Memory ops made outside a block (gradient accumulation, FSDP2's copy-out, list
     /// collectives' copies), one per (device class, name, forward and backward bytes, kernels,
     /// pass): units that move as much share it.
@@ -154,9 +157,10 @@ impl Builder {
             unit_log: Vec::new(),
             shared_ops: HashMap::new(),
             narrowed_ops: HashMap::new(),
+            part_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
             held_step: if plan.ep_overlap() { vec![Vec::new(); simulated.len() * STREAMS] } else { Vec::new() },
-            held_tp: if plan.tp_overlap() || plan.cp > 1 || plan.ep_overlap() {
+            held_tp: if plan.tp_overlap() || plan.tp_async() || plan.cp > 1 || plan.ep_overlap() {
                 vec![Vec::new(); simulated.len() * STREAMS]
             } else {
                 Vec::new()
@@ -180,6 +184,7 @@ impl Builder {
             nvme_bytes: 0.0,
             class: self.class,
             sm_share: 1.0,
+            part: OpPart::Whole,
         });
         (self.p.ops.len() - 1) as u32
     }
@@ -245,6 +250,20 @@ impl Builder {
     pub(super) fn join(&mut self, id: u32, s: u32) {
         self.p.tasks[id as usize].streams += 1;
         self.place(id, s);
+    }
+
+    /// A copy of op `op` that runs `part` of its backward (one per op and part).
+    pub(super) fn part_of(&mut self, op: u32, part: OpPart) -> u32 {
+        let key = (op, part as u8);
+        if let Some(&n) = self.part_ops.get(&key) {
+            return n;
+        }
+        let mut o = self.p.ops[op as usize].clone();
+        o.part = part;
+        self.p.ops.push(o);
+        let n = (self.p.ops.len() - 1) as u32;
+        self.part_ops.insert(key, n);
+        n
     }
 
     /// A copy of op `op` that runs on `share` of the device's compute units (one per op).
@@ -397,6 +416,9 @@ pub(super) struct StepCtx {
     /// The lowered ranks' tensor-parallel communication streams when its collectives overlap the
     /// GEMMs (`Plan::tp_overlap`), else empty.
     pub(super) tp_streams: Vec<u32>,
+    /// The lowered ranks' NCCL streams for the collectives a column-parallel layer's
+    /// backward runs beside its GEMMs (`Plan::tp_async`), else empty.
+    pub(super) tp_async_streams: Vec<u32>,
     /// Fraction of the device's compute units a GEMM keeps while a pipelined reduce-scatter
     /// overlaps it (`TpOverlap`).
     pub(super) tp_sm_share: f64,

@@ -42,8 +42,27 @@ pub(super) fn emit_block(
                 let op = if backward { blk.bwd[j] } else { blk.fwd[j] };
                 let label = layer_label(b, layer, j, spec.name, phase, chunk);
                 overlap.before_compute(b, ctx);
-                let f = emit_group_compute(b, ctx, op, label, mb);
-                overlap.after_compute(b, f);
+                let next = if i + 1 < n { blk.ops.get(walk(i + 1)) } else { None };
+                // A column-parallel layer's backward communicates between its two products.
+                let f = if backward && overlap.splits(ctx, &blk.ops[j], next) {
+                    let (d, w) = (b.part_of(op, OpPart::DataGrad), b.part_of(op, OpPart::WeightGrad));
+                    let dgrad = emit_group_compute(b, ctx, d, label, mb);
+                    let wgrad = emit_group_compute(b, ctx, w, label, mb);
+                    overlap.after_split(b, (dgrad, wgrad));
+                    if transient_of(blk, j, backward) > 0.0 {
+                        for x in 0..t {
+                            let di = Program::stream_device(ctx.streams[x as usize]);
+                            b.memory_while(dgrad + x, di, transient_of(blk, j, backward), layer);
+                        }
+                    }
+                    dgrad
+                } else {
+                    let f = emit_group_compute(b, ctx, op, label, mb);
+                    overlap.after_compute(b, f);
+                    f
+                };
+                // The op's last tasks (the weight-gradient product's where it was split).
+                let tail = b.p.tasks.len() as u32 - t;
                 if first == NONE {
                     first = f;
                     if alloc > 0.0 {
@@ -53,18 +72,18 @@ pub(super) fn emit_block(
                         }
                     }
                 }
-                last = f + t - 1;
-                let transient = blk.transient[j][usize::from(backward)];
+                last = tail + t - 1;
+                let transient = transient_of(blk, j, backward);
                 if transient > 0.0 {
                     for x in 0..t {
                         let di = Program::stream_device(ctx.streams[x as usize]);
-                        b.memory_while(f + x, di, transient, layer);
+                        b.memory_while(tail + x, di, transient, layer);
                     }
                 }
                 if seen == compute_ops && free > 0.0 {
                     for x in 0..t {
                         let di = Program::stream_device(ctx.streams[x as usize]);
-                        b.memory(f + x, di, true, -free, layer);
+                        b.memory(tail + x, di, true, -free, layer);
                     }
                 }
             }
@@ -82,6 +101,11 @@ pub(super) fn emit_block(
         }
     }
     (first, last)
+}
+
+/// Bytes op `j` of `blk` holds while it runs, forward or backward.
+fn transient_of(blk: &Block, j: usize, backward: bool) -> f64 {
+    blk.transient[j][usize::from(backward)]
 }
 
 /// What a recomputation reruns of a layer's forward.

@@ -253,6 +253,7 @@ impl Stage {
             lowered.iter().map(|&d| Program::stream_index(b.dev_index[d as usize], kind)).collect()
         };
         let tp_streams = comm_streams(plan.tp_overlap(), StreamKind::TensorParallel);
+        let tp_async_streams = comm_streams(plan.tp_async(), StreamKind::TensorAsync);
         let cp_streams = comm_streams(plan.cp > 1, StreamKind::TensorParallel);
         let ep_streams = comm_streams(plan.ep_overlap(), StreamKind::ExpertParallel);
         let tp_sm_share = tp_sm_share(lw.s.cluster.class(class).compute_units);
@@ -261,6 +262,7 @@ impl Stage {
             dims: plan.tp_mode.dims(lw.t),
             group,
             tp_streams,
+            tp_async_streams,
             tp_sm_share,
             replica: r,
             stage,

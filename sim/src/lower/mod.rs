@@ -253,3 +253,5 @@ fn lower_stage(
 mod tests;
 #[cfg(test)]
 mod tests_data_parallel;
+#[cfg(test)]
+mod tests_tensor_parallel;

@@ -129,7 +129,15 @@ fn optimizer_op(b: &mut Builder, plan: &Plan, host: bool, params: f64, nvme_byte
         backward_bytes: traffic,
         saved: Saved::default(),
     };
-    b.p.ops.push(OpInstance { spec, backward: false, on_host: host, nvme_bytes, class: b.class, sm_share: 1.0 });
+    b.p.ops.push(OpInstance {
+        spec,
+        backward: false,
+        on_host: host,
+        nvme_bytes,
+        class: b.class,
+        sm_share: 1.0,
+        part: OpPart::Whole,
+    });
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Optimizer, chunk });
     ((b.p.ops.len() - 1) as u32, label)
 }

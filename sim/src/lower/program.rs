@@ -56,6 +56,40 @@ pub struct OpInstance {
     /// Fraction of the device's compute units the op runs on (1 but for a GEMM that shares
     /// them with an overlapped collective's kernel, see `TpOverlap`).
     pub sm_share: f64,
+    /// The part of the op it runs: all of it, or one product of a GEMM's backward.
+    pub part: OpPart,
+}
+
+/// The part of an op a task runs: all of it, or one of the two products of a GEMM's backward
+/// (a layer whose communication runs between them: `TpOverlap::column_backward`), each half
+/// the backward's time in the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpPart {
+    Whole,
+    /// dX = dY . W^T.
+    DataGrad,
+    /// dW = X^T . dY.
+    WeightGrad,
+}
+
+impl OpInstance {
+    /// The share of the op's time the instance takes.
+    pub fn share(&self) -> f64 {
+        if self.part == OpPart::Whole { 1.0 } else { 0.5 }
+    }
+
+    /// The product the instance runs, as `(batch, m, n, k, backward)` of `Y = X . W` with X
+    /// m x k and W k x n (backward: dX and dW both): the spec's for the whole op, the one
+    /// product for a part (dX = dY . W^T is m x n by n x k; dW = X^T . dY is k x m by m x n).
+    /// `None` for an op that is not a product.
+    pub fn gemm(&self) -> Option<(f64, f64, f64, f64, bool)> {
+        let (b, m, n, k) = self.spec.class.gemm_shape()?;
+        Some(match self.part {
+            OpPart::Whole => (b, m, n, k, self.backward),
+            OpPart::DataGrad => (b, m, k, n, false),
+            OpPart::WeightGrad => (b, k, n, m, false),
+        })
+    }
 }
 
 /// Collectives are the workload's communication kinds.

@@ -83,7 +83,14 @@ pub(super) struct TpOverlap {
     after_next: Vec<(u32, u32)>,
     /// The first of the group's tasks of the latest compute op.
     last_compute: u32,
+    /// The first of the group's tasks of the latest op's two backward products, where it was
+    /// split ([`TpOverlap::splits`]): (data gradient, weight gradient).
+    halves: Option<(u32, u32)>,
 }
+
+/// The collectives into a column-parallel GEMM (Megatron's `f`: the attention's and the MLP's
+/// input projections and the output layer), whose backward reduces the input gradient.
+const COLUMN_INPUTS: [&str; 3] = ["attn_in", "mlp_in", "head_in"];
 
 /// Chunks of a pipelined reduce-scatter (Transformer Engine's default `num_splits`).
 pub(crate) const PIPELINE_SPLITS: f64 = 4.0;
@@ -96,16 +103,42 @@ pub(super) fn is_gemm(op: Option<&LayerOp>) -> bool {
 impl TpOverlap {
     /// Before a compute op is emitted: remember where each compute stream stands.
     pub(super) fn before_compute(&mut self, b: &Builder, ctx: &StepCtx) {
-        if ctx.tp_streams.is_empty() && ctx.cp_streams.is_empty() {
+        if ctx.tp_streams.is_empty() && ctx.cp_streams.is_empty() && ctx.tp_async_streams.is_empty() {
             return;
         }
         self.tails.clear();
         self.tails.extend(ctx.streams.iter().map(|&s| b.p.streams[s as usize].last().copied().unwrap_or(NONE)));
     }
 
+    /// Whether block op `op`'s backward runs as its two products with `next`, the collective
+    /// after it in backward order, between and beside them: a GEMM into which a column-parallel
+    /// layer's input collective feeds, whose backward reduces the input gradient, where the
+    /// framework runs that beside the GEMMs ([`TpOverlap::column_backward`]).
+    pub(super) fn splits(&self, ctx: &StepCtx, op: &LayerOp, next: Option<&LayerOp>) -> bool {
+        if ctx.tp_streams.is_empty() && ctx.tp_async_streams.is_empty() || !is_gemm(Some(op)) {
+            return false;
+        }
+        matches!(
+            next,
+            Some(LayerOp::Comm {
+                name,
+                axis: Axis::Tensor,
+                backward: Some(CollectiveKind::ReduceScatter | CollectiveKind::AllReduce),
+                ..
+            }) if COLUMN_INPUTS.contains(name)
+        )
+    }
+
+    /// After a GEMM's backward is emitted as its two products (each group's first task).
+    pub(super) fn after_split(&mut self, b: &mut Builder, (dgrad, wgrad): (u32, u32)) {
+        self.after_compute(b, wgrad);
+        self.halves = Some((dgrad, wgrad));
+    }
+
     /// After a compute op is emitted: the next task on each compute stream waits for the
     /// all-gather that ran beside it.
     pub(super) fn after_compute(&mut self, b: &mut Builder, first: u32) {
+        self.halves = None;
         self.last_compute = first;
         for (s, task) in self.after_next.drain(..) {
             b.held_tp[s as usize].push(task);
@@ -135,6 +168,12 @@ impl TpOverlap {
             let pairs = cp_collective(b, ctx, kind, bytes, (label, mb), &beside);
             self.after_next.extend(pairs);
             return true;
+        }
+        if axis == Axis::Tensor && prev_gemm && COLUMN_INPUTS.contains(&name) {
+            let backward = b.p.labels[label as usize].phase == Phase::Backward;
+            if backward && self.column_backward(b, ctx, kind, bytes, label, mb) {
+                return true;
+            }
         }
         // The expert-parallel dispatcher's all-gather and reduce-scatter of the routed rows
         // (Megatron-Core's `gather_from_sequence_parallel_region` in the alltoall token
@@ -173,5 +212,57 @@ impl TpOverlap {
             }
             _ => false,
         }
+    }
+
+    /// A column-parallel layer's backward communication between and beside its two products
+    /// (just emitted, [`TpOverlap::splits`]), as Megatron's and Transformer Engine's column-
+    /// parallel layers run it: under sequence parallelism (`kind` a reduce-scatter) the input
+    /// the layer kept sharded is all-gathered again beside the data-gradient product, and the
+    /// weight-gradient product waits for it; the input gradient's reduction (`kind`) starts
+    /// once the data gradient is computed and runs beside the weight-gradient product; the
+    /// compute stream's next task waits for it. On Transformer Engine's userbuffers
+    /// (`Plan::tp_overlap`: the bulk overlaps `*_dgrad` and `*_wgrad`) both products run on
+    /// the SMs their kernels leave; on an NCCL stream (`Plan::tp_async`: Megatron's
+    /// asynchronous backward) the engine takes the collectives' SMs while they run. `false`
+    /// when the op was not split.
+    fn column_backward(
+        &mut self,
+        b: &mut Builder,
+        ctx: &StepCtx,
+        kind: CollectiveKind,
+        bytes: f64,
+        label: u32,
+        mb: u32,
+    ) -> bool {
+        let Some((dgrad, wgrad)) = self.halves.take() else { return false };
+        let bulk = !ctx.tp_streams.is_empty();
+        let side = if bulk { &ctx.tp_streams } else { &ctx.tp_async_streams };
+        if bulk {
+            for x in 0..ctx.streams.len() as u32 {
+                for task in [dgrad + x, wgrad + x] {
+                    let op = b.p.tasks[task as usize].payload;
+                    b.p.tasks[task as usize].payload = b.narrowed(op, ctx.tp_sm_share);
+                }
+            }
+        }
+        if kind == CollectiveKind::ReduceScatter {
+            let id = b.collective_id(CollectiveKind::AllGather, &ctx.group, bytes);
+            let gather = b.task(TaskKind::Collective, id, label, mb, side);
+            for (x, &tail) in self.tails.iter().enumerate() {
+                if tail != NONE {
+                    b.p.deps.push((tail, gather));
+                }
+                b.p.deps.push((gather, wgrad + x as u32));
+            }
+        }
+        let id = b.collective_id(kind, &ctx.group, bytes);
+        let reduce = b.task(TaskKind::Collective, id, label, mb, side);
+        for x in 0..ctx.streams.len() as u32 {
+            b.p.deps.push((dgrad + x, reduce));
+        }
+        for &s in &ctx.streams {
+            b.held_tp[s as usize].push(reduce);
+        }
+        true
     }
 }

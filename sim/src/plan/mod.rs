@@ -448,6 +448,16 @@ impl Plan {
             && self.tp_mode == crate::workload::TpMode::OneD
     }
 
+    /// Whether a column-parallel layer's backward runs its tensor-parallel collectives on an
+    /// NCCL stream beside its GEMMs (`framework.tp_async_backward`, one-dimensional tensor
+    /// parallelism; under [`Plan::tp_overlap`] Transformer Engine's bulk overlaps do it).
+    pub fn tp_async(&self) -> bool {
+        self.framework.tp_async_backward
+            && !self.tp_overlap()
+            && self.tp > 1
+            && self.tp_mode == crate::workload::TpMode::OneD
+    }
+
     /// The ZeRO stage from which each device keeps only its shard of the gradients: 2, or 3
     /// when the framework reduces after the last micro-batch's backward (`grad_reduce:
     /// after_backward`), which holds the whole stage's gradients until that one reduction

@@ -24,10 +24,13 @@ pub enum StreamKind {
     /// Expert parallelism's all-to-alls where they overlap another micro-batch's compute
     /// (`framework.ep_comm_overlap`).
     ExpertParallel,
+    /// Tensor-parallel NCCL collectives a column-parallel layer's backward runs beside its
+    /// GEMMs (`framework.tp_async_backward`); their kernels take SMs from compute.
+    TensorAsync,
 }
 
 impl StreamKind {
-    pub const ALL: [StreamKind; 7] = [
+    pub const ALL: [StreamKind; 8] = [
         StreamKind::Compute,
         StreamKind::DataParallel,
         StreamKind::PipelineSend,
@@ -35,6 +38,7 @@ impl StreamKind {
         StreamKind::HostCopy,
         StreamKind::TensorParallel,
         StreamKind::ExpertParallel,
+        StreamKind::TensorAsync,
     ];
     pub fn index(self) -> usize {
         self as usize
@@ -48,6 +52,7 @@ impl StreamKind {
             StreamKind::HostCopy => "host-copy",
             StreamKind::TensorParallel => "tp-comm",
             StreamKind::ExpertParallel => "ep-comm",
+            StreamKind::TensorAsync => "tp-async",
         }
     }
 }

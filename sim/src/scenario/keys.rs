@@ -127,6 +127,7 @@ pub const FRAMEWORK: &[&str] = &[
     "param_gather_overlap",
     "bucket_first_chunk_only",
     "tp_comm_overlap",
+    "tp_async_backward",
     "ep_comm_overlap",
     "gather_copy_out",
     "gather_per_tensor",

@@ -1,0 +1,159 @@
+//! Tensor-parallel communication beside the GEMMs: Transformer Engine's userbuffers
+//! (`framework.tp_comm_overlap`) and Megatron's asynchronous column-parallel backward
+//! (`framework.tp_async_backward`).
+
+use super::Program;
+use crate::report::timeline::{Phase, StreamKind};
+use crate::scenario;
+
+/// GPT (4 layers, h=4096) on one DGX H100 with tensor parallelism 8 and sequence parallelism
+/// under Megatron-Core, Transformer Engine's tensor-parallel overlap on or off (the asynchronous
+/// backward off: nothing overlapped).
+fn tp_overlap(on: bool, sequence_parallel: bool) -> crate::Simulation {
+    megatron(&format!(r#""tp_comm_overlap": {on}, "tp_async_backward": false"#), sequence_parallel)
+}
+
+/// The same GPT under Megatron-Core with the framework's overrides `knobs` (JSON members).
+fn megatron(knobs: &str, sequence_parallel: bool) -> crate::Simulation {
+    let text = format!(
+        r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 4096, "heads": 32, "vocab": 32000}}}},
+            "cluster": {{"node": "dgx-h100", "nodes": 1}},
+            "training": {{"global_batch": 8, "micro_batch": 1, "seq_len": 4096,
+                          "framework": {{"name": "megatron-core", {knobs}}}}},
+            "plan": {{"tp": 8, "sequence_parallel": {sequence_parallel}}}}}"#
+    );
+    let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+    crate::simulate(&s, false)
+}
+
+/// Megatron-Core's tensor-parallel overlap moves the all-gathers and all but the last chunk
+/// of the reduce-scatters beside the GEMMs: the exposed tensor-parallel time falls but not to
+/// zero (the reduce-scatters' last chunks stay), the iteration is shorter, and the GEMMs a
+/// reduce-scatter overlaps run on 116 of the H100's 132 SMs, so compute takes longer, by at
+/// most 132/116. Without sequence parallelism there is nothing it overlaps.
+#[test]
+fn tensor_parallel_overlap_hides_all_gathers_and_most_reduce_scatters() {
+    let exposed = |sim: &crate::Simulation| sim.report.time_breakdown[0].exposed_tp_comm_s;
+    let (on, off) = (tp_overlap(true, true), tp_overlap(false, true));
+    let tp_streams = |sim: &crate::Simulation| {
+        (0..sim.program.devices.len() as u32)
+            .map(|d| sim.program.streams[super::Program::stream_index(d, StreamKind::TensorParallel) as usize].len())
+            .sum::<usize>()
+    };
+    assert!(tp_streams(&on) > 0 && tp_streams(&off) == 0);
+    assert!(on.report.iteration_s < off.report.iteration_s, "{} vs {}", on.report.iteration_s, off.report.iteration_s);
+    assert!(exposed(&on) > 0.0 && exposed(&on) < 0.5 * exposed(&off), "{} vs {}", exposed(&on), exposed(&off));
+    let compute = |sim: &crate::Simulation| sim.report.time_breakdown[0].compute_s();
+    assert!(compute(&on) > compute(&off) && compute(&on) < compute(&off) * 132.0 / 116.0);
+    // The hidden time is at most the communication the overlap moved off the compute stream.
+    let saved = off.report.iteration_s - on.report.iteration_s;
+    assert!(saved <= exposed(&off) - exposed(&on) + 1e-9, "{saved}");
+    let (on1, off1) = (tp_overlap(true, false), tp_overlap(false, false));
+    assert_eq!(on1.report.iteration_s, off1.report.iteration_s);
+    assert_eq!(tp_streams(&on1), 0);
+}
+
+/// Tasks on the devices' streams of `kind`.
+fn stream_tasks(sim: &crate::Simulation, kind: StreamKind) -> usize {
+    (0..sim.program.devices.len() as u32)
+        .map(|d| sim.program.streams[super::Program::stream_index(d, kind) as usize].len())
+        .sum()
+}
+
+/// Bytes of device 0's backward collectives of `kind` labelled as a column-parallel layer's
+/// input (`attn_in`, `mlp_in`, `head_in`).
+fn column_backward_bytes(sim: &crate::Simulation, kind: super::CollectiveKind) -> f64 {
+    let p = &sim.program;
+    p.tasks
+        .iter()
+        .filter(|t| t.kind == super::TaskKind::Collective)
+        .filter(|t| {
+            let l = &p.labels[t.label as usize];
+            l.phase == Phase::Backward && ["attn_in", "mlp_in", "head_in"].contains(&l.op)
+        })
+        .map(|t| &p.collectives[t.payload as usize])
+        .filter(|c| c.kind == kind && c.members.contains(&0))
+        .map(|c| c.bytes)
+        .sum()
+}
+
+/// Megatron's asynchronous column-parallel backward: under sequence parallelism the input is
+/// all-gathered again (as many bytes as the input gradient's reduce-scatter moves) and both
+/// run on an NCCL stream beside the layer's backward GEMMs, so less tensor-parallel time is
+/// exposed and the iteration is shorter, while the GEMMs they overlap run on fewer SMs (the
+/// compute time grows). Off (Megatron-LM 2021's order), nothing is re-gathered and the
+/// reduce-scatter holds the compute stream.
+#[test]
+fn async_column_backward_regathers_the_input_beside_the_gemms() {
+    use super::CollectiveKind::{AllGather, AllReduce, ReduceScatter};
+    let exposed = |sim: &crate::Simulation| sim.report.time_breakdown[0].exposed_tp_comm_s;
+    let compute = |sim: &crate::Simulation| sim.report.time_breakdown[0].compute_s();
+    let knobs = |on: bool| format!(r#""tp_comm_overlap": false, "tp_async_backward": {on}"#);
+    let (on, off) = (megatron(&knobs(true), true), megatron(&knobs(false), true));
+    assert!(stream_tasks(&on, StreamKind::TensorAsync) > 0 && stream_tasks(&off, StreamKind::TensorAsync) == 0);
+    let reduced = column_backward_bytes(&on, ReduceScatter);
+    assert!(reduced > 0.0 && reduced == column_backward_bytes(&off, ReduceScatter));
+    assert_eq!(column_backward_bytes(&on, AllGather), reduced);
+    assert_eq!(column_backward_bytes(&off, AllGather), 0.0);
+    assert!(exposed(&on) < exposed(&off), "{} vs {}", exposed(&on), exposed(&off));
+    assert!(on.report.iteration_s < off.report.iteration_s);
+    assert!(compute(&on) > compute(&off), "{} vs {}", compute(&on), compute(&off));
+    // Without sequence parallelism: the input gradient's all-reduce beside the GEMMs, no
+    // re-gather.
+    let (on1, off1) = (megatron(&knobs(true), false), megatron(&knobs(false), false));
+    assert_eq!(column_backward_bytes(&on1, AllGather), 0.0);
+    assert!(column_backward_bytes(&on1, AllReduce) > 0.0);
+    assert!(on1.report.iteration_s < off1.report.iteration_s);
+    // Megatron-Core's profile runs it; Megatron-LM of 2021 did not.
+    let profile = |name: &str| crate::framework::profile(name).expect("profile").tp_async_backward;
+    assert!(profile("megatron-core") && !profile("megatron-lm-2021") && !profile("pytorch-fsdp"));
+}
+
+/// Under Transformer Engine's userbuffers the column-parallel backward's re-gather and
+/// reduce-scatter are bulk overlaps on the userbuffers' stream: none on an NCCL stream, the
+/// re-gather's bytes there as well.
+#[test]
+fn userbuffers_run_the_column_backward_as_bulk_overlaps() {
+    let sim = megatron(r#""tp_comm_overlap": true, "tp_async_backward": true"#, true);
+    assert_eq!(stream_tasks(&sim, StreamKind::TensorAsync), 0);
+    let reduced = column_backward_bytes(&sim, super::CollectiveKind::ReduceScatter);
+    assert!(reduced > 0.0);
+    assert_eq!(column_backward_bytes(&sim, super::CollectiveKind::AllGather), reduced);
+}
+
+/// The split column-parallel backward keeps Megatron's order: the input gradient's reduction
+/// starts after the data-gradient product, and the weight-gradient product after the
+/// re-gathered input; the two products run as the two GEMMs they are (dX = dY . W^T,
+/// dW = X^T . dY), each half the backward's time.
+#[test]
+fn the_column_backward_reduces_after_the_data_gradient() {
+    use super::{CollectiveKind, OpPart, TaskKind};
+    let sim = megatron(r#""tp_comm_overlap": false, "tp_async_backward": true"#, true);
+    let p = &sim.program;
+    let part = |t: u32| {
+        let task = &p.tasks[t as usize];
+        (task.kind == TaskKind::Compute).then(|| p.ops[task.payload as usize].part)
+    };
+    let mut checked = 0;
+    for (id, t) in p.tasks.iter().enumerate() {
+        if Program::stream_kind(t.stream) != StreamKind::TensorAsync {
+            continue;
+        }
+        let kind = p.collectives[t.payload as usize].kind;
+        let before: Vec<Option<OpPart>> = p.deps.iter().filter(|d| d.1 == id as u32).map(|d| part(d.0)).collect();
+        let after: Vec<Option<OpPart>> = p.deps.iter().filter(|d| d.0 == id as u32).map(|d| part(d.1)).collect();
+        match kind {
+            CollectiveKind::ReduceScatter => assert!(before.contains(&Some(OpPart::DataGrad)), "{before:?}"),
+            CollectiveKind::AllGather => assert!(after.contains(&Some(OpPart::WeightGrad)), "{after:?}"),
+            k => panic!("{k:?} on the asynchronous stream"),
+        }
+        checked += 1;
+    }
+    assert!(checked > 0);
+    let op = p.ops.iter().find(|o| o.part == OpPart::DataGrad).expect("a split GEMM");
+    let (b, m, n, k) = op.spec.class.gemm_shape().expect("a GEMM");
+    assert_eq!(op.gemm(), Some((b, m, k, n, false)));
+    let w = super::OpInstance { part: OpPart::WeightGrad, ..op.clone() };
+    assert_eq!(w.gemm(), Some((b, k, n, m, false)));
+    assert_eq!((op.share(), w.share()), (0.5, 0.5));
+}
