@@ -78,6 +78,10 @@ const CASES: &[(&str, &str, Expect)] = &[
     // data-parallel waits, which the time attribution followed by recursion until the stack
     // overflowed (abort); now a loop.
     ("fuzz_dp_wait_chain_overflow.json", "simulate", Report),
+    // Fuzz case 395 (seed 2801): under early-stopping recomputation (pytorch-fsdp's, the ZeRO-3
+    // default) a layer that is one GEMM (VGG's classifier) reruns nothing, yet its backward freed
+    // the rerun's activations: negative live bytes at the peak, and a peak 1.9 MB low.
+    ("fuzz_early_stop_one_gemm_layer.json", "simulate", Report),
     ("fuzz_dp_wait_chain_overflow.json", "partition", Refused("no plan fits")),
 ];
 
@@ -164,6 +168,13 @@ fn check_report(r: &Value) -> Result<(), String> {
         && get("peak_memory_bytes")? > get("memory_capacity_bytes")? - get("memory_headroom_bytes")? + 1.0
     {
         return Err(format!("fits_hbm with peak_memory_bytes {} above the usable memory", get("peak_memory_bytes")?));
+    }
+    // Live activations at the peak are bytes held: none negative.
+    for a in r.get("peak_activations").and_then(Value::as_array).ok_or("no peak_activations")? {
+        let bytes = a.get("bytes").and_then(Value::as_f64).ok_or("peak_activations[] without bytes")?;
+        if bytes.is_nan() || bytes < 0.0 {
+            return Err(format!("peak_activations entry {a} holds {bytes} bytes"));
+        }
     }
     for k in ["bubble_fraction", "compute_idle_fraction"] {
         let f = get(k)?;

@@ -308,7 +308,11 @@ impl<'a> Walk<'a> {
                 if unit_first == NONE {
                     unit_first = f;
                 }
-                free += layer.saved_full;
+                // What the rerun allocated (nothing where early stopping reruns no op of the
+                // layer: a layer that is one GEMM).
+                if f != NONE {
+                    free += layer.saved_full;
+                }
             }
             Recompute::Selective => {
                 let (f, _) = emit_recompute(b, ctx, layer, l as i32, c, mb, Rerun::Selective, 0.0);
