@@ -90,10 +90,9 @@ pub(super) struct Builder {
     /// (empty unless `framework.tp_comm_overlap` or `tp_async_backward` applies, or context
     /// or expert parallelism overlaps).
     pub(super) held_tp: Vec<Vec<u32>>,
-    /// Each op's copy that runs on fewer compute units (`TpOverlap`), by op.
-    pub(super) narrowed_ops: HashMap<u32, u32>,
-    /// Each op's copies that run one product of its backward (`TpOverlap`), by op and part.
-    part_ops: HashMap<(u32, u8), u32>,
+    /// Each op's copies that run on fewer compute units or one product of its backward
+    /// (`TpOverlap`), by op and kind of change ([`Builder::narrowed`], [`Builder::part_of`]).
+    derived_ops: HashMap<(u32, u8), u32>,
     /// Memory ops made outside a block (gradient accumulation, FSDP2's copy-out, list
     /// collectives' copies), one per (device class, name, forward and backward bytes, kernels,
     /// pass): units that move as much share it.
@@ -156,8 +155,7 @@ impl Builder {
             colliding_collectives: HashMap::new(),
             unit_log: Vec::new(),
             shared_ops: HashMap::new(),
-            narrowed_ops: HashMap::new(),
-            part_ops: HashMap::new(),
+            derived_ops: HashMap::new(),
             held_sends: (plan.p2p == P2p::Blocking).then(|| vec![Vec::new(); simulated.len() * STREAMS]),
             held_step: if plan.ep_overlap() { vec![Vec::new(); simulated.len() * STREAMS] } else { Vec::new() },
             held_tp: if plan.tp_overlap() || plan.tp_async() || plan.cp > 1 || plan.ep_overlap() {
@@ -254,28 +252,24 @@ impl Builder {
 
     /// A copy of op `op` that runs `part` of its backward (one per op and part).
     pub(super) fn part_of(&mut self, op: u32, part: OpPart) -> u32 {
-        let key = (op, part as u8);
-        if let Some(&n) = self.part_ops.get(&key) {
-            return n;
-        }
-        let mut o = self.p.ops[op as usize].clone();
-        o.part = part;
-        self.p.ops.push(o);
-        let n = (self.p.ops.len() - 1) as u32;
-        self.part_ops.insert(key, n);
-        n
+        self.derived(op, 1 + part as u8, |o| o.part = part)
     }
 
     /// A copy of op `op` that runs on `share` of the device's compute units (one per op).
     pub(super) fn narrowed(&mut self, op: u32, share: f64) -> u32 {
-        if let Some(&n) = self.narrowed_ops.get(&op) {
+        self.derived(op, 0, |o| o.sm_share = share)
+    }
+
+    /// A copy of op `op` changed by `edit`, made once per op and `kind` of change.
+    fn derived(&mut self, op: u32, kind: u8, edit: impl FnOnce(&mut OpInstance)) -> u32 {
+        if let Some(&n) = self.derived_ops.get(&(op, kind)) {
             return n;
         }
         let mut o = self.p.ops[op as usize].clone();
-        o.sm_share = share;
+        edit(&mut o);
         self.p.ops.push(o);
         let n = (self.p.ops.len() - 1) as u32;
-        self.narrowed_ops.insert(op, n);
+        self.derived_ops.insert((op, kind), n);
         n
     }
 
