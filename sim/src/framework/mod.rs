@@ -218,6 +218,12 @@ pub struct Framework {
     /// after the layer's backward (Megatron-LM of 2021, DTensor's tensor parallelism) and the
     /// layer keeps its gathered input, so nothing is re-gathered.
     pub tp_async_backward: bool,
+    /// Under sequence parallelism the column-parallel layers keep their all-gathered input for
+    /// the weight gradient (DTensor's tensor parallelism: PyTorch's `parallelize_module` with
+    /// `SequenceParallel` and `PrepareModuleInput`, as torchtitan runs it); off, they keep their
+    /// sequence shard and gather it again in backward (Megatron's and Transformer Engine's
+    /// layers, Colossal-AI's `Linear1D_Col`). See [`TP_GATHERED_INPUT_SOURCE`].
+    pub tp_keeps_gathered_input: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
     /// [`EP_COMM_OVERLAP_SOURCE`]); off in every profile, a knob to turn on.
     pub ep_comm_overlap: bool,
@@ -272,6 +278,9 @@ pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_com
 
 /// Where `tp_async_backward` comes from.
 pub const TP_ASYNC_BACKWARD_SOURCE: &str = "NVIDIA/Megatron-LM core_v0.6.0 megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward: with sequence parallelism the saved (sharded) input is all-gathered with async_op=True before the data-gradient matmul and waited for after it, then the input gradient's _reduce_scatter_base (all_reduce when async_grad_allreduce, without sequence parallelism) is launched with async_op=True before the weight-gradient GEMM and waited for after it (CUDA_DEVICE_MAX_CONNECTIONS=1 keeps the launch order); the same in the 2023 forks (FlagScale, Megatron-DeepSpeed's megatron/core/tensor_parallel/layers.py). NVIDIA/TransformerEngine v1.3 transformer_engine/pytorch/module/linear.py _Linear.backward ('Overlap input AG with dgrad', 'Overlap dgrad-RS/AR with wgrad'; LayerNormLinear likewise), which Megatron-Core's transformer_engine layers run. NVIDIA/Megatron-LM v2.5 (2021) megatron/mpu/layers.py ColumnParallelLinear: copy_to_tensor_model_parallel_region, whose backward all-reduces the input gradient after the layer's backward, on the compute stream";
+
+/// Where `tp_keeps_gathered_input` comes from.
+pub const TP_GATHERED_INPUT_SOURCE: &str = "pytorch/torchtitan torchtitan/parallelisms/parallelize_llama.py apply_tp (9dec370, December 2024): attention_norm and ffn_norm SequenceParallel, attention and feed_forward PrepareModuleInput(input_layouts Shard(1), desired_input_layouts Replicate()), wq/wk/wv and w1/w3 ColwiseParallel: the all-gather is a differentiable redistribute at the module's input, whose replicated output the linear layers save for their weight gradients (torch/distributed/tensor/parallel/style.py); Megatron-LM core_v0.6.0 LinearWithGradAccumulationAndAsyncCommunication saves the sharded input and all-gathers it again in backward (also Korthikanti et al. 2022, section 4.2.2), as Transformer Engine 1.3's Linear and LayerNormLinear do";
 
 /// Where `fp32_reduce_bf16_only` comes from.
 pub const FP32_REDUCE_SOURCE: &str = "megatron/arguments.py (v2.5, 2021) and megatron/training/arguments.py (2026): only with --bf16 is accumulate_allreduce_grads_in_fp32 turned on ('bfloat16 requires gradient accumulation and all-reduce to be done in fp32'); --fp16 leaves it off unless --accumulate-allreduce-grads-in-fp32 is given, so fp16 gradients are reduced in fp16";
@@ -447,6 +456,7 @@ pub fn reference_markdown() -> String {
                 "column-parallel backward: input re-gathered beside the data-gradient GEMM, its gradient reduced beside the weight-gradient GEMM",
                 f.tp_async_backward,
             ),
+            ("with sequence parallelism, column-parallel layers keep their gathered input", f.tp_keeps_gathered_input),
             ("expert all-to-alls overlap another micro-batch's compute", f.ep_comm_overlap),
         ];
         for (behaviour, on) in flags {

@@ -56,6 +56,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_max_zero_stage: 3,
             tp_comm_overlap: false,
             tp_async_backward: false,
+            tp_keeps_gathered_input: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
             gather_per_tensor: false,
@@ -106,6 +107,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_max_zero_stage: 3,
             tp_comm_overlap: true,
             tp_async_backward: true,
+            tp_keeps_gathered_input: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
             gather_per_tensor: false,
@@ -170,6 +172,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_max_zero_stage: 1,
             tp_comm_overlap: false,
             tp_async_backward: true,
+            tp_keeps_gathered_input: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
             gather_per_tensor: true,
@@ -231,6 +234,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_max_zero_stage: 3,
             tp_comm_overlap: false,
             tp_async_backward: false,
+            tp_keeps_gathered_input: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
             gather_per_tensor: false,
@@ -245,6 +249,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             cp_ring: CpRing::PytorchAllgather,
             foreach_optimizer: true,
             sources: vec![
+                ("tp_keeps_gathered_input", TP_GATHERED_INPUT_SOURCE),
                 (
                     "gather",
                     "docs.pytorch.org/docs/stable/notes/fsdp.html: implicit forward prefetch (next all-gather on a separate stream); backward_prefetch=BACKWARD_PRE; limit_all_gathers=True default since pytorch#104900 (two all-gathers in flight)",
@@ -282,6 +287,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_max_zero_stage: 3,
             tp_comm_overlap: false,
             tp_async_backward: false,
+            tp_keeps_gathered_input: false,
             ep_comm_overlap: false,
             gather_copy_out: false,
             gather_per_tensor: false,
@@ -325,6 +331,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             pipeline_max_zero_stage: 3,
             tp_comm_overlap: false,
             tp_async_backward: false,
+            tp_keeps_gathered_input: true,
             ep_comm_overlap: false,
             gather_copy_out: false,
             gather_per_tensor: false,
@@ -339,6 +346,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             cp_ring: CpRing::PytorchAllgather,
             foreach_optimizer: true,
             sources: vec![
+                ("tp_keeps_gathered_input", TP_GATHERED_INPUT_SOURCE),
                 (
                     "grad_reduce",
                     "torch/nn/parallel/distributed.py: autograd hooks all-reduce each bucket as it fills, overlapping backward",

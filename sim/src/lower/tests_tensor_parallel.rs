@@ -157,3 +157,22 @@ fn the_column_backward_reduces_after_the_data_gradient() {
     assert_eq!(w.gemm(), Some((b, k, n, m, false)));
     assert_eq!((op.share(), w.share()), (0.5, 0.5));
 }
+
+/// Under sequence parallelism DTensor's layers keep the all-gathered input of the attention's
+/// and the MLP's input projections where Megatron's keep their shard: at the peak (the end of
+/// a micro-batch's forward, no recomputation) each layer holds 2 x (1 - 1/t) x s b h more
+/// activation bytes; without sequence parallelism the input is whole either way.
+#[test]
+fn dtensor_layers_keep_the_gathered_input() {
+    let knobs = |keep: bool| format!(r#""tp_comm_overlap": false, "tp_keeps_gathered_input": {keep}"#);
+    let acts = |sim: &crate::Simulation| sim.report.memory_breakdown.activations;
+    let (kept, sharded) = (megatron(&knobs(true), true), megatron(&knobs(false), true));
+    // 4 layers, s = 4,096, b = 1, h = 4,096, bf16, t = 8.
+    let expected = 4.0 * 2.0 * 2.0 * 4096.0 * 4096.0 * (1.0 - 1.0 / 8.0);
+    let grown = acts(&kept) - acts(&sharded);
+    assert!((grown - expected).abs() < 1e-6 * expected, "{grown} vs {expected}");
+    let (kept1, sharded1) = (megatron(&knobs(true), false), megatron(&knobs(false), false));
+    assert_eq!(acts(&kept1), acts(&sharded1));
+    let profile = |name: &str| crate::framework::profile(name).expect("profile").tp_keeps_gathered_input;
+    assert!(profile("pytorch-fsdp") && !profile("megatron-core") && !profile("megatron-lm-2021"));
+}

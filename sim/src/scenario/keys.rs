@@ -128,6 +128,7 @@ pub const FRAMEWORK: &[&str] = &[
     "bucket_first_chunk_only",
     "tp_comm_overlap",
     "tp_async_backward",
+    "tp_keeps_gathered_input",
     "ep_comm_overlap",
     "gather_copy_out",
     "gather_per_tensor",

@@ -194,6 +194,13 @@ pub struct Fusion {
     /// How context parallelism's ring runs around a fused attention kernel
     /// ([`context_ring::CpRing`]).
     pub cp_ring: context_ring::CpRing,
+    /// Under sequence parallelism the attention's and the MLP's input projections keep the
+    /// all-gathered input for their weight gradients (DTensor's tensor parallelism, as
+    /// torchtitan runs it: the module's input is redistributed to replicated and autograd saves
+    /// it); off, they keep their sequence shard and gather it again in backward (Megatron's and
+    /// Transformer Engine's column-parallel layers: `framework.tp_async_backward`,
+    /// `tp_comm_overlap`).
+    pub gathered_linear_inputs: bool,
 }
 
 impl Default for Fusion {
@@ -210,6 +217,7 @@ impl Default for Fusion {
             gqa: true,
             unfused_loss: loss::UnfusedLoss::Fp32,
             cp_ring: context_ring::CpRing::TeP2p,
+            gathered_linear_inputs: false,
         }
     }
 }

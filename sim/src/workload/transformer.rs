@@ -420,7 +420,10 @@ impl TransformerConfig {
         }
         let qw = self.q_width();
         let vw = self.v_width();
-        let ln_out = Saved { replicated_bytes: e * sbh * rep, ..Saved::default() };
+        // The input projections' input: the norm's output, kept as its sequence shard under
+        // sequence parallelism unless the framework keeps it gathered.
+        let kept_in = if shape.fusion.gathered_linear_inputs { 1.0 } else { rep };
+        let ln_out = Saved { replicated_bytes: e * sbh * kept_in, ..Saved::default() };
         match &self.mla {
             Some(m) => ops.extend(m.projections(tokens, h, a, t, e, ln_out)),
             None if shape.fusion.projections => ops.push(gemm("qkv", tokens, (qw + 2.0 * kv) / t, h, ln_out)),
@@ -587,7 +590,7 @@ impl TransformerConfig {
                 ops.extend(super::moe::mlp_ops(&moe, tokens, h, self.mlp_matrices(), act, t, e, rep));
             }
             _ => {
-                let ln_out = Saved { replicated_bytes: e * sbh * rep, ..Saved::default() };
+                let ln_out = Saved { replicated_bytes: e * sbh * kept_in, ..Saved::default() };
                 if shape.fusion.projections || up < 2.0 {
                     ops.push(gemm("fc1", tokens, up * f / t, h, ln_out));
                 } else {
