@@ -27,7 +27,8 @@ pub struct TraceArgs {
     /// simulated devices up to 16, else the first replica's tensor rank 0 of each stage.
     #[arg(long, value_name = "LIST", requires = "trace")]
     pub trace_devices: Option<String>,
-    /// Streams to trace: "all" (default) or a list of compute, dp-comm, pp-send, gather, host-copy.
+    /// Streams to trace: "all" (default) or a list of compute, dp-comm, pp-send, gather,
+    /// host-copy, tp-comm, ep-comm, tp-async.
     #[arg(long, value_name = "LIST", requires = "trace")]
     pub trace_streams: Option<String>,
     /// Time window to trace, START:END in seconds from the iteration's start (e.g. 0:0.5).

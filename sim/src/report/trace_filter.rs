@@ -178,6 +178,10 @@ mod tests {
         assert!(parse_devices("3-1").is_err() && parse_devices("x").is_err() && parse_devices(",").is_err());
         assert!(parse_streams("pp-send,gather").unwrap().unwrap().contains(&StreamKind::Gather));
         assert!(parse_streams("nope").unwrap_err().contains("compute"));
+        // Every stream kind has a name the list takes.
+        let every: Vec<&str> = StreamKind::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(parse_streams(&every.join(",")).unwrap().unwrap().len(), StreamKind::ALL.len());
+        assert!(parse_streams("tp-async").unwrap().unwrap().contains(&StreamKind::TensorAsync));
         assert_eq!(parse_window("0.5:1").unwrap(), (500_000_000, 1_000_000_000));
         assert!(parse_window("2:1").is_err() && parse_window("1").is_err() && parse_window("nan:1").is_err());
     }
