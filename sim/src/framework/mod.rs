@@ -40,8 +40,10 @@ pub enum Gather {
     /// further layers' gathers may be in flight while a layer computes.
     PerLayer { prefetch: u32 },
     /// Module by module, prefetching up to `prefetch_bucket_params` parameters ahead, with at
-    /// most `max_live_params` gathered at once (DeepSpeed ZeRO-3).
-    PerModule { prefetch_bucket_params: f64, max_live_params: f64 },
+    /// most `max_live_params` gathered at once (DeepSpeed ZeRO-3); a parameter tensor of fewer
+    /// elements than `persistence_threshold` is gathered once and kept, never again
+    /// (`stage3_param_persistence_threshold`).
+    PerModule { prefetch_bucket_params: f64, max_live_params: f64, persistence_threshold: f64 },
 }
 
 /// The dtype gradients are reduced in.
@@ -412,10 +414,11 @@ pub fn reference_markdown() -> String {
         let f = profile(n).expect("profile");
         let gather = match f.gather {
             Gather::PerLayer { prefetch } => format!("per layer, {prefetch} layer(s) prefetched"),
-            Gather::PerModule { prefetch_bucket_params, max_live_params } => format!(
-                "per module, prefetch bucket {:.0}M parameters, at most {:.0}M live",
+            Gather::PerModule { prefetch_bucket_params, max_live_params, persistence_threshold } => format!(
+                "per module, prefetch bucket {:.0}M parameters, at most {:.0}M live, tensors under {:.0}k elements kept gathered",
                 prefetch_bucket_params / 1e6,
-                max_live_params / 1e6
+                max_live_params / 1e6,
+                persistence_threshold / 1e3
             ),
         };
         let bucket = match f.bucket {

@@ -162,7 +162,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             name: name.into(),
             version: DEEPSPEED.into(),
             grad_reduce: GradReduce::Overlapped,
-            gather: Gather::PerModule { prefetch_bucket_params: 5e7, max_live_params: 1e9 },
+            gather: Gather::PerModule { prefetch_bucket_params: 5e7, max_live_params: 1e9, persistence_threshold: 1e5 },
             param_gather_overlap: false,
             bucket_first_chunk_only: false,
             pipeline_reduces_after_backward: true,
@@ -194,7 +194,7 @@ pub fn profile(name: &str) -> Option<Framework> {
                 ),
                 (
                     "gather",
-                    "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order: one all-gather per module of a layer (each norm, attention projection and MLP matrix). Each module's pre-forward hook (fetch_sub_module, v0.11.1) queues the next parameters of the trace, up to the bucket, on the all-gather stream; the hook runs on the host, which is ahead of the GPU and waits (an event's synchronize) only once more than __max_ongoing_fetch_events = 2 fetches are unfinished, so the gathers run about as far ahead of compute as the host does. trainsim gates them by whole layers: a bucket smaller than a layer (5e7 parameters is a quarter of a 7B model's layer) prefetches the next layer",
+                    "deepspeed/runtime/zero/config.py stage3_prefetch_bucket_size = 5e7, stage3_max_live_parameters = 1e9 (parameters); partitioned_param_coordinator.py fetches module by module in trace order: one all-gather per module of a layer (each norm, attention projection and MLP matrix). Each module's pre-forward hook (fetch_sub_module, v0.11.1) queues the next parameters of the trace, up to the bucket, on the all-gather stream; the hook runs on the host, which is ahead of the GPU and waits (an event's synchronize) only once more than __max_ongoing_fetch_events = 2 fetches are unfinished, so the gathers run about as far ahead of compute as the host does. trainsim gates them by whole layers: a bucket smaller than a layer (5e7 parameters is a quarter of a 7B model's layer) prefetches the next layer. stage3_param_persistence_threshold = 1e5 elements (v0.3.13 to v0.11, zero/config.py or constants.py): persistent_parameters() marks every smaller tensor ds_persist, which release_sub_module never releases, so fetch_sub_module finds it AVAILABLE and gathers it only in the first step (v0.5.0 stage3.py; norms, and biases narrower than 1e5); their gradients are still reduced like the others'",
                 ),
                 ("bucket", "deepspeed/runtime/zero/config.py reduce_bucket_size = 5e8 elements"),
                 (

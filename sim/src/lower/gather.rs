@@ -44,28 +44,64 @@ pub(super) struct Gathers {
     /// Each transformer layer's gather as its modules' shares of the layer's parameters, one
     /// all-gather each (DeepSpeed ZeRO-3 fetches module by module); `[1.0]`: one per layer.
     modules: Vec<f64>,
+    /// Per entry of `modules`, whether all its tensors stay gathered after the first step
+    /// (DeepSpeed's persistence threshold: a norm), so that it is never gathered.
+    persistent: Vec<bool>,
     /// Under `framework.gather_per_tensor`, the parameter tensors of each entry of `modules`
-    /// (one all-gather each) and of the other units; `None` otherwise.
-    tensors: Option<(Vec<f64>, f64)>,
+    /// that are gathered (one all-gather each: the persistent ones are not), those whose
+    /// gradients are reduced (all), and the other units'; `None` otherwise.
+    tensors: Option<PerTensor>,
 }
 
-/// A transformer layer's parameter tensors per module of [`module_shares`]: a weight, and a
-/// bias where the model has them (a LayerNorm has both, an RMSNorm a weight). `per_module`:
-/// one entry per module; else the layer's total as one entry.
-fn module_tensors(t: &crate::workload::TransformerConfig, per_module: bool) -> Vec<f64> {
-    let bias = if t.bias { 2.0 } else { 1.0 };
+/// The parameter tensors a list all-gather or reduce-scatter handles one by one
+/// (`framework.gather_per_tensor`): per entry of [`Gathers::modules`], those gathered and
+/// those reduced; and an edge unit's (the embedding's or the head's).
+struct PerTensor {
+    gathered: Vec<f64>,
+    reduced: Vec<f64>,
+    edge: f64,
+}
+
+/// A transformer layer's parameter tensors per module of [`module_shares`], as elements on one
+/// of `tp` tensor-parallel ranks: a weight, and a bias where the model has them (a LayerNorm
+/// has both, an RMSNorm a weight). A linear layer's weight is its share of the layer's
+/// parameters; its bias is as wide as its output (the MLP's last matrix: the hidden size).
+fn module_tensor_sizes(t: &crate::workload::TransformerConfig, tp: f64) -> Vec<Vec<f64>> {
+    let h = t.hidden as f64;
     let norm = match t.norm {
-        crate::workload::transformer::Norm::LayerNorm => 2.0,
-        crate::workload::transformer::Norm::RmsNorm => 1.0,
+        crate::workload::transformer::Norm::LayerNorm => vec![h, h],
+        crate::workload::transformer::Norm::RmsNorm => vec![h],
     };
-    let mut parts = vec![norm, bias, bias, norm];
-    parts.extend(std::iter::repeat_n(bias, t.mlp_matrices() as usize));
-    if per_module { parts } else { vec![parts.iter().sum()] }
+    let shares = module_shares(t);
+    let total = t.layer_parameters() / tp.max(1.0);
+    let linear = |m: usize, out: f64| {
+        let weight = shares.get(m).copied().unwrap_or(0.0) * total;
+        if t.bias { vec![weight, out] } else { vec![weight] }
+    };
+    let matrices = t.mlp_matrices() as usize;
+    let mut parts = vec![
+        norm.clone(),
+        linear(1, (t.q_width() + 2.0 * t.kv_width()) / tp),
+        linear(2, h),
+        norm,
+    ];
+    for k in 0..matrices {
+        let out = if k + 1 == matrices { h } else { t.ffn_hidden as f64 / tp };
+        parts.push(linear(4 + k, out));
+    }
+    parts
 }
 
-/// A transformer layer's parameter tensors (see [`module_tensors`]).
+/// A transformer layer's parameter tensors (see [`module_tensor_sizes`]).
 pub(super) fn layer_tensors(t: &crate::workload::TransformerConfig) -> f64 {
-    module_tensors(t, false)[0]
+    module_tensor_sizes(t, 1.0).iter().map(|m| m.len() as f64).sum()
+}
+
+/// The tensors per module (`per_module`; else the layer's total as one entry) that a list
+/// collective handles: those of at least `threshold` elements (0: all).
+fn module_tensors(sizes: &[Vec<f64>], per_module: bool, threshold: f64) -> Vec<f64> {
+    let parts: Vec<f64> = sizes.iter().map(|m| m.iter().filter(|&&n| n >= threshold).count() as f64).collect();
+    if per_module { parts } else { vec![parts.iter().sum()] }
 }
 
 /// A transformer layer's modules as shares of its parameters, in the order a forward pass
@@ -89,6 +125,14 @@ fn module_shares(t: &crate::workload::TransformerConfig) -> Vec<f64> {
         return vec![1.0];
     }
     parts.iter().map(|p| p / sum).collect()
+}
+
+/// DeepSpeed's persistence threshold under per-module gathering (elements); 0 otherwise.
+fn persistence_threshold(lw: &Lowering) -> f64 {
+    match lw.plan.framework.gather {
+        crate::framework::Gather::PerModule { persistence_threshold, .. } => persistence_threshold,
+        crate::framework::Gather::PerLayer { .. } => 0.0,
+    }
 }
 
 impl Gathers {
@@ -121,24 +165,38 @@ impl Gathers {
                 }
                 _ => vec![1.0],
             },
+            persistent: match lw.plan.framework.gather {
+                crate::framework::Gather::PerModule { .. } if lw.s.workload.net.is_none() => {
+                    let sizes = module_tensor_sizes(&lw.s.workload.transformer, lw.t as f64);
+                    let threshold = persistence_threshold(lw);
+                    sizes.iter().map(|m| m.iter().all(|&n| n < threshold)).collect()
+                }
+                _ => vec![false],
+            },
             tensors: lw.per_tensor.then(|| {
                 let per_module = matches!(lw.plan.framework.gather, crate::framework::Gather::PerModule { .. })
                     && module_shares(&lw.s.workload.transformer).len() > 1;
                 let t = &lw.s.workload.transformer;
-                // The embedding or the head: its weight (and a learned position table
-                // where positions are not rotary).
-                let edge = if t.rotary { 1.0 } else { 2.0 };
-                (module_tensors(t, per_module), edge)
+                let sizes = module_tensor_sizes(t, lw.t as f64);
+                PerTensor {
+                    gathered: module_tensors(&sizes, per_module, persistence_threshold(lw)),
+                    reduced: module_tensors(&sizes, per_module, 0.0),
+                    // The embedding or the head: its weight (and a learned position table
+                    // where positions are not rotary).
+                    edge: if t.rotary { 1.0 } else { 2.0 },
+                }
             }),
         }
     }
 
-    /// Under `framework.gather_per_tensor`, the copies out of a unit's list all-gathers: one per
-    /// rank of the data-parallel group and per parameter tensor of `unit` (a layer; -1: the
-    /// embedding or the head). `None` otherwise.
-    pub(super) fn list_copies(&self, plan: &Plan, unit: i32) -> Option<f64> {
-        let (layer, edge) = self.tensors.as_ref()?;
-        let tensors = if unit < 0 { *edge } else { layer.iter().sum() };
+    /// Under `framework.gather_per_tensor`, the copies out of a unit's list all-gathers
+    /// (`gather`) or into its list reduce-scatters: one per rank of the data-parallel group and
+    /// per parameter tensor of `unit` (a layer; -1: the embedding or the head) that is gathered,
+    /// or reduced. `None` otherwise.
+    pub(super) fn list_copies(&self, plan: &Plan, unit: i32, gather: bool) -> Option<f64> {
+        let t = self.tensors.as_ref()?;
+        let layer = if gather { &t.gathered } else { &t.reduced };
+        let tensors = if unit < 0 { t.edge } else { layer.iter().sum() };
         Some(plan.sync_degree() as f64 * tensors)
     }
 
@@ -214,27 +272,28 @@ impl Gathers {
     /// `framework.gather_per_tensor` one call per parameter tensor (the bytes split evenly
     /// over them, the latency paid per call).
     fn shares(&self, bytes: f64, unit: i32) -> Vec<(f64, u64)> {
-        let parts: Vec<f64> = if unit < 0 || self.modules.len() == 1 {
-            vec![bytes]
-        } else {
-            self.modules.iter().map(|m| m * bytes).collect()
+        let edge_or_layer = unit < 0 || self.modules.len() == 1;
+        let parts: Vec<f64> =
+            if edge_or_layer { vec![bytes] } else { self.modules.iter().map(|m| m * bytes).collect() };
+        let Some(t) = &self.tensors else {
+            // Coalesced: a module whose tensors all persist is not gathered.
+            return parts
+                .into_iter()
+                .zip(self.persistent.iter().chain(std::iter::repeat(&false)))
+                .filter(|&(_, &kept)| edge_or_layer || !kept)
+                .map(|(p, _)| (p, 1))
+                .collect();
         };
-        let Some((layer, edge)) = &self.tensors else { return parts.into_iter().map(|p| (p, 1)).collect() };
         let counts: Vec<f64> = if unit < 0 {
-            vec![*edge]
-        } else if layer.len() == parts.len() {
-            layer.clone()
+            vec![t.edge]
+        } else if t.gathered.len() == parts.len() {
+            t.gathered.clone()
         } else {
-            vec![layer.iter().sum()]
+            vec![t.gathered.iter().sum()]
         };
-        parts
-            .into_iter()
-            .zip(counts)
-            .map(|(p, n)| {
-                let n = n.max(1.0);
-                (p / n, n as u64)
-            })
-            .collect()
+        // Each gathered tensor its own call (a module with none is not gathered); the bytes
+        // split evenly over them.
+        parts.into_iter().zip(counts).filter(|&(_, n)| n >= 1.0).map(|(p, n)| (p / n, n as u64)).collect()
     }
 
     fn before_dynamic(&mut self, b: &mut Builder, plan: &Plan, r: u32, stage: u32, params: f64, unit: i32) -> Vec<u32> {

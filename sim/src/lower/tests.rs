@@ -349,9 +349,10 @@ fn expert_gradients_are_reduced_over_the_expert_data_parallel_group() {
     }
 }
 
-/// DeepSpeed's ZeRO-3 gathers module by module: each layer's gather is its modules' (two
-/// norms, the attention's two projections, the two GeLU-MLP matrices), the same bytes in six
-/// all-gathers where FSDP makes one per layer; the embedding and the head stay one each.
+/// DeepSpeed's ZeRO-3 gathers module by module: each layer's gather is its modules' (the
+/// attention's two projections, the two GeLU-MLP matrices; the norms, under its persistence
+/// threshold, stay gathered), the same bytes but the norms' in four all-gathers where FSDP
+/// makes one per layer; the embedding and the head stay one each.
 #[test]
 fn deepspeed_gathers_each_module_of_a_layer() {
     let z3 = r#"{"dp": 16, "zero_stage": 3}"#;
@@ -361,18 +362,21 @@ fn deepspeed_gathers_each_module_of_a_layer() {
     };
     let (ds_bytes, ds) = gathers(r#"{"name": "deepspeed", "gather_per_tensor": false}"#);
     let (fsdp_bytes, fsdp) = gathers(r#""pytorch-fsdp""#);
-    assert!((ds_bytes - fsdp_bytes).abs() / fsdp_bytes < 1e-9, "the same bytes: {ds_bytes} vs {fsdp_bytes}");
-    // FSDP: one gather per layer per pass plus the embedding's and the head's; DeepSpeed: six
+    // The norms' share of a layer (two LayerNorms, 4h of about 12h^2 parameters) is not gathered.
+    assert!(ds_bytes < fsdp_bytes && ds_bytes > fsdp_bytes * (1.0 - 1e-3), "{ds_bytes} vs {fsdp_bytes}");
+    // FSDP: one gather per layer per pass plus the embedding's and the head's; DeepSpeed: four
     // per layer per pass plus the same two.
-    let layer_gathers = (ds.len() - fsdp.len()) / 5;
-    assert_eq!(ds.len() - fsdp.len(), 5 * layer_gathers, "{} vs {}", ds.len(), fsdp.len());
+    let layer_gathers = (ds.len() - fsdp.len()) / 3;
+    assert_eq!(ds.len() - fsdp.len(), 3 * layer_gathers, "{} vs {}", ds.len(), fsdp.len());
     assert!(layer_gathers > 0 && layer_gathers % 4 == 0 && layer_gathers < fsdp.len(), "{layer_gathers}");
 }
 
 /// DeepSpeed 2021's gathers (`gather_per_tensor`, on in `deepspeed`): a call per parameter
-/// tensor (a GPT layer with biases and LayerNorms has 12), one copy kernel per rank and tensor
-/// out of them, issued by the host, so that a run slows down as the data-parallel group grows
-/// where coalesced gathers (`false`) keep most of their speed.
+/// tensor gathered (of a GPT layer's 12 with biases and LayerNorms, the 4 weights: the others
+/// are under the persistence threshold and stay gathered), one copy kernel per rank and tensor
+/// out of them, issued by the host; the gradients of all 12 are reduced, a call and a copy
+/// per rank each; so that a run slows down as the data-parallel group grows where coalesced
+/// gathers (`false`) keep most of their speed.
 #[test]
 fn deepspeed_2021_gathers_cost_a_copy_per_rank_and_tensor() {
     let run = |dp: u32, per_tensor: bool| {
@@ -398,15 +402,20 @@ fn deepspeed_2021_gathers_cost_a_copy_per_rank_and_tensor() {
             _ => panic!("copies are OpClass::Copies"),
         })
         .collect();
-    assert!(!layer_copies.is_empty() && layer_copies.iter().all(|&k| k == 16.0 * 12.0), "{layer_copies:?}");
+    assert!(!layer_copies.is_empty() && layer_copies.iter().all(|&k| k == 16.0 * 4.0), "{layer_copies:?}");
     // The gradients too: a copy per rank and tensor into each layer's reduce-scatter, which
-    // is a call per tensor.
-    let reduce_copies = p
+    // is a call per tensor, for all 12.
+    let reduce_copies: Vec<f64> = p
         .tasks
         .iter()
         .filter(|t| t.kind == super::TaskKind::Compute && p.labels[t.label as usize].op == "reduce_list_copies")
-        .count();
-    assert_eq!(reduce_copies, layer_copies.len() / 2, "one per layer's backward (gathers: forward and backward)");
+        .map(|t| match p.ops[t.payload as usize].spec.class {
+            crate::workload::OpClass::Copies { kernels } => kernels,
+            _ => panic!("copies are OpClass::Copies"),
+        })
+        .collect();
+    assert_eq!(reduce_copies.len(), layer_copies.len() / 2, "one per layer's backward (gathers: forward and backward)");
+    assert!(reduce_copies.iter().all(|&k| k == 16.0 * 12.0), "{reduce_copies:?}");
     let calls_of = |op: &str| -> Vec<u64> {
         p.tasks
             .iter()
@@ -416,9 +425,14 @@ fn deepspeed_2021_gathers_cost_a_copy_per_rank_and_tensor() {
     };
     let reduce_calls = calls_of("grad_sync");
     assert!(!reduce_calls.is_empty() && reduce_calls.iter().all(|&c| c == 12), "{reduce_calls:?}");
-    // Each module's gather is one collective of as many calls as the module has tensors.
+    // Each module's gather is one collective of as many calls as the module has tensors
+    // gathered: a layer's modules their weight, the embedding and the head their weight and
+    // the learned position table.
+    // One micro-batch: 4 layers x 4 modules x 2 passes, and the embedding and the head in
+    // both passes.
     let calls = calls_of("param_gather");
-    assert!(calls.contains(&2) && calls.iter().all(|&c| c == 1 || c == 2), "{calls:?}");
+    let count = |n: u64| calls.iter().filter(|&&c| c == n).count();
+    assert!(count(1) == 4 * 4 * 2 && count(2) == 4 && calls.len() == 36, "{calls:?}");
     let slowdown = |dp| run(dp, true).report.iteration_s / run(dp, false).report.iteration_s;
     let (small, large) = (slowdown(16), slowdown(64));
     assert!(small > 1.0 && large > 1.5 * small, "per-tensor over coalesced: {small} at dp 16, {large} at dp 64");

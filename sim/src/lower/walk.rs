@@ -149,7 +149,7 @@ impl<'a> Walk<'a> {
         if !lw.per_unit || lw.plan.sync_degree() <= 1 {
             return None;
         }
-        let copies = self.gathers.list_copies(lw.plan, layer).map(|n| ("gather_list_copies", n));
+        let copies = self.gathers.list_copies(lw.plan, layer, true).map(|n| ("gather_list_copies", n));
         if copies.is_none() && !lw.plan.framework.gather_copy_out {
             return None;
         }
@@ -165,7 +165,7 @@ impl<'a> Walk<'a> {
         if !lw.per_tensor || lw.plan.sync_degree() <= 1 {
             return None;
         }
-        let n = self.gathers.list_copies(lw.plan, layer as i32)?;
+        let n = self.gathers.list_copies(lw.plan, layer as i32, false)?;
         emit_gather_copy_out(
             b,
             &self.st.ctx,
