@@ -79,12 +79,7 @@ fn module_tensor_sizes(t: &crate::workload::TransformerConfig, tp: f64) -> Vec<V
         if t.bias { vec![weight, out] } else { vec![weight] }
     };
     let matrices = t.mlp_matrices() as usize;
-    let mut parts = vec![
-        norm.clone(),
-        linear(1, (t.q_width() + 2.0 * t.kv_width()) / tp),
-        linear(2, h),
-        norm,
-    ];
+    let mut parts = vec![norm.clone(), linear(1, (t.q_width() + 2.0 * t.kv_width()) / tp), linear(2, h), norm];
     for k in 0..matrices {
         let out = if k + 1 == matrices { h } else { t.ffn_hidden as f64 / tp };
         parts.push(linear(4 + k, out));
