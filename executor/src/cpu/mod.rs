@@ -328,32 +328,15 @@ fn grow(v: &mut Vec<f32>, len: usize, salt: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sim::workload::{OpSpec, Saved};
+    use sim::workload::Saved;
 
     fn ctx() -> OpContext {
         OpContext { hidden: 256, seq_len: 128, element_bytes: 2.0 }
     }
 
     fn gemm_op(name: &'static str, batch: f64, m: f64, n: f64, k: f64, backward: bool) -> OpInstance {
-        let flops = 2.0 * batch * m * n * k;
-        let bytes = batch * 2.0 * (m * k + k * n + m * n);
-        OpInstance {
-            spec: OpSpec {
-                name,
-                class: OpClass::Gemm { batch, m, n, k },
-                forward_flops: flops,
-                forward_bytes: bytes,
-                backward_flops: 2.0 * flops,
-                backward_bytes: 2.0 * bytes,
-                saved: Saved::default(),
-            },
-            backward,
-            on_host: false,
-            nvme_bytes: 0.0,
-            class: 0,
-            sm_share: 1.0,
-            part: sim::lower::OpPart::Whole,
-        }
+        let spec = sim::workload::gemm_op(name, batch, m, n, k, 2.0, Saved::default());
+        OpInstance { spec, ..crate::test_ops::op(name, OpClass::Memory, 0.0, backward) }
     }
 
     fn mem_op(name: &'static str, bytes: f64, backward: bool) -> OpInstance {
@@ -416,6 +399,25 @@ mod tests {
         positive(dev.copy(1 << 20, true).unwrap(), "copy to device");
         positive(dev.copy(1 << 20, false).unwrap(), "copy to host");
         assert_eq!(dev.copy(0, true).unwrap(), 0.0);
+    }
+
+    /// A backward split into its two products (`OpPart`, Megatron's asynchronous
+    /// column-parallel backward) runs the one product it stands for: dX = dY . W^T is m x n by
+    /// n x k, so the op's k is that product's n (the error names it so), and dW = X^T . dY is
+    /// k x m by m x n, the op's m its k.
+    #[test]
+    fn a_backward_part_runs_its_one_product() {
+        use sim::lower::OpPart;
+        let mut dev = CpuDevice::new(0);
+        let part = |part, m: f64, k: f64| OpInstance { part, ..gemm_op("qkv", 1.0, m, 64.0, k, true) };
+        let whole = dev.run_op(&part(OpPart::Whole, 64.0, f64::NAN), &ctx()).unwrap_err();
+        let dgrad = dev.run_op(&part(OpPart::DataGrad, 64.0, f64::NAN), &ctx()).unwrap_err();
+        let wgrad = dev.run_op(&part(OpPart::WeightGrad, f64::NAN, 64.0), &ctx()).unwrap_err();
+        assert!(whole.0.contains(" k = NaN") && dgrad.0.contains(" n = NaN"), "{whole} / {dgrad}");
+        assert!(wgrad.0.contains(" k = NaN"), "{wgrad}");
+        for p in [OpPart::DataGrad, OpPart::WeightGrad] {
+            positive(dev.run_op(&part(p, 64.0, 32.0), &ctx()).unwrap(), "a backward product");
+        }
     }
 
     #[test]

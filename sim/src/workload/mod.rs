@@ -17,6 +17,7 @@ pub mod recompute;
 pub mod ring;
 pub mod transformer;
 
+pub use ops::gemm_op;
 pub use transformer::TransformerConfig;
 
 /// The network being trained.

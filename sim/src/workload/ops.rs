@@ -4,7 +4,8 @@
 use super::transformer::Mlp;
 use super::{OpClass, OpSpec, Saved};
 
-pub(super) fn gemm_op(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e: f64, saved: Saved) -> OpSpec {
+/// A GEMM of `batch` products `m x k` by `k x n` at `e` bytes an element, keeping `saved`.
+pub fn gemm_op(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e: f64, saved: Saved) -> OpSpec {
     let flops = 2.0 * batch * m * n * k;
     let bytes = batch * e * (m * k + k * n + m * n);
     OpSpec {
