@@ -44,21 +44,20 @@ pub(super) struct Gathers {
     /// Each transformer layer's gather as its modules' shares of the layer's parameters, one
     /// all-gather each (DeepSpeed ZeRO-3 fetches module by module); `[1.0]`: one per layer.
     modules: Vec<f64>,
-    /// Per entry of `modules`, whether all its tensors stay gathered after the first step
-    /// (DeepSpeed's persistence threshold: a norm), so that it is never gathered.
-    persistent: Vec<bool>,
-    /// Under `framework.gather_per_tensor`, the parameter tensors of each entry of `modules`
-    /// that are gathered (one all-gather each: the persistent ones are not), those whose
-    /// gradients are reduced (all), and the other units'; `None` otherwise.
+    /// Per entry of `modules`, its parameter tensors that are gathered (those under DeepSpeed's
+    /// persistence threshold stay gathered after the first step: an entry with none, a norm,
+    /// is never gathered); under `framework.gather_per_tensor` one all-gather each.
+    gathered: Vec<f64>,
+    /// Under `framework.gather_per_tensor`, the tensors a layer's list collectives handle
+    /// beyond `gathered`; `None` otherwise.
     tensors: Option<PerTensor>,
 }
 
-/// The parameter tensors a list all-gather or reduce-scatter handles one by one
-/// (`framework.gather_per_tensor`): per entry of [`Gathers::modules`], those gathered and
-/// those reduced; and an edge unit's (the embedding's or the head's).
+/// The parameter tensors a list reduce-scatter handles one by one
+/// (`framework.gather_per_tensor`): a layer's (all of them), and an edge unit's (the
+/// embedding's or the head's, gathered and reduced alike).
 struct PerTensor {
-    gathered: Vec<f64>,
-    reduced: Vec<f64>,
+    reduced: f64,
     edge: f64,
 }
 
@@ -134,6 +133,16 @@ impl Gathers {
     /// The gathers of one stage; `moves` are Gemini's steady-state moves per access (`None`
     /// outside Gemini and in its warm-up).
     pub(super) fn new(lw: &Lowering, moves: Option<Vec<Vec<(bool, f64)>>>) -> Gathers {
+        let t = &lw.s.workload.transformer;
+        let per_module = matches!(lw.plan.framework.gather, crate::framework::Gather::PerModule { .. })
+            && lw.s.workload.net.is_none();
+        let modules = if per_module { module_shares(t) } else { vec![1.0] };
+        let gathered = if per_module || lw.per_tensor {
+            let sizes = module_tensor_sizes(t, lw.t as f64);
+            module_tensors(&sizes, modules.len() > 1, persistence_threshold(lw))
+        } else {
+            vec![1.0]
+        };
         Gathers {
             firsts: std::collections::VecDeque::new(),
             prefetch: match lw.plan.framework.gather {
@@ -154,32 +163,13 @@ impl Gathers {
             pending: (0, 0.0),
             wb: lw.wb,
             labels: (NONE, NONE),
-            modules: match lw.plan.framework.gather {
-                crate::framework::Gather::PerModule { .. } if lw.s.workload.net.is_none() => {
-                    module_shares(&lw.s.workload.transformer)
-                }
-                _ => vec![1.0],
-            },
-            persistent: match lw.plan.framework.gather {
-                crate::framework::Gather::PerModule { .. } if lw.s.workload.net.is_none() => {
-                    let sizes = module_tensor_sizes(&lw.s.workload.transformer, lw.t as f64);
-                    let threshold = persistence_threshold(lw);
-                    sizes.iter().map(|m| m.iter().all(|&n| n < threshold)).collect()
-                }
-                _ => vec![false],
-            },
-            tensors: lw.per_tensor.then(|| {
-                let per_module = matches!(lw.plan.framework.gather, crate::framework::Gather::PerModule { .. })
-                    && module_shares(&lw.s.workload.transformer).len() > 1;
-                let t = &lw.s.workload.transformer;
-                let sizes = module_tensor_sizes(t, lw.t as f64);
-                PerTensor {
-                    gathered: module_tensors(&sizes, per_module, persistence_threshold(lw)),
-                    reduced: module_tensors(&sizes, per_module, 0.0),
-                    // The embedding or the head: its weight (and a learned position table
-                    // where positions are not rotary).
-                    edge: if t.rotary { 1.0 } else { 2.0 },
-                }
+            gathered,
+            modules,
+            tensors: lw.per_tensor.then(|| PerTensor {
+                reduced: layer_tensors(t),
+                // The embedding or the head: its weight (and a learned position table where
+                // positions are not rotary).
+                edge: if t.rotary { 1.0 } else { 2.0 },
             }),
         }
     }
@@ -190,8 +180,8 @@ impl Gathers {
     /// or reduced. `None` otherwise.
     pub(super) fn list_copies(&self, plan: &Plan, unit: i32, gather: bool) -> Option<f64> {
         let t = self.tensors.as_ref()?;
-        let layer = if gather { &t.gathered } else { &t.reduced };
-        let tensors = if unit < 0 { t.edge } else { layer.iter().sum() };
+        let layer = if gather { self.gathered.iter().sum() } else { t.reduced };
+        let tensors = if unit < 0 { t.edge } else { layer };
         Some(plan.sync_degree() as f64 * tensors)
     }
 
@@ -274,18 +264,12 @@ impl Gathers {
             // Coalesced: a module whose tensors all persist is not gathered.
             return parts
                 .into_iter()
-                .zip(self.persistent.iter().chain(std::iter::repeat(&false)))
-                .filter(|&(_, &kept)| edge_or_layer || !kept)
+                .zip(&self.gathered)
+                .filter(|&(_, &n)| edge_or_layer || n >= 1.0)
                 .map(|(p, _)| (p, 1))
                 .collect();
         };
-        let counts: Vec<f64> = if unit < 0 {
-            vec![t.edge]
-        } else if t.gathered.len() == parts.len() {
-            t.gathered.clone()
-        } else {
-            vec![t.gathered.iter().sum()]
-        };
+        let counts: Vec<f64> = if unit < 0 { vec![t.edge] } else { self.gathered.clone() };
         // Each gathered tensor its own call (a module with none is not gathered); the bytes
         // split evenly over them.
         parts.into_iter().zip(counts).filter(|&(_, n)| n >= 1.0).map(|(p, n)| (p / n, n as u64)).collect()

@@ -169,11 +169,9 @@ impl TpOverlap {
             self.after_next.extend(pairs);
             return true;
         }
-        if axis == Axis::Tensor && prev_gemm && COLUMN_INPUTS.contains(&name) {
-            let backward = b.p.labels[label as usize].phase == Phase::Backward;
-            if backward && self.column_backward(b, ctx, kind, bytes, label, mb) {
-                return true;
-            }
+        // The collective after a GEMM split into its backward products ([`TpOverlap::splits`]).
+        if self.column_backward(b, ctx, kind, bytes, label, mb) {
+            return true;
         }
         // The expert-parallel dispatcher's all-gather and reduce-scatter of the routed rows
         // (Megatron-Core's `gather_from_sequence_parallel_region` in the alltoall token
@@ -224,7 +222,7 @@ impl TpOverlap {
     /// (`Plan::tp_overlap`: the bulk overlaps `*_dgrad` and `*_wgrad`) both products run on
     /// the SMs their kernels leave; on an NCCL stream (`Plan::tp_async`: Megatron's
     /// asynchronous backward) the engine takes the collectives' SMs while they run. `false`
-    /// when the op was not split.
+    /// when the op before was not split.
     fn column_backward(
         &mut self,
         b: &mut Builder,
