@@ -25,10 +25,29 @@ pub struct Case {
     pub corpus_dir: Option<PathBuf>,
 }
 
-/// How often `capacity` joins the commands of a case (it runs many simulations).
+/// How often `capacity` joins the commands of a case (it runs many simulations), and how often
+/// a case is a plan search instead.
 #[derive(Clone, Copy, Debug)]
 pub struct Mix {
     pub capacity_fraction: f64,
+    pub search_fraction: f64,
+}
+
+/// The most devices a search case may have: `search` simulates every plan its bounds do not
+/// prune, so a case stays within the run's time limit on one thread.
+pub const SEARCH_MAX_DEVICES: u64 = 32;
+
+/// The scenario without its plan and micro-batch, for `search` to choose them: the same text
+/// where it is not a JSON object (a mutated file that does not parse stays as it is).
+fn without_plan(text: &[u8]) -> Vec<u8> {
+    let Ok(serde_json::Value::Object(mut m)) = serde_json::from_slice::<serde_json::Value>(text) else {
+        return text.to_vec();
+    };
+    m.remove("plan");
+    if let Some(serde_json::Value::Object(t)) = m.get_mut("training") {
+        t.remove("micro_batch");
+    }
+    serde_json::to_vec_pretty(&serde_json::Value::Object(m)).unwrap_or_else(|_| text.to_vec())
 }
 
 pub fn build(seed: u64, id: u64, cat: &Catalog, mix: Mix) -> Case {
@@ -61,6 +80,14 @@ pub fn build(seed: u64, id: u64, cat: &Catalog, mix: Mix) -> Case {
     let mut tags = base.tags;
     if kind != "valid" {
         tags.push(kind.to_string());
+    }
+    // A search case: the plan and micro-batch left for `search` to choose, on one thread (its
+    // result is the same on any number), instead of the other commands.
+    if kind != "garbage" && base.devices <= SEARCH_MAX_DEVICES && r.chance(mix.search_fraction) {
+        let args = ["search", "--json", "--top", "3", "--threads", "1", SCENARIO_FILE];
+        tags.push("search".to_string());
+        let runs = vec![args.iter().map(|s| s.to_string()).collect()];
+        return Case { id, kind, text: without_plan(&text), files: base.files, tags, runs, corpus_dir: None };
     }
     Case { id, kind, text, files: base.files, tags, runs, corpus_dir: None }
 }

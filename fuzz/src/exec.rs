@@ -27,8 +27,8 @@ pub const SIGXCPU: i32 = 24;
 pub struct Limits {
     /// CPU-time limit of one run (all its threads together).
     pub timeout: Duration,
-    /// CPU-time limit of a `capacity` or `partition` run: a search over dozens of whole
-    /// simulations, each seconds on a large cluster.
+    /// CPU-time limit of a `capacity`, `partition` or `search` run: a search over dozens to
+    /// thousands of whole simulations, each seconds on a large cluster.
     pub search_timeout: Duration,
     /// Address-space limit in MiB (`ulimit -v`); 0 = none.
     pub mem_mib: u64,
@@ -72,7 +72,7 @@ fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> 
 
 /// Run `bin args...` in `dir` under `limits`. Errors only when the process cannot be started.
 pub fn run(bin: &Path, args: &[String], dir: &Path, limits: Limits) -> std::io::Result<Outcome> {
-    let search = matches!(args.first().map(String::as_str), Some("capacity" | "partition"));
+    let search = matches!(args.first().map(String::as_str), Some("capacity" | "partition" | "search"));
     let limit = if search { limits.search_timeout } else { limits.timeout };
     // `ulimit -t` takes whole seconds; round up so a sub-second limit is not zero (= none).
     let cpu_s = limit.as_secs() + u64::from(limit.subsec_nanos() > 0);

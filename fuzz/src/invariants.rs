@@ -268,6 +268,63 @@ fn slices(r: &Value, ctx: &Context) -> Check {
     Ok(())
 }
 
+/// A searched plan's degrees: dp x cp x tp x pp devices (missing keys count 1).
+fn plan_devices(plan: &Value) -> u64 {
+    ["dp", "cp", "tp", "pp"].iter().map(|k| plan.get(*k).and_then(Value::as_u64).unwrap_or(1)).product()
+}
+
+fn search(r: &Value) -> Check {
+    let counts = |k: &str| r.get(k).and_then(Value::as_u64).unwrap_or(0);
+    if counts("enumerated") != counts("invalid") + counts("pruned_memory") + counts("pruned_time") + counts("evaluated")
+    {
+        return fail("enumerated != invalid + pruned_memory + pruned_time + evaluated");
+    }
+    if counts("simulated") > counts("evaluated") || counts("failed") > counts("evaluated") {
+        return fail("more plans simulated or failed than evaluated");
+    }
+    let gpus: Vec<u64> =
+        r.get("gpus_searched").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_u64).collect();
+    let list = |k: &str| r.get(k).and_then(Value::as_array).cloned().unwrap_or_default();
+    let (top, pareto) = (list("top"), list("pareto"));
+    let best = r.get("best").filter(|b| !b.is_null());
+    for c in top.iter().chain(&pareto).chain(best) {
+        let it = f(c, "iteration_s").unwrap_or(0.0);
+        if it <= 0.0 || it >= CLOCK_LIMIT_S {
+            return fail("a searched plan's iteration_s <= 0 or at the clock's limit");
+        }
+        if f(c, "mfu").is_some_and(|m| m > 1.0) {
+            return fail("a searched plan's mfu > 1");
+        }
+        if c.get("fits").is_some_and(|x| x != &Value::Bool(true)) {
+            return fail("a listed plan does not fit");
+        }
+        if let Some(plan) = c.get("plan")
+            && !gpus.is_empty()
+            && !gpus.contains(&plan_devices(plan))
+        {
+            return fail("a searched plan's dp x cp x tp x pp is not a searched GPU count");
+        }
+    }
+    if top.windows(2).any(|w| f(&w[0], "iteration_s") > f(&w[1], "iteration_s")) {
+        return fail("top is not sorted by iteration_s");
+    }
+    match (best, top.first()) {
+        (Some(b), Some(t)) if !close(f(b, "iteration_s").unwrap_or(0.0), f(t, "iteration_s").unwrap_or(0.0)) => {
+            return fail("best is not the fastest of top");
+        }
+        (Some(_), None) | (None, Some(_)) => return fail("best and top disagree on whether a plan fits"),
+        _ => {}
+    }
+    let pareto_ok = pareto.windows(2).all(|w| {
+        f(&w[0], "iteration_s") <= f(&w[1], "iteration_s")
+            && f(&w[0], "peak_memory_bytes") > f(&w[1], "peak_memory_bytes")
+    });
+    if !pareto_ok {
+        return fail("pareto is not faster-first with falling peak memory");
+    }
+    Ok(())
+}
+
 /// The named check that `report` (from `command --json`) fails, if any.
 pub fn check(command: &str, report: &Value, ctx: &Context) -> Check {
     quantities(report, "")?;
@@ -276,6 +333,7 @@ pub fn check(command: &str, report: &Value, ctx: &Context) -> Check {
         "train-run" => train_run(report, ctx),
         "partition" => partition(report, ctx),
         "slices" => slices(report, ctx),
+        "search" => search(report),
         _ => Ok(()),
     }
 }
@@ -398,5 +456,37 @@ mod tests {
             check("partition", &json!({"candidates": [], "best": cand(3, 3.0)}), &ctx),
             Err("stages[].time_s > iteration_s".into())
         );
+    }
+
+    #[test]
+    fn a_search_lists_fitting_plans_fastest_first() {
+        let plan = |dp: u64, tp: u64| json!({"dp": dp, "tp": tp, "pp": 1});
+        let row = |it: f64, peak: f64, dp: u64| json!({"iteration_s": it, "mfu": 0.4, "fits": true, "peak_memory_bytes": peak, "plan": plan(dp, 8 / dp)});
+        let ok = json!({"enumerated": 10, "invalid": 1, "pruned_memory": 4, "pruned_time": 2, "evaluated": 3,
+            "simulated": 2, "failed": 0, "gpus_searched": [8], "best": row(1.0, 9.0, 2),
+            "top": [row(1.0, 9.0, 2), row(2.0, 5.0, 4)],
+            "pareto": [{"iteration_s": 1.0, "peak_memory_bytes": 9.0, "plan": plan(2, 4)},
+                       {"iteration_s": 2.0, "peak_memory_bytes": 5.0, "plan": plan(4, 2)}]});
+        let ctx = Context::default();
+        assert_eq!(check("search", &ok, &ctx), Ok(()));
+        for (key, value, want) in [
+            ("enumerated", json!(11), "enumerated != invalid + pruned_memory + pruned_time + evaluated"),
+            ("simulated", json!(4), "more plans simulated or failed than evaluated"),
+            ("top", json!([row(2.0, 5.0, 4), row(1.0, 9.0, 2)]), "top is not sorted by iteration_s"),
+            ("best", row(2.0, 5.0, 4), "best is not the fastest of top"),
+            ("best", json!(null), "best and top disagree on whether a plan fits"),
+            ("top", json!([row(1.0, 9.0, 3)]), "a searched plan's dp x cp x tp x pp is not a searched GPU count"),
+            ("top", json!([{"iteration_s": 1.0, "mfu": 1.2, "fits": true}]), "a searched plan's mfu > 1"),
+            ("top", json!([{"iteration_s": 1.0, "fits": false}]), "a listed plan does not fit"),
+            (
+                "pareto",
+                json!([{"iteration_s": 1.0, "peak_memory_bytes": 5.0}, {"iteration_s": 2.0, "peak_memory_bytes": 9.0}]),
+                "pareto is not faster-first with falling peak memory",
+            ),
+        ] {
+            let mut bad = ok.clone();
+            bad[key] = value;
+            assert_eq!(check("search", &bad, &ctx), Err(want.into()), "{key}");
+        }
     }
 }

@@ -48,8 +48,8 @@ struct Args {
     /// wall-clock time (a hang that uses no CPU)
     #[arg(long, default_value_t = 20.0)]
     timeout: f64,
-    /// CPU-time limit of one `capacity` or `partition` run (searches over many whole
-    /// simulations), seconds
+    /// CPU-time limit of one `capacity`, `partition` or `search` run (searches over many
+    /// whole simulations), seconds
     #[arg(long, default_value_t = 600.0)]
     search_timeout: f64,
     /// Address-space limit of one run, MiB (ulimit -v); 0 = none
@@ -58,6 +58,10 @@ struct Args {
     /// Fraction of cases that also run `capacity`
     #[arg(long, default_value_t = 0.03)]
     capacity_fraction: f64,
+    /// Fraction of the cases of at most 32 devices that are a plan search instead (`search`
+    /// on the scenario without its plan and micro-batch)
+    #[arg(long, default_value_t = 0.05)]
+    search_fraction: f64,
     /// Also run every scenario file (*.json with a workload) under these folders or files
     #[arg(long)]
     corpus: Vec<PathBuf>,
@@ -96,7 +100,7 @@ fn main() -> ExitCode {
         search_timeout: Duration::from_secs_f64(args.search_timeout),
         mem_mib: args.mem_mib,
     };
-    let mix = case::Mix { capacity_fraction: args.capacity_fraction };
+    let mix = case::Mix { capacity_fraction: args.capacity_fraction, search_fraction: args.search_fraction };
     let tmp = std::env::temp_dir().join(format!("trainsim-fuzz-{}", std::process::id()));
     let mut store = store::Store { out: args.out.clone(), ..Default::default() };
     if let Some(out) = &args.out
