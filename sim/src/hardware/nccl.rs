@@ -235,7 +235,8 @@ pub struct NcclSystem {
     pub arch: Arch,
     /// GPUs of a node talk over NVLink (else over PCIe).
     pub nvlink: bool,
-    /// NVLink SHARP: Hopper or later on NVSwitch (an NVLink node of more than two GPUs).
+    /// NVLink SHARP: Hopper or later on NVSwitch (an NVLink node of more than two GPUs on a
+    /// switch, not a pairwise mesh).
     pub nvls: bool,
     /// Effective bandwidth of a GPU's port to its node's switch, per direction.
     pub intra_bytes_per_s: f64,
@@ -272,7 +273,12 @@ impl NcclSystem {
         Some(NcclSystem {
             arch,
             nvlink,
-            nvls: arch >= Arch::Hopper && nvlink && node.devices > 2,
+            // NVLink SHARP reduces in the NVSwitch: none on a board whose GPUs are linked
+            // pairwise (HGX H100/H200 4-GPU boards), where NCCL finds no NVLS-capable switch.
+            nvls: arch >= Arch::Hopper
+                && nvlink
+                && node.devices > 2
+                && node.intra_topology == super::IntraTopology::Switch,
             intra_bytes_per_s,
             graph_channels,
             channels: (2 * graph_channels).min(MAX_CHANNELS),

@@ -153,8 +153,8 @@ pub(super) struct GradSync {
     /// optimizer on the host under ZeRO-2 and 3 (gradients stream there even without peers).
     enabled: bool,
     /// ZeRO-2 and 3 reduce every micro-batch's gradients (into this device's shard); below,
-    /// and under ZeRO-2 with `grad_reduce: after_backward`, only each chunk's last backward
-    /// micro-batch reduces the accumulated gradients ([`Plan::gradient_shard_stage`]).
+    /// and with `grad_reduce: after_backward`, only each chunk's last backward micro-batch
+    /// reduces the accumulated gradients ([`Plan::gradient_shard_stage`]).
     every_micro_batch: bool,
     /// The last backward micro-batch of each chunk on the stage.
     last_bwd: HashMap<u32, u32>,

@@ -622,6 +622,34 @@ fn reducing_after_backward_holds_zero2_gradients_whole() {
     assert!((whole / shard - 16.0).abs() < 1e-9, "{whole} vs {shard}");
 }
 
+/// ZeRO-3 with gradient sync off until the last micro-batch (FSDP2's
+/// `set_requires_gradient_sync(False)` over a gradient-accumulation step): the parameters are
+/// still gathered for every micro-batch, the gradients are reduce-scattered only in the last
+/// micro-batch's backward, and the whole unsharded gradients are held until then.
+#[test]
+fn zero3_without_gradient_sync_reduces_once_and_holds_the_gradients() {
+    let z3 = r#"{"dp": 16, "zero_stage": 3}"#;
+    let run = |fw: &str| {
+        let sim = crate::simulate(&with_framework(fw, z3), false);
+        let p = &sim.program;
+        let count = |op: &str| {
+            p.tasks
+                .iter()
+                .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == op)
+                .filter(|t| p.collectives[t.payload as usize].members.contains(&0))
+                .count()
+        };
+        (count("grad_sync"), count("param_gather"), p.static_memory[0].gradients)
+    };
+    let (per_micro_batch, gathers, shard) = run(r#""pytorch-fsdp""#);
+    let (once, gathers_once, whole) = run(r#"{"name": "pytorch-fsdp", "grad_reduce": "after_backward"}"#);
+    // Two micro-batches per replica: half the reduce-scatters, as many gathers.
+    assert_eq!(per_micro_batch, 2 * once, "{per_micro_batch} vs {once}");
+    assert!(once >= 1);
+    assert!(gathers > 0 && gathers == gathers_once, "{gathers} vs {gathers_once}");
+    assert!((whole / shard - 16.0).abs() < 1e-9, "{whole} vs {shard}");
+}
+
 /// Transformer Engine keeps each layer weight's fp8 cast and its transpose through the step
 /// (`weight1_fp8`, `weight1_t_fp8`): 2 bytes more a parameter of the device's layers than
 /// the 16-bit weights alone; torchao casts at every use and ZeRO-3 gathers transient weights,

@@ -458,13 +458,16 @@ impl Plan {
             && self.tp_mode == crate::workload::TpMode::OneD
     }
 
-    /// The ZeRO stage from which each device keeps only its shard of the gradients: 2, or 3
-    /// when the framework reduces after the last micro-batch's backward (`grad_reduce:
-    /// after_backward`), which holds the whole stage's gradients until that one reduction
-    /// (PyTorch's pipelining of FSDP2: gradient sync off until the last backward). ZeRO-3
-    /// reduce-scatters each layer's gradients after its backward in any case.
+    /// The ZeRO stage from which each device keeps only its shard of the gradients: 2, or
+    /// never (4) when the framework reduces after the last micro-batch's backward (`grad_reduce:
+    /// after_backward`), which holds the whole stage's gradients, in the reduction's dtype,
+    /// until that one reduction: PyTorch's pipelining of FSDP2, and FSDP2's
+    /// `set_requires_gradient_sync(False)` over the micro-batches of a gradient-accumulation
+    /// step, both turn gradient sync off until the last backward, and FSDP2 then accumulates
+    /// the unsharded gradients in its `reduce_dtype` (`FSDPParam.to_accumulated_grad_if_needed`).
+    /// Under ZeRO-3 that last backward still reduce-scatters layer by layer.
     pub fn gradient_shard_stage(&self) -> u8 {
-        if self.framework.grad_reduce == crate::framework::GradReduce::AfterBackward { 3 } else { 2 }
+        if self.framework.grad_reduce == crate::framework::GradReduce::AfterBackward { 4 } else { 2 }
     }
 
     /// Devices that hold the same weights and sum their gradients: the data-parallel
