@@ -226,6 +226,14 @@ pub struct Framework {
     /// sequence shard and gather it again in backward (Megatron's and Transformer Engine's
     /// layers, Colossal-AI's `Linear1D_Col`). See [`TP_GATHERED_INPUT_SOURCE`].
     pub tp_keeps_gathered_input: bool,
+    /// Under sequence parallelism each column-parallel projection gathers its input itself: a
+    /// model whose projections are separate modules (`fused.projections` off), each wrapped in
+    /// DTensor's `ColwiseParallel(input_layouts=Shard(1))` with no `PrepareModuleInput` before
+    /// them, all-gathers the sequence-sharded norm output once per projection (q, k and v; gate
+    /// and up) and reduce-scatters each projection's input gradient in backward, where one
+    /// gather and one reduce-scatter serve them all when the module's input is redistributed
+    /// once (torchtitan, Megatron). Off in every profile. See [`TP_GATHERED_INPUT_SOURCE`].
+    pub tp_gather_per_projection: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
     /// [`EP_COMM_OVERLAP_SOURCE`]); off in every profile, a knob to turn on.
     pub ep_comm_overlap: bool,
@@ -460,6 +468,7 @@ pub fn reference_markdown() -> String {
                 f.tp_async_backward,
             ),
             ("with sequence parallelism, column-parallel layers keep their gathered input", f.tp_keeps_gathered_input),
+            ("with sequence parallelism, each separate projection gathers its own input", f.tp_gather_per_projection),
             ("expert all-to-alls overlap another micro-batch's compute", f.ep_comm_overlap),
         ];
         for (behaviour, on) in flags {

@@ -23,6 +23,7 @@ pub struct FrameworkSpec {
     tp_comm_overlap: Option<bool>,
     tp_async_backward: Option<bool>,
     tp_keeps_gathered_input: Option<bool>,
+    tp_gather_per_projection: Option<bool>,
     ep_comm_overlap: Option<bool>,
     gather_copy_out: Option<bool>,
     gather_per_tensor: Option<bool>,
@@ -119,6 +120,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         tp_comm_overlap: f.boolean("tp_comm_overlap")?,
         tp_async_backward: f.boolean("tp_async_backward")?,
         tp_keeps_gathered_input: f.boolean("tp_keeps_gathered_input")?,
+        tp_gather_per_projection: f.boolean("tp_gather_per_projection")?,
         ep_comm_overlap: f.boolean("ep_comm_overlap")?,
         gather_copy_out: f.boolean("gather_copy_out")?,
         gather_per_tensor: f.boolean("gather_per_tensor")?,
@@ -214,6 +216,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(b) = s.tp_keeps_gathered_input {
         f.tp_keeps_gathered_input = b;
+    }
+    if let Some(b) = s.tp_gather_per_projection {
+        f.tp_gather_per_projection = b;
     }
     if let Some(b) = s.ep_comm_overlap {
         f.ep_comm_overlap = b;

@@ -129,6 +129,7 @@ pub const FRAMEWORK: &[&str] = &[
     "tp_comm_overlap",
     "tp_async_backward",
     "tp_keeps_gathered_input",
+    "tp_gather_per_projection",
     "ep_comm_overlap",
     "gather_copy_out",
     "gather_per_tensor",

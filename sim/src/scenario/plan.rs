@@ -259,6 +259,7 @@ pub(super) fn parse_plan(
             unfused_loss: framework.unfused_loss,
             cp_ring: framework.cp_ring,
             gathered_linear_inputs: framework.tp_keeps_gathered_input && !framework.tp_comm_overlap,
+            gather_per_projection: framework.tp_gather_per_projection && !framework.tp_comm_overlap,
             fp8_gemm_inputs: t.precision == crate::hardware::Precision::Fp8
                 && framework.fp8_casts == crate::framework::Fp8Casts::Te,
         },

@@ -202,6 +202,11 @@ pub struct Fusion {
     /// Transformer Engine's column-parallel layers: `framework.tp_async_backward`,
     /// `tp_comm_overlap`).
     pub gathered_linear_inputs: bool,
+    /// Under sequence parallelism each separate input projection (q, k, v; gate, up) gathers
+    /// the norm's output itself and reduce-scatters its own input gradient
+    /// (`framework.tp_gather_per_projection`); with `gathered_linear_inputs` each keeps its own
+    /// gathered copy.
+    pub gather_per_projection: bool,
 }
 
 impl Default for Fusion {
@@ -219,6 +224,7 @@ impl Default for Fusion {
             unfused_loss: loss::UnfusedLoss::Fp32,
             cp_ring: context_ring::CpRing::TeP2p,
             gathered_linear_inputs: false,
+            gather_per_projection: false,
         }
     }
 }

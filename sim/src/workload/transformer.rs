@@ -424,10 +424,20 @@ impl TransformerConfig {
         // sequence parallelism unless the framework keeps it gathered.
         let kept_in = if shape.fusion.gathered_linear_inputs { 1.0 } else { rep };
         let ln_out = Saved { replicated_bytes: e * sbh * kept_in, ..Saved::default() };
+        let per_projection = tp && sp && shape.fusion.gather_per_projection && !shape.fusion.projections;
         match &self.mla {
             Some(m) => ops.extend(m.projections(tokens, h, a, t, e, ln_out)),
             None if shape.fusion.projections => ops.push(gemm("qkv", tokens, (qw + 2.0 * kv) / t, h, ln_out)),
-            // A GEMM per projection, all reading the norm's output (kept once).
+            // A GEMM per projection, all reading the norm's output (kept once), or each its own
+            // gather of it (`fusion.gather_per_projection`: kept once each where gathered copies
+            // are kept).
+            None if per_projection => {
+                ops.push(gemm("q_proj", tokens, qw / t, h, ln_out));
+                ops.push(f_op("k_in"));
+                ops.push(gemm("k_proj", tokens, kv / t, h, ln_out));
+                ops.push(f_op("v_in"));
+                ops.push(gemm("v_proj", tokens, kv / t, h, ln_out));
+            }
             None => {
                 ops.push(gemm("q_proj", tokens, qw / t, h, ln_out));
                 ops.push(gemm("k_proj", tokens, kv / t, h, Saved::default()));
@@ -596,7 +606,12 @@ impl TransformerConfig {
                 } else {
                     // The gate's GEMM then the up projection's (torchtitan's `w1`, `w3`).
                     ops.push(gemm("gate_proj", tokens, f / t, h, ln_out));
-                    ops.push(gemm("up_proj", tokens, f / t, h, Saved::default()));
+                    if per_projection {
+                        ops.push(f_op("up_in"));
+                        ops.push(gemm("up_proj", tokens, f / t, h, ln_out));
+                    } else {
+                        ops.push(gemm("up_proj", tokens, f / t, h, Saved::default()));
+                    }
                 }
                 // GeLU keeps its input (4h wide in GPT: 8sbh at 2 bytes); SwiGLU keeps gate and up.
                 let (moved, kept) = act_bytes(self.mlp, shape.fusion.swiglu);
