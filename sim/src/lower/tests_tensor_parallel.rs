@@ -176,3 +176,54 @@ fn dtensor_layers_keep_the_gathered_input() {
     let profile = |name: &str| crate::framework::profile(name).expect("profile").tp_keeps_gathered_input;
     assert!(profile("pytorch-fsdp") && !profile("megatron-core") && !profile("megatron-lm-2021"));
 }
+
+/// DTensor's `ColwiseParallel(input_layouts=Shard(1))` on each separate projection with no
+/// `PrepareModuleInput` (`tp_gather_per_projection`): under sequence parallelism a Llama-style
+/// layer all-gathers the norm's output once per projection (q, k, v; gate, up: 5 where one
+/// gather per block makes 2) and reduce-scatters each projection's input gradient. Fused
+/// projections, no sequence parallelism or Transformer Engine's overlap leave it as it was.
+#[test]
+fn each_separate_projection_gathers_its_own_input() {
+    let run = |knobs: &str, sp: bool| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": 2, "hidden": 1024, "heads": 16, "kv_heads": 8,
+                    "vocab": 32000, "mlp": "swiglu", "norm": "rmsnorm", "rotary": true}}}},
+                "cluster": {{"node": "dgx-h100", "nodes": 1}},
+                "training": {{"global_batch": 2, "micro_batch": 1, "seq_len": 1024,
+                              "framework": {{"name": "pytorch-fsdp", {knobs}}}}},
+                "plan": {{"tp": 8, "sequence_parallel": {sp}}}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let sim = crate::simulate(&s, false);
+        let p = &sim.program;
+        // Tensor-parallel collectives of layer 0 on device 0, per phase.
+        let count = |phase: Phase| {
+            p.tasks
+                .iter()
+                .filter(|t| t.kind == super::TaskKind::Collective)
+                .filter(|t| {
+                    let l = &p.labels[t.label as usize];
+                    l.layer == 0 && l.phase == phase && l.chunk == 0
+                })
+                .filter(|t| {
+                    let c = &p.collectives[t.payload as usize];
+                    c.members.contains(&0) && c.members.len() == 8
+                })
+                .count()
+        };
+        (count(Phase::Forward), count(Phase::Backward))
+    };
+    let separate = r#""fused": {"projections": false}"#;
+    let per = format!(r#"{separate}, "tp_gather_per_projection": true"#);
+    let (once_f, once_b) = run(separate, true);
+    let (each_f, each_b) = run(&per, true);
+    // Per micro-batch: 2 gathers + 2 reduce-scatters a block forward become 5 + 2, and the same
+    // backward (5 reduce-scatters of input gradients + 2 gathers); two micro-batches.
+    assert_eq!((once_f, once_b), (2 * 4, 2 * 4), "one gather per block");
+    assert_eq!((each_f, each_b), (2 * 7, 2 * 7), "one gather per projection");
+    // Fused projections, or no sequence parallelism: nothing changes.
+    let fused = r#""fused": {"projections": true}, "tp_gather_per_projection": true"#;
+    assert_eq!(run(fused, true), run(r#""fused": {"projections": true}"#, true));
+    assert_eq!(run(&per, false), run(separate, false));
+    assert!(!crate::framework::profile("pytorch-fsdp").expect("profile").tp_gather_per_projection);
+}
