@@ -598,25 +598,32 @@ fn early_stopping_recomputation_skips_the_last_gemm() {
     assert_eq!(with_dropout, names[..with_dropout.len()].to_vec());
 }
 
+/// Device 0's data-parallel collectives of op `ops` (each label) and its static gradient bytes,
+/// for the test GPT under framework `fw` and plan `plan`.
+fn data_parallel_traffic(fw: &str, plan: &str, ops: &[&str]) -> (Vec<usize>, f64) {
+    let sim = crate::simulate(&with_framework(fw, plan), false);
+    let p = &sim.program;
+    let count = |op: &str| {
+        p.tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == op)
+            .filter(|t| p.collectives[t.payload as usize].members.contains(&0))
+            .count()
+    };
+    (ops.iter().map(|op| count(op)).collect(), p.static_memory[0].gradients)
+}
+
+const AFTER_BACKWARD: &str = r#"{"name": "pytorch-fsdp", "grad_reduce": "after_backward"}"#;
+
 /// ZeRO-2 under a framework that reduces after the last micro-batch's backward (PyTorch's
 /// pipelining of FSDP2): one gradient reduction per step instead of one per micro-batch, and
 /// the whole stage's gradients held until it (not the shard).
 #[test]
 fn reducing_after_backward_holds_zero2_gradients_whole() {
     let z2 = r#"{"dp": 16, "zero_stage": 2}"#;
-    let run = |fw: &str| {
-        let sim = crate::simulate(&with_framework(fw, z2), false);
-        let p = &sim.program;
-        let syncs = p
-            .tasks
-            .iter()
-            .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == "grad_sync")
-            .filter(|t| p.collectives[t.payload as usize].members.contains(&0))
-            .count();
-        (syncs, p.static_memory[0].gradients)
-    };
-    let (per_micro_batch, shard) = run(r#""pytorch-fsdp""#);
-    let (once, whole) = run(r#"{"name": "pytorch-fsdp", "grad_reduce": "after_backward"}"#);
+    let (per_micro_batch, shard) = data_parallel_traffic(r#""pytorch-fsdp""#, z2, &["grad_sync"]);
+    let (once, whole) = data_parallel_traffic(AFTER_BACKWARD, z2, &["grad_sync"]);
+    let (per_micro_batch, once) = (per_micro_batch[0], once[0]);
     // Each replica runs two micro-batches (64 sequences over 16 replicas, 2 at a time).
     assert!(per_micro_batch >= 2 * once && once >= 1, "{per_micro_batch} vs {once}");
     assert!((whole / shard - 16.0).abs() < 1e-9, "{whole} vs {shard}");
@@ -629,24 +636,13 @@ fn reducing_after_backward_holds_zero2_gradients_whole() {
 #[test]
 fn zero3_without_gradient_sync_reduces_once_and_holds_the_gradients() {
     let z3 = r#"{"dp": 16, "zero_stage": 3}"#;
-    let run = |fw: &str| {
-        let sim = crate::simulate(&with_framework(fw, z3), false);
-        let p = &sim.program;
-        let count = |op: &str| {
-            p.tasks
-                .iter()
-                .filter(|t| t.kind == super::TaskKind::Collective && p.labels[t.label as usize].op == op)
-                .filter(|t| p.collectives[t.payload as usize].members.contains(&0))
-                .count()
-        };
-        (count("grad_sync"), count("param_gather"), p.static_memory[0].gradients)
-    };
-    let (per_micro_batch, gathers, shard) = run(r#""pytorch-fsdp""#);
-    let (once, gathers_once, whole) = run(r#"{"name": "pytorch-fsdp", "grad_reduce": "after_backward"}"#);
+    let ops = ["grad_sync", "param_gather"];
+    let (every, shard) = data_parallel_traffic(r#""pytorch-fsdp""#, z3, &ops);
+    let (last, whole) = data_parallel_traffic(AFTER_BACKWARD, z3, &ops);
     // Two micro-batches per replica: half the reduce-scatters, as many gathers.
-    assert_eq!(per_micro_batch, 2 * once, "{per_micro_batch} vs {once}");
-    assert!(once >= 1);
-    assert!(gathers > 0 && gathers == gathers_once, "{gathers} vs {gathers_once}");
+    assert_eq!(every[0], 2 * last[0], "{every:?} vs {last:?}");
+    assert!(last[0] >= 1);
+    assert!(every[1] > 0 && every[1] == last[1], "{every:?} vs {last:?}");
     assert!((whole / shard - 16.0).abs() < 1e-9, "{whole} vs {shard}");
 }
 
