@@ -425,6 +425,9 @@ impl TransformerConfig {
         let kept_in = if shape.fusion.gathered_linear_inputs { 1.0 } else { rep };
         let ln_out = Saved { replicated_bytes: e * sbh * kept_in, ..Saved::default() };
         let per_projection = tp && sp && shape.fusion.gather_per_projection && !shape.fusion.projections;
+        // What a projection after the first keeps of its own gather: the gathered copy where
+        // gathered inputs are kept; the shard they all read otherwise (kept once, by the first).
+        let own_in = if shape.fusion.gathered_linear_inputs { ln_out } else { Saved::default() };
         match &self.mla {
             Some(m) => ops.extend(m.projections(tokens, h, a, t, e, ln_out)),
             None if shape.fusion.projections => ops.push(gemm("qkv", tokens, (qw + 2.0 * kv) / t, h, ln_out)),
@@ -434,9 +437,9 @@ impl TransformerConfig {
             None if per_projection => {
                 ops.push(gemm("q_proj", tokens, qw / t, h, ln_out));
                 ops.push(f_op("k_in"));
-                ops.push(gemm("k_proj", tokens, kv / t, h, ln_out));
+                ops.push(gemm("k_proj", tokens, kv / t, h, own_in));
                 ops.push(f_op("v_in"));
-                ops.push(gemm("v_proj", tokens, kv / t, h, ln_out));
+                ops.push(gemm("v_proj", tokens, kv / t, h, own_in));
             }
             None => {
                 ops.push(gemm("q_proj", tokens, qw / t, h, ln_out));
@@ -608,7 +611,7 @@ impl TransformerConfig {
                     ops.push(gemm("gate_proj", tokens, f / t, h, ln_out));
                     if per_projection {
                         ops.push(f_op("up_in"));
-                        ops.push(gemm("up_proj", tokens, f / t, h, ln_out));
+                        ops.push(gemm("up_proj", tokens, f / t, h, own_in));
                     } else {
                         ops.push(gemm("up_proj", tokens, f / t, h, Saved::default()));
                     }
