@@ -60,7 +60,8 @@ fn ep_one_changes_nothing() {
 fn expert_weights_per_device_fall_by_ep() {
     let a = simulate(&moe_scenario(2, Some(1), 1.0));
     let b = simulate(&moe_scenario(2, Some(2), 1.0));
-    let (wb, _, _) = sim::cost::memory::bytes_per_parameter(sim::hardware::Precision::Bf16, sim::plan::Optimizer::Adam);
+    let (wb, _, _) =
+        sim::cost::memory::bytes_per_parameter(sim::hardware::Precision::Bf16, sim::plan::Optimizer::Adam, true);
     // Default MLP: GeLU, two matrices per expert; split over tp 8.
     let routed = LAYERS as f64 * EXPERTS as f64 * 2.0 * HIDDEN * EXPERT_FFN / 8.0;
     let fall = a.memory_breakdown.weights - b.memory_breakdown.weights;
@@ -200,7 +201,8 @@ fn overlapped_all_to_alls_hide_behind_the_next_compute() {
 /// reduce the expert gradients: `lower::tests::expert_gradients_are_reduced_over_the_expert_data_parallel_group`.)
 #[test]
 fn zero1_shards_expert_optimizer_states_over_the_expert_data_parallel_group() {
-    let (_, _, ob) = sim::cost::memory::bytes_per_parameter(sim::hardware::Precision::Bf16, sim::plan::Optimizer::Adam);
+    let (_, _, ob) =
+        sim::cost::memory::bytes_per_parameter(sim::hardware::Precision::Bf16, sim::plan::Optimizer::Adam, true);
     let routed = LAYERS as f64 * EXPERTS as f64 * 2.0 * HIDDEN * EXPERT_FFN / 8.0;
     let zero1 = |dp: u32, ep: u32| simulate(&moe_scenario(dp, Some(ep), 1.0)).memory_breakdown.optimizer;
     // ep 2 -> 4 at dp 4 halves the experts per device, and their shards go from 2 to 1 ways:

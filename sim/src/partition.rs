@@ -44,7 +44,7 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None)
         .with_op_rates(&s.op_rates)
         .with_fp8_casts(plan.framework.fp8_casts, plan.micro_batches);
-    let (wb, _, _) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let (wb, _, _) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let t = plan.tp_mode.weight_shards(plan.tp) as f64;
     let head_params = if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 };
     let embed_params = w.embedding_parameters() - head_params;
@@ -66,7 +66,7 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None)
         .with_op_rates(&s.op_rates)
         .with_fp8_casts(plan.framework.fp8_casts, plan.micro_batches);
-    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let per_param = wb + gb + ob;
     if let Some(net) = &s.workload.net {
         let e = sh.activation_bytes;

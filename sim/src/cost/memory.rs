@@ -7,10 +7,14 @@ use crate::hardware::Precision;
 use crate::plan::{Optimizer, Plan, Tier};
 
 /// Bytes per parameter of (weights, gradients, optimizer states), unsharded.
-pub fn bytes_per_parameter(precision: Precision, optimizer: Optimizer) -> (f64, f64, f64) {
+pub fn bytes_per_parameter(precision: Precision, optimizer: Optimizer, master_weights: bool) -> (f64, f64, f64) {
     let mixed = precision != Precision::Fp32;
     let w = precision.activation_bytes();
     let g = w;
+    if mixed && !master_weights {
+        // No master copy: Adam's two moments (SGD's momentum) in the training precision.
+        return (w, g, if optimizer == Optimizer::Adam { 2.0 * w } else { w });
+    }
     let opt = match (optimizer, mixed) {
         // fp32 master weights + momentum + variance.
         (Optimizer::Adam, true) => 12.0,
@@ -23,18 +27,20 @@ pub fn bytes_per_parameter(precision: Precision, optimizer: Optimizer) -> (f64, 
 }
 
 /// Bytes the optimizer step reads and writes per parameter it updates.
-pub fn optimizer_traffic_bytes(precision: Precision, optimizer: Optimizer) -> f64 {
-    let (w, g, opt) = bytes_per_parameter(precision, optimizer);
-    // Read gradient and states, write states and the low-precision copy of the weights.
-    let master = if precision == Precision::Fp32 { 0.0 } else { w };
-    g + 2.0 * opt + master + if precision == Precision::Fp32 { 2.0 * w } else { 0.0 }
+pub fn optimizer_traffic_bytes(precision: Precision, optimizer: Optimizer, master_weights: bool) -> f64 {
+    let (w, g, opt) = bytes_per_parameter(precision, optimizer, master_weights);
+    // Read gradient and states, write states and the low-precision copy of the weights (or,
+    // without a master copy, read and write the weights themselves).
+    let in_place = precision == Precision::Fp32 || !master_weights;
+    let master = if in_place { 0.0 } else { w };
+    g + 2.0 * opt + master + if in_place { 2.0 * w } else { 0.0 }
 }
 
 /// Gradient bytes per (tensor-sharded) parameter that a micro-batch's backward adds into the
 /// kept gradients on its device: all of them, ZeRO-2/3's shard over the data-parallel group,
 /// or none when ZeRO-Offload streams gradients to the host optimizer.
 pub fn accumulated_grad_bytes(plan: &Plan) -> f64 {
-    let (_, g, _) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let (_, g, _) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     match (plan.offload.optimizer != Tier::Device, plan.zero_stage >= plan.gradient_shard_stage()) {
         (true, true) => 0.0,
         (false, true) => g / plan.sync_degree() as f64,
@@ -49,7 +55,7 @@ pub fn accumulated_grad_bytes(plan: &Plan) -> f64 {
 /// the same experts. States offloaded to the host take no device memory. Returns (dense,
 /// routed expert).
 pub fn state_bytes_per_parameter(plan: &Plan) -> (f64, f64) {
-    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let sync = plan.sync_degree().max(1) as f64;
     let host_params = plan.offload.params != Tier::Device;
     let host_opt = plan.offload.optimizer != Tier::Device;

@@ -234,6 +234,12 @@ pub struct Framework {
     /// gather and one reduce-scatter serve them all when the module's input is redistributed
     /// once (torchtitan, Megatron). Off in every profile. See [`TP_GATHERED_INPUT_SOURCE`].
     pub tp_gather_per_projection: bool,
+    /// Under tensor parallelism the output layer's vocabulary-sharded logits are all-gathered
+    /// to every rank and the loss runs on the whole vocabulary on each (DTensor's
+    /// `ColwiseParallel(output_layouts=Replicate())` on the head without `loss_parallel`);
+    /// off, the loss runs on each rank's shard (Megatron's vocab-parallel cross-entropy,
+    /// PyTorch's `loss_parallel`). Off in every profile.
+    pub tp_replicate_logits: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
     /// [`EP_COMM_OVERLAP_SOURCE`]); off in every profile, a knob to turn on.
     pub ep_comm_overlap: bool,
@@ -469,6 +475,10 @@ pub fn reference_markdown() -> String {
             ),
             ("with sequence parallelism, column-parallel layers keep their gathered input", f.tp_keeps_gathered_input),
             ("with sequence parallelism, each separate projection gathers its own input", f.tp_gather_per_projection),
+            (
+                "the output layer's logits gathered to every tensor-parallel rank, the loss run on each",
+                f.tp_replicate_logits,
+            ),
             ("expert all-to-alls overlap another micro-batch's compute", f.ep_comm_overlap),
         ];
         for (behaviour, on) in flags {

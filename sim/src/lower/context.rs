@@ -98,7 +98,7 @@ impl<'s> Lowering<'s> {
             false,
         );
         let t = plan.tp;
-        let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+        let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
         let tf = if plan.ring() { 1.0 } else { t as f64 };
         let shards = plan.tp_mode.weight_shards(t) as f64;
         let ep = plan.ep as f64;

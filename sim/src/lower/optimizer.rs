@@ -41,7 +41,7 @@ fn optimizer_split(
     local: f64,
     split: gemini::Split,
 ) -> Vec<u32> {
-    let (wb, gb, _) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let (wb, gb, _) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let device_op = (split.device > 0.0).then(|| optimizer_op(b, plan, false, split.device * local, 0.0, my_chunks[0]));
     let host_share = split.resident_host_states + split.host;
     let host_op = (host_share > 0.0).then(|| optimizer_op(b, plan, true, host_share * local, 0.0, my_chunks[0]));
@@ -106,12 +106,12 @@ fn foreach_temporary(b: &mut Builder, plan: &Plan, task: u32, stream: u32, param
 /// An optimizer-step op over `params` parameters, on the device or (`host`) on the host CPU,
 /// streaming `nvme_bytes` of states from NVMe; returns the op and its label.
 fn optimizer_op(b: &mut Builder, plan: &Plan, host: bool, params: f64, nvme_bytes: f64, chunk: u32) -> (u32, u32) {
-    let (wb, _, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let (wb, _, ob) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let traffic = if host {
         // fp32 gradient in, states read and written, the low-precision weights out.
         (4.0 + 2.0 * ob + wb) * params
     } else {
-        optimizer_traffic_bytes(plan.precision, plan.optimizer) * params
+        optimizer_traffic_bytes(plan.precision, plan.optimizer, plan.master_weights) * params
     };
     // An eager framework's Adam runs a multi-tensor kernel per elementwise step (PyTorch's
     // foreach default); a fused one, one kernel over all of it.
@@ -154,7 +154,7 @@ fn optimizer_step(
     params: f64,
     local: f64,
 ) -> Vec<u32> {
-    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer);
+    let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let off = plan.offload;
     let host = off.optimizer != Tier::Device;
     let nvme = if off.optimizer == Tier::Nvme { 2.0 * ob * local } else { 0.0 };

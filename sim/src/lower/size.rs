@@ -110,7 +110,7 @@ pub fn estimate(s: &Scenario, micro_batches: Option<u32>) -> ProgramSize {
     let per_unit = ops_per_unit + (per_layer_extra * w.layers as u64 + 4 * pp * plan.virtual_stages as u64) * tp;
     let pipeline_tasks = replicas.saturating_mul(units).saturating_mul(per_unit);
     let bucket_tasks = if (1..3).contains(&plan.zero_stage) && plan.sync_degree() > 1 {
-        let (wb, _, _) = crate::cost::memory::bytes_per_parameter(plan.precision, plan.optimizer);
+        let (wb, _, _) = crate::cost::memory::bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
         let per_device = s.workload.parameters() * wb / (pp * plan.tp as u64) as f64;
         let buckets = if per_device > plan.bucket_bytes { 2 } else { 1 };
         (replicas * pp * tp).saturating_mul(buckets)

@@ -646,6 +646,28 @@ fn zero3_without_gradient_sync_reduces_once_and_holds_the_gradients() {
     assert!((whole / shard - 16.0).abs() < 1e-9, "{whole} vs {shard}");
 }
 
+/// Pure 16-bit training (`training.master_weights: false`): Adam keeps its two moments in bf16
+/// and no fp32 master copy, 4 bytes a parameter where mixed precision keeps 12; the weights and
+/// gradients are unchanged, and the optimizer step moves fewer bytes.
+#[test]
+fn without_master_weights_the_optimizer_keeps_bf16_moments() {
+    let run = |master: bool| {
+        let text = format!(
+            r#"{{"workload": {GPT}, "cluster": {{"node": "dgx-a100-80gb", "nodes": 1}},
+                "training": {{"global_batch": 16, "micro_batch": 2, "seq_len": 512, "precision": "bf16",
+                              "optimizer": "adam", "master_weights": {master}}},
+                "plan": {{"dp": 8, "zero_stage": 1}}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let sim = crate::simulate(&s, false);
+        (sim.program.static_memory[0], sim.report.iteration_s)
+    };
+    let ((mixed, t_mixed), (pure, t_pure)) = (run(true), run(false));
+    assert!((pure.optimizer / mixed.optimizer - 4.0 / 12.0).abs() < 1e-9, "{} vs {}", pure.optimizer, mixed.optimizer);
+    assert_eq!((pure.weights, pure.gradients), (mixed.weights, mixed.gradients));
+    assert!(t_pure < t_mixed, "{t_pure} vs {t_mixed}");
+}
+
 /// Transformer Engine keeps each layer weight's fp8 cast and its transpose through the step
 /// (`weight1_fp8`, `weight1_t_fp8`): 2 bytes more a parameter of the device's layers than
 /// the 16-bit weights alone; torchao casts at every use and ZeRO-3 gathers transient weights,

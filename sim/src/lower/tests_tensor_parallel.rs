@@ -227,3 +227,47 @@ fn each_separate_projection_gathers_its_own_input() {
     assert_eq!(run(&per, false), run(separate, false));
     assert!(!crate::framework::profile("pytorch-fsdp").expect("profile").tp_gather_per_projection);
 }
+
+/// DTensor's head with `output_layouts=Replicate()` and no `loss_parallel`
+/// (`tp_replicate_logits`): the logits are all-gathered to every rank in forward (nothing in
+/// backward) and the loss reads the whole vocabulary on each, t times the bytes of the sharded
+/// loss.
+#[test]
+fn replicated_logits_gather_the_vocabulary_and_run_the_whole_loss() {
+    let run = |replicate: bool| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": 2, "hidden": 1024, "heads": 16, "vocab": 32768}}}},
+                "cluster": {{"node": "dgx-h100", "nodes": 1}},
+                "training": {{"global_batch": 1, "micro_batch": 1, "seq_len": 1024,
+                              "framework": {{"name": "pytorch-fsdp", "tp_replicate_logits": {replicate}}}}},
+                "plan": {{"tp": 8, "sequence_parallel": true}}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let sim = crate::simulate(&s, false);
+        let p = &sim.program;
+        let of = |op: &str| -> Vec<(Phase, f64)> {
+            p.tasks
+                .iter()
+                .filter(|t| p.labels[t.label as usize].op == op && t.kind == super::TaskKind::Collective)
+                .filter(|t| p.collectives[t.payload as usize].members.contains(&0))
+                .map(|t| (p.labels[t.label as usize].phase, p.collectives[t.payload as usize].bytes))
+                .collect()
+        };
+        let loss_bytes: f64 = s
+            .workload
+            .transformer
+            .head_ops(s.plan.layer_shape())
+            .iter()
+            .filter_map(|o| o.compute())
+            .filter(|c| c.name == "loss")
+            .map(|c| c.forward_bytes)
+            .sum();
+        (of("logits_gather"), loss_bytes)
+    };
+    let (none, sharded) = run(false);
+    let (gathers, whole) = run(true);
+    assert!(none.is_empty());
+    // One forward all-gather of the bf16 logits: 1,024 tokens x 32,768 classes x 2 bytes.
+    assert_eq!(gathers, vec![(Phase::Forward, 1024.0 * 32768.0 * 2.0)]);
+    assert!((whole / sharded - 8.0).abs() < 1e-9, "{whole} vs {sharded}");
+}

@@ -327,6 +327,8 @@ pub struct Plan {
     pub seq_len: u32,
     pub precision: crate::hardware::Precision,
     pub optimizer: Optimizer,
+    /// fp32 master weights and optimizer states under 16-bit training (`training.master_weights`).
+    pub master_weights: bool,
     /// Data-parallel gradient bucket (bytes of gradients per all-reduce).
     pub bucket_bytes: f64,
     pub offload: Offload,

@@ -335,7 +335,8 @@ fn plan_changes(s: &Scenario, epochs: &[Scenario]) -> Vec<PlanChange> {
 /// replicas over one NIC.
 fn transition_s(s: &Scenario, subs: &[SubLayer], frozen: u32) -> f64 {
     let active_m: f64 = freeze::active_sublayers(subs, frozen).iter().map(|u| u.params_m).sum();
-    let (w, _, o) = crate::cost::memory::bytes_per_parameter(s.training.precision, s.training.optimizer);
+    let (w, _, o) =
+        crate::cost::memory::bytes_per_parameter(s.training.precision, s.training.optimizer, s.training.master_weights);
     let bytes = active_m * 1e6 * (w + o);
     let nic = &s.cluster.node.nic;
     bytes / nic.effective_bytes_per_s() + nic.latency_s

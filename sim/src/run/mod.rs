@@ -98,7 +98,8 @@ pub struct WholeRunReport {
 
 /// Bytes of a checkpoint: one replica's weights and optimizer state (gradients are not saved).
 pub fn checkpoint_bytes(s: &Scenario) -> f64 {
-    let (w, _, o) = crate::cost::memory::bytes_per_parameter(s.training.precision, s.training.optimizer);
+    let (w, _, o) =
+        crate::cost::memory::bytes_per_parameter(s.training.precision, s.training.optimizer, s.training.master_weights);
     s.workload.parameters() * (w + o)
 }
 

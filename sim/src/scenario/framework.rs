@@ -24,6 +24,7 @@ pub struct FrameworkSpec {
     tp_async_backward: Option<bool>,
     tp_keeps_gathered_input: Option<bool>,
     tp_gather_per_projection: Option<bool>,
+    tp_replicate_logits: Option<bool>,
     ep_comm_overlap: Option<bool>,
     gather_copy_out: Option<bool>,
     gather_per_tensor: Option<bool>,
@@ -121,6 +122,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         tp_async_backward: f.boolean("tp_async_backward")?,
         tp_keeps_gathered_input: f.boolean("tp_keeps_gathered_input")?,
         tp_gather_per_projection: f.boolean("tp_gather_per_projection")?,
+        tp_replicate_logits: f.boolean("tp_replicate_logits")?,
         ep_comm_overlap: f.boolean("ep_comm_overlap")?,
         gather_copy_out: f.boolean("gather_copy_out")?,
         gather_per_tensor: f.boolean("gather_per_tensor")?,
@@ -219,6 +221,9 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     }
     if let Some(b) = s.tp_gather_per_projection {
         f.tp_gather_per_projection = b;
+    }
+    if let Some(b) = s.tp_replicate_logits {
+        f.tp_replicate_logits = b;
     }
     if let Some(b) = s.ep_comm_overlap {
         f.ep_comm_overlap = b;

@@ -117,7 +117,7 @@ pub const DEVICE_OVERRIDE: &[&str] = &["devices", "device"];
 
 /// `training`.
 pub const TRAINING: &[&str] =
-    &["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "attention", "framework"];
+    &["global_batch", "micro_batch", "seq_len", "precision", "optimizer", "master_weights", "attention", "framework"];
 
 /// `training.framework` as an object: a profile named, with knobs overridden.
 pub const FRAMEWORK: &[&str] = &[
@@ -130,6 +130,7 @@ pub const FRAMEWORK: &[&str] = &[
     "tp_async_backward",
     "tp_keeps_gathered_input",
     "tp_gather_per_projection",
+    "tp_replicate_logits",
     "ep_comm_overlap",
     "gather_copy_out",
     "gather_per_tensor",

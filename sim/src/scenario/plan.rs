@@ -260,6 +260,7 @@ pub(super) fn parse_plan(
             cp_ring: framework.cp_ring,
             gathered_linear_inputs: framework.tp_keeps_gathered_input && !framework.tp_comm_overlap,
             gather_per_projection: framework.tp_gather_per_projection && !framework.tp_comm_overlap,
+            replicated_logits: framework.tp_replicate_logits,
             fp8_gemm_inputs: t.precision == crate::hardware::Precision::Fp8
                 && framework.fp8_casts == crate::framework::Fp8Casts::Te,
         },
@@ -269,6 +270,7 @@ pub(super) fn parse_plan(
         seq_len: t.seq_len,
         precision: t.precision,
         optimizer: t.optimizer,
+        master_weights: t.master_weights,
         bucket_bytes,
         offload,
         token_slices,

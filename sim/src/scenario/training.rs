@@ -18,6 +18,10 @@ pub struct Training {
     pub seq_len: u32,
     pub precision: Precision,
     pub optimizer: Optimizer,
+    /// Under 16-bit training, the optimizer keeps fp32 master weights and fp32 states (mixed
+    /// precision, the default); `false`: no master copy, the states in the training precision
+    /// (pure bf16 training: the model cast to bf16 before it is sharded, as KempnerForge does).
+    pub master_weights: bool,
     /// `training.framework` as written (resolved against the plan in
     /// [`crate::plan::Plan::framework`]).
     #[serde(skip)]
@@ -54,8 +58,9 @@ pub(super) fn parse_training(o: &Obj, w: &Workload, defaults: &mut Vec<String>) 
             format!("{micro_batch} is larger than global_batch {global_batch}"),
         ));
     }
+    let master_weights = o.boolean("master_weights")?.unwrap_or(true);
     // Absent: the framework's (resolved with the plan).
     let attention = o.choice("attention", keys::ATTENTION, crate::hardware::kernels::Attention::parse)?;
     let framework = super::framework::parse(o)?;
-    Ok(Training { attention, global_batch, micro_batch, seq_len, precision, optimizer, framework })
+    Ok(Training { attention, global_batch, micro_batch, seq_len, precision, optimizer, master_weights, framework })
 }

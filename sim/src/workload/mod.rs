@@ -207,6 +207,9 @@ pub struct Fusion {
     /// (`framework.tp_gather_per_projection`); with `gathered_linear_inputs` each keeps its own
     /// gathered copy.
     pub gather_per_projection: bool,
+    /// Under tensor parallelism the logits are all-gathered to every rank and the loss runs on
+    /// the whole vocabulary on each (`framework.tp_replicate_logits`).
+    pub replicated_logits: bool,
 }
 
 impl Default for Fusion {
@@ -225,6 +228,7 @@ impl Default for Fusion {
             cp_ring: context_ring::CpRing::TeP2p,
             gathered_linear_inputs: false,
             gather_per_projection: false,
+            replicated_logits: false,
         }
     }
 }

@@ -717,18 +717,31 @@ impl TransformerConfig {
                 backward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
             });
         }
-        ops.extend([
-            LayerOp::Compute(gemm_op(
-                "logits",
-                1.0,
-                rows,
-                c / t,
-                h,
-                e,
-                Saved { replicated_bytes: e * rows * h, ..Saved::default() },
-            )),
-            LayerOp::Compute(loss_op(shape.fusion.cross_entropy, shape.fusion.unfused_loss, self.logits(shape), e)),
-        ]);
+        ops.push(LayerOp::Compute(gemm_op(
+            "logits",
+            1.0,
+            rows,
+            c / t,
+            h,
+            e,
+            Saved { replicated_bytes: e * rows * h, ..Saved::default() },
+        )));
+        // DTensor's head with a replicated output: the vocabulary shards all-gathered to every
+        // rank (the gradient's way back is each rank's own slice: no collective), and the loss
+        // on the whole vocabulary, on every rank.
+        let replicated = shape.tp > 1 && shape.fusion.replicated_logits;
+        if replicated {
+            ops.push(LayerOp::Comm {
+                name: "logits_gather",
+                bytes: e * rows * c,
+                axis: Axis::Tensor,
+                root: 0,
+                forward: Some(Comm::AllGather),
+                backward: None,
+            });
+        }
+        let logits = if replicated { rows * c } else { self.logits(shape) };
+        ops.push(LayerOp::Compute(loss_op(shape.fusion.cross_entropy, shape.fusion.unfused_loss, logits, e)));
         ops
     }
 
