@@ -383,6 +383,7 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
     }
     opt(&mut training, r, 0.4, "optimizer", |r| json!(*r.pick(&["adam", "adamw", "sgd"])));
     opt(&mut training, r, 0.4, "attention", |r| json!(*r.pick(&["flash", "naive"])));
+    opt(&mut training, r, 0.15, "master_weights", |r| json!(r.chance(0.5)));
     // A framework profile by name, or with its knobs turned.
     let profiles = ["megatron-lm-2021", "megatron-core", "deepspeed", "pytorch-fsdp", "colossal-ai", "pytorch-ddp"];
     opt(&mut training, r, 0.3, "framework", |r| {
@@ -398,6 +399,10 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.3, "bucket_first_chunk_only", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "tp_comm_overlap", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "ep_comm_overlap", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "tp_async_backward", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "tp_keeps_gathered_input", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "tp_gather_per_projection", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "tp_replicate_logits", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "grad_reduce_dtype", |r| json!(*r.pick(&["params", "fp32"])));
         opt(&mut f, r, 0.2, "gather_copy_out", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "gather_per_tensor", |r| json!(r.chance(0.5)));
