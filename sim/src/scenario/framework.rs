@@ -204,33 +204,15 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     if let Some(p) = s.gather_prefetch {
         f.gather = Gather::PerLayer { prefetch: p };
     }
-    if let Some(b) = s.param_gather_overlap {
-        f.param_gather_overlap = b;
-    }
-    if let Some(b) = s.bucket_first_chunk_only {
-        f.bucket_first_chunk_only = b;
-    }
-    if let Some(b) = s.tp_comm_overlap {
-        f.tp_comm_overlap = b;
-    }
-    if let Some(b) = s.tp_async_backward {
-        f.tp_async_backward = b;
-    }
-    if let Some(b) = s.tp_keeps_gathered_input {
-        f.tp_keeps_gathered_input = b;
-    }
-    if let Some(b) = s.tp_gather_per_projection {
-        f.tp_gather_per_projection = b;
-    }
-    if let Some(b) = s.tp_replicate_logits {
-        f.tp_replicate_logits = b;
-    }
-    if let Some(b) = s.ep_comm_overlap {
-        f.ep_comm_overlap = b;
-    }
-    if let Some(b) = s.gather_copy_out {
-        f.gather_copy_out = b;
-    }
+    set(&mut f.param_gather_overlap, s.param_gather_overlap);
+    set(&mut f.bucket_first_chunk_only, s.bucket_first_chunk_only);
+    set(&mut f.tp_comm_overlap, s.tp_comm_overlap);
+    set(&mut f.tp_async_backward, s.tp_async_backward);
+    set(&mut f.tp_keeps_gathered_input, s.tp_keeps_gathered_input);
+    set(&mut f.tp_gather_per_projection, s.tp_gather_per_projection);
+    set(&mut f.tp_replicate_logits, s.tp_replicate_logits);
+    set(&mut f.ep_comm_overlap, s.ep_comm_overlap);
+    set(&mut f.gather_copy_out, s.gather_copy_out);
     match s.gather_per_tensor {
         Some(b) => f.gather_per_tensor = b,
         None => per_tensor_note(&f, defaults),
@@ -239,22 +221,14 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
         Some(d) => f.grad_reduce_dtype = d,
         None => fp16_reduce(&mut f, defaults),
     }
-    if let Some(b) = s.recompute_early_stop {
-        f.recompute_early_stop = b;
-    }
-    if let Some(c) = s.fp8_casts {
-        f.fp8_casts = c;
-    }
-    if let Some(l) = s.unfused_loss {
-        f.unfused_loss = l;
-    }
+    set(&mut f.recompute_early_stop, s.recompute_early_stop);
+    set(&mut f.fp8_casts, s.fp8_casts);
+    set(&mut f.unfused_loss, s.unfused_loss);
     match s.cp_ring {
         Some(r) => f.cp_ring = r,
         None => cp_ring_note(&f, defaults),
     }
-    if let Some(b) = s.foreach_optimizer {
-        f.foreach_optimizer = b;
-    }
+    set(&mut f.foreach_optimizer, s.foreach_optimizer);
     if let Some(m) = &s.train_metrics {
         f.train_metrics = m.clone();
     }
@@ -274,4 +248,11 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
         }
     }
     f
+}
+
+/// Overrides a profile's knob with the scenario's value where one is given.
+fn set<T>(knob: &mut T, given: Option<T>) {
+    if let Some(v) = given {
+        *knob = v;
+    }
 }
