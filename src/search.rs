@@ -41,7 +41,8 @@ pub struct SearchArgs {
     /// Simulate on this many threads (default: every core); the result is the same for any.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Simulate every valid plan, without pruning by the bounds (slow; for checking).
+    /// Simulate every valid plan in full, without pruning by the bounds or measuring long plans
+    /// from short runs (slow; for checking).
     #[arg(long)]
     pub exhaustive: bool,
     /// Tokens to train on: with --deadline-days, find the smallest GPU count (of --gpus, in
@@ -170,7 +171,7 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
         .num_threads(a.threads.unwrap_or(0))
         .build()
         .map_err(|e| format!("--threads: {e}"))?;
-    let opts = search::Options { top: a.top as usize, prune: !a.exhaustive };
+    let opts = search::Options { top: a.top as usize, prune: !a.exhaustive, extrapolate: !a.exhaustive };
     let mut runs = Vec::new();
     for &g in &counts {
         let input = if a.gpus.is_empty() {
@@ -297,10 +298,16 @@ fn point(e: &Evaluated) -> Value {
     )
 }
 
-/// An entry with its searched framework profile (`--frameworks`), if any.
+/// An entry with its searched framework profile (`--frameworks`), if any, and whether its
+/// numbers were measured from three short runs.
 fn with_framework(e: &Evaluated, mut v: Value) -> Value {
-    if let (Some(f), Some(o)) = (e.framework, v.as_object_mut()) {
-        o.insert("framework".into(), json!(f));
+    if let Some(o) = v.as_object_mut() {
+        if let Some(f) = e.framework {
+            o.insert("framework".into(), json!(f));
+        }
+        if e.extrapolated {
+            o.insert("extrapolated".into(), json!(true));
+        }
     }
     v
 }
@@ -372,6 +379,7 @@ fn to_json(runs: &[Run], price: Option<f64>) -> Value {
         "pruned_time": sum(&|p| p.pruned_time),
         "evaluated": sum(&|p| p.evaluated),
         "simulated": sum(&|p| p.simulated),
+        "extrapolated": sum(&|p| p.extrapolated),
         "failed": sum(&|p| p.failed),
         "wall_s": runs.iter().map(|r| r.wall_s).sum::<f64>(),
     });
@@ -418,7 +426,7 @@ fn print_text(runs: &[Run], price: Option<f64>) {
     for r in runs {
         let p = &r.outcome.progress;
         println!(
-            "{} GPUs: {} plans: {} invalid, {} pruned by memory, {} by time, {} evaluated ({} refused) with {} simulations (a twin takes its plan's result) in {:.1} s",
+            "{} GPUs: {} plans: {} invalid, {} pruned by memory, {} by time, {} evaluated ({} refused) with {} simulations (a twin takes its plan's result; {} of many micro-batches measured from three short runs each) in {:.1} s",
             r.gpus,
             p.enumerated,
             p.invalid,
@@ -427,6 +435,7 @@ fn print_text(runs: &[Run], price: Option<f64>) {
             p.evaluated,
             p.failed,
             p.simulated,
+            p.extrapolated,
             r.wall_s
         );
         let Some(b) = &r.outcome.best else {

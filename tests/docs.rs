@@ -294,6 +294,14 @@ fn report_docs_list_every_key_the_commands_print() {
         "plan": {"pp": 1, "tp": 1}
     });
     let long = searched.write("long.json", &long.to_string());
+    // Many micro-batches per replica: plans measured from three short runs are marked.
+    let many = serde_json::json!({
+        "workload": {"transformer": {"layers": 2, "hidden": 256, "heads": 4, "vocab": 512}},
+        "cluster": {"node": {"preset": "dgx-h100", "devices": 2}, "nodes": 1},
+        "training": {"global_batch": 256, "seq_len": 128},
+        "plan": {"tp": 1, "offload": "none"}
+    });
+    let many = searched.write("many.json", &many.to_string());
     check_report_section(
         &docs,
         "search --json",
@@ -313,6 +321,7 @@ fn report_docs_list_every_key_the_commands_print() {
                 &"--json",
             ]),
             json_of(&[&"search", &moe, &"--gpus", &"2,4", &"--top", &"20", &"--json"]),
+            json_of(&[&"search", &many, &"--top", &"100", &"--json"]),
             json_of(&[
                 &"search",
                 &long,

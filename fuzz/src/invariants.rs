@@ -282,6 +282,12 @@ fn search(r: &Value) -> Check {
     if counts("simulated") > counts("evaluated") || counts("failed") > counts("evaluated") {
         return fail("more plans simulated or failed than evaluated");
     }
+    if counts("extrapolated") > counts("simulated") {
+        return fail("more plans extrapolated than simulated");
+    }
+    if r.get("best").and_then(|b| b.get("extrapolated")).and_then(Value::as_bool) == Some(true) {
+        return fail("the best plan was not confirmed by a full simulation");
+    }
     let gpus: Vec<u64> =
         r.get("gpus_searched").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_u64).collect();
     let list = |k: &str| r.get(k).and_then(Value::as_array).cloned().unwrap_or_default();
@@ -463,7 +469,7 @@ mod tests {
         let plan = |dp: u64, tp: u64| json!({"dp": dp, "tp": tp, "pp": 1});
         let row = |it: f64, peak: f64, dp: u64| json!({"iteration_s": it, "mfu": 0.4, "fits": true, "peak_memory_bytes": peak, "plan": plan(dp, 8 / dp)});
         let ok = json!({"enumerated": 10, "invalid": 1, "pruned_memory": 4, "pruned_time": 2, "evaluated": 3,
-            "simulated": 2, "failed": 0, "gpus_searched": [8], "best": row(1.0, 9.0, 2),
+            "simulated": 2, "extrapolated": 1, "failed": 0, "gpus_searched": [8], "best": row(1.0, 9.0, 2),
             "top": [row(1.0, 9.0, 2), row(2.0, 5.0, 4)],
             "pareto": [{"iteration_s": 1.0, "peak_memory_bytes": 9.0, "plan": plan(2, 4)},
                        {"iteration_s": 2.0, "peak_memory_bytes": 5.0, "plan": plan(4, 2)}]});
@@ -472,6 +478,12 @@ mod tests {
         for (key, value, want) in [
             ("enumerated", json!(11), "enumerated != invalid + pruned_memory + pruned_time + evaluated"),
             ("simulated", json!(4), "more plans simulated or failed than evaluated"),
+            ("extrapolated", json!(3), "more plans extrapolated than simulated"),
+            (
+                "best",
+                json!({"iteration_s": 1.0, "fits": true, "extrapolated": true}),
+                "the best plan was not confirmed by a full simulation",
+            ),
             ("top", json!([row(2.0, 5.0, 4), row(1.0, 9.0, 2)]), "top is not sorted by iteration_s"),
             ("best", row(2.0, 5.0, 4), "best is not the fastest of top"),
             ("best", json!(null), "best and top disagree on whether a plan fits"),

@@ -317,7 +317,7 @@ fn _search_json(py: Python<'_>, scenario_json: String, options_json: String) -> 
                 }
             };
             input.search_frameworks(&frameworks).map_err(|e| Error::Invalid(format!("frameworks: {e}")))?;
-            let o = sim::search::search(&input, sim::search::Options { top, prune: true }, &|_| {})
+            let o = sim::search::search(&input, sim::search::Options { top, prune: true, extrapolate: true }, &|_| {})
                 .map_err(|e| Error::Invalid(e.to_string()))?;
             runs.push(serde_json::json!({
                 "gpus": input.cluster.device_count(),

@@ -9,13 +9,17 @@
 //! (its time bound is above the K-th best simulated time) nor its front (a simulated plan that
 //! fits is strictly better than its bounds in one of time and memory and no worse in the
 //! other). Since the bounds are never above the simulated values, the pruned search returns
-//! exactly what the exhaustive one ([`Options::prune`] false) returns.
+//! exactly what the exhaustive one ([`Options::prune`] false) returns. A plan whose replicas
+//! run many micro-batches is measured from three short runs of itself where they lie on a line
+//! ([`extrapolate`]; the tests find it equal to the full simulation to the nanosecond), and the
+//! best plan is simulated in full at the end.
 //!
 //! Determinism: rounds are a fixed size, each round's results are merged in candidate order,
 //! and every ranking breaks ties by the enumeration index, so the output does not depend on
 //! the thread count.
 
 pub mod bounds;
+pub mod extrapolate;
 pub mod space;
 
 use crate::scenario::{Scenario, ScenarioError, SearchInput};
@@ -33,11 +37,14 @@ pub struct Options {
     pub top: usize,
     /// Prune by the bounds (false: simulate every valid plan, for tests).
     pub prune: bool,
+    /// Evaluate a plan of many micro-batches from three short runs where they settle on a
+    /// line ([`extrapolate`]; false: simulate every plan in full).
+    pub extrapolate: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { top: 5, prune: true }
+        Options { top: 5, prune: true, extrapolate: true }
     }
 }
 
@@ -61,6 +68,9 @@ pub struct Evaluated {
     /// Usable device memory (capacity less the headroom) left at the peak.
     pub memory_headroom_bytes: f64,
     pub bounds: Bounds,
+    /// Its time and memory come from three short runs ([`extrapolate`]), not a full simulation.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub extrapolated: bool,
 }
 
 /// Counts so far, for a progress bar.
@@ -80,6 +90,9 @@ pub struct Progress {
     /// order that only relabels nodes, selective recomputation with nothing to recompute)
     /// takes that result.
     pub simulated: usize,
+    /// Of the simulations, those of many micro-batches measured from three short runs of the
+    /// same plan ([`extrapolate`]).
+    pub extrapolated: usize,
     /// The simulator refused them (too large to lower, past its clock).
     pub failed: usize,
 }
@@ -170,9 +183,13 @@ fn twin_key(s: &Scenario) -> String {
     format!("{plan:?}")
 }
 
-/// Simulate one plan; `None` when the simulator refuses it.
-fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds) -> Option<Evaluated> {
-    let r = crate::try_simulate(s, false).ok()?.report;
+/// Simulate one plan (from three short runs where `extrapolate` and they settle on a line);
+/// `None` when the simulator refuses it.
+fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds, extrapolate: bool) -> Option<Evaluated> {
+    let (r, extrapolated) = match extrapolate.then(|| extrapolate::extrapolated(s)).flatten() {
+        Some(e) => (e, true),
+        None => (extrapolate::Estimate::of(&crate::try_simulate(s, false).ok()?.report), false),
+    };
     let usable = s.options.usable_bytes(&s.cluster.node.device);
     Some(Evaluated {
         index,
@@ -185,6 +202,7 @@ fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds) -> Opti
         mfu: r.mfu,
         memory_headroom_bytes: usable - r.peak_memory_bytes,
         bounds: b,
+        extrapolated,
     })
 }
 
@@ -253,9 +271,10 @@ pub fn search(
             .collect();
         let ran: Vec<Option<Evaluated>> = fresh
             .par_iter()
-            .map(|(i, b, s, _)| s.as_ref().and_then(|s| evaluate(s, *i, &candidates[*i], *b)))
+            .map(|(i, b, s, _)| s.as_ref().and_then(|s| evaluate(s, *i, &candidates[*i], *b, opts.extrapolate)))
             .collect();
         for (k, r) in fresh.iter().zip(ran) {
+            prog.extrapolated += usize::from(r.as_ref().is_some_and(|e| e.extrapolated));
             memo.insert(k.3.clone(), r);
             prog.simulated += 1;
         }
@@ -287,8 +306,26 @@ pub fn search(
         }
         progress(&prog);
     }
+    confirm_best(input, &candidates, &mut fitting);
     let top: Vec<Evaluated> = fitting.iter().take(opts.top.max(1)).cloned().collect();
     Ok(Outcome { best: top.first().cloned(), top, pareto: front(&fitting), progress: prog, simulated })
+}
+
+/// The best plan simulated in full where its numbers were extrapolated, so that the answer is
+/// the one `simulate` gives for it: the two agree to the nanosecond wherever the three short
+/// runs lie on a line (`search::tests`); should they not, the full result replaces the
+/// extrapolated one and the ranking is redone.
+fn confirm_best(input: &SearchInput, candidates: &[space::Candidate], fitting: &mut Vec<Evaluated>) {
+    let Some(best) = fitting.first().filter(|e| e.extrapolated) else { return };
+    let c = &candidates[best.index];
+    let full = scenario_of(input, c).ok().and_then(|s| evaluate(&s, best.index, c, best.bounds, false));
+    match full {
+        Some(e) if e.fits => fitting[0] = e,
+        _ => {
+            fitting.remove(0);
+        }
+    }
+    fitting.sort_by(cmp);
 }
 
 /// Whether a plan with bounds `b` can change neither the top `k` of `fitting` (sorted) nor its

@@ -34,8 +34,8 @@ fn none(_: &Progress) {}
 /// The exhaustive and the pruned search of `inp` (top 3), checked to agree on the top and the
 /// front (`what` names the case in a failure).
 fn exhaustive_and_pruned(inp: &SearchInput, what: &str) -> (Outcome, Outcome) {
-    let all = search(inp, Options { top: 3, prune: false }, &none).unwrap();
-    let pruned = search(inp, Options { top: 3, prune: true }, &none).unwrap();
+    let all = search(inp, Options { top: 3, prune: false, extrapolate: false }, &none).unwrap();
+    let pruned = search(inp, Options { top: 3, prune: true, extrapolate: true }, &none).unwrap();
     assert_eq!(indices(&pruned.top), indices(&all.top), "{what}");
     assert_eq!(indices(&pruned.pareto), indices(&all.pareto), "{what}");
     (all, pruned)
@@ -96,7 +96,7 @@ fn bounds_stay_below_the_simulated_values_under_expert_parallelism() {
 }
 
 fn check_bounds(inp: &SearchInput, at_least: usize) {
-    let all = search(inp, Options { top: 1, prune: false }, &none).unwrap();
+    let all = search(inp, Options { top: 1, prune: false, extrapolate: false }, &none).unwrap();
     assert!(all.simulated.len() > at_least, "{}", all.simulated.len());
     let mut tight = 0.0f64;
     for e in &all.simulated {
@@ -174,7 +174,7 @@ fn twins_take_exactly_their_own_simulated_result() {
             "training": {"global_batch": 16, "seq_len": 1024, "precision": "bf16", "attention": "flash"},
             "plan": {"offload": "none", "zero_stage": 1, "tp_mode": "1d"}}"#,
     );
-    let all = search(&inp, Options { top: 1, prune: false }, &none).unwrap();
+    let all = search(&inp, Options { top: 1, prune: false, extrapolate: false }, &none).unwrap();
     let p = all.progress;
     assert!(p.simulated < p.evaluated, "no twins: {p:?}");
     let c = space::enumerate(&inp);
@@ -271,8 +271,68 @@ fn given_recompute_modules_apply_to_the_selective_candidates() {
         seen.insert(rc);
     }
     assert_eq!(seen.len(), 3, "{seen:?}");
-    let out = search(&inp, Options { top: 3, prune: true }, &none).unwrap();
+    let out = search(&inp, Options { top: 3, prune: true, extrapolate: true }, &none).unwrap();
     assert!(out.best.is_some());
     let p = out.progress;
     assert_eq!(p.invalid, 0, "no candidate refused for its modules: {p:?}");
+}
+
+/// A small model whose replicas run many micro-batches (`global_batch` 512 on 8 GPUs), with
+/// the plan keys `plan` fixed.
+fn many_micro_batches(plan: &str) -> SearchInput {
+    input(&format!(
+        r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 512, "heads": 8, "vocab": 32000}}}},
+            "cluster": {{"node": "dgx-1-v100", "nodes": 1}},
+            "training": {{"global_batch": 512, "seq_len": 512}}, "plan": {plan}}}"#
+    ))
+}
+
+/// Every plan the search measures from three short runs has the full simulation's time, peak,
+/// fit and MFU (GPT-style layers, 1F1B, interleaved, GPipe, 2BW, ZeRO 0-3, offload and
+/// recomputation as the space holds them); plans whose short runs do not settle on a line are
+/// simulated in full.
+#[test]
+fn every_extrapolated_plan_equals_its_full_simulation() {
+    let inp = many_micro_batches(r#"{"rank_order": "tp-dp-pp"}"#);
+    let full = search(&inp, Options { top: 3, prune: false, extrapolate: false }, &none).unwrap();
+    let short = search(&inp, Options { top: 3, prune: false, extrapolate: true }, &none).unwrap();
+    assert_eq!(full.progress.extrapolated, 0);
+    assert!(short.progress.extrapolated * 4 > short.progress.simulated, "{:?}", short.progress);
+    assert_eq!(full.simulated.len(), short.simulated.len());
+    for (f, s) in full.simulated.iter().zip(&short.simulated) {
+        assert_eq!((f.index, f.fits, f.peak_memory_bytes), (s.index, s.fits, s.peak_memory_bytes), "{}", s.plan);
+        assert!((f.iteration_s - s.iteration_s).abs() <= 1e-9 * f.iteration_s, "{}: {f:?} {s:?}", s.plan);
+        assert!((f.mfu - s.mfu).abs() <= 1e-9 * f.mfu, "{}", s.plan);
+    }
+    assert_eq!(indices(&short.top), indices(&full.top));
+    assert_eq!(indices(&short.pareto), indices(&full.pareto));
+    // The best plan is confirmed by a full simulation.
+    assert!(!short.best.as_ref().unwrap().extrapolated);
+}
+
+/// The short runs: past the warm-up, congruent to the plan's count modulo the pipeline depth,
+/// two periods apart, and only where they are a quarter of the plan's count or less.
+#[test]
+fn short_runs_keep_the_period_and_pay_off() {
+    assert_eq!(extrapolate::short_counts(1, 1, 512), Some([4, 6, 8]));
+    assert_eq!(extrapolate::short_counts(4, 1, 1023), Some([11, 19, 27]));
+    assert_eq!(extrapolate::short_counts(4, 2, 1024), Some([20, 28, 36]));
+    for (pp, v, m) in [(8, 1, 4096), (3, 2, 999), (2, 4, 250)] {
+        let c = extrapolate::short_counts(pp, v, m).unwrap();
+        assert!(c[0] > 2 * pp * v && c.iter().all(|x| x % pp == m % pp) && c[1] - c[0] == 2 * pp, "{c:?}");
+    }
+    assert_eq!(extrapolate::short_counts(1, 1, 31), None);
+    assert_eq!(extrapolate::short_counts(8, 1, 200), None);
+}
+
+/// GPipe holds every micro-batch's activations until its backwards: the short runs' peaks
+/// differ, so the plan is simulated in full.
+#[test]
+fn a_peak_that_grows_with_the_micro_batches_is_simulated_in_full() {
+    let inp = many_micro_batches(
+        r#"{"dp": 2, "tp": 1, "pp": 4, "schedule": "gpipe", "recompute": "none", "zero_stage": 0, "offload": "none"}"#,
+    );
+    let s = scenario_of(&inp, &space::enumerate(&inp)[0]).unwrap();
+    assert!(s.plan.micro_batches >= 4 * 26, "{}", s.plan.micro_batches);
+    assert_eq!(extrapolate::extrapolated(&s), None);
 }

@@ -1,0 +1,102 @@
+//! A plan of many micro-batches evaluated from three short runs of the same plan.
+//!
+//! A step of `M` micro-batches per replica is a warm-up, a steady part in which the pipeline
+//! repeats one period, and a drain with the gradient reduction and the optimizer step. The
+//! simulator is deterministic and every device keeps its (static) speed, so once the steady
+//! part is reached each added period adds exactly the same time, and the memory peak, set in
+//! the warm-up or the drain, stops moving: `T(M) = T(M1) + (M - M1) x slope`, peak(M) =
+//! peak(M1). Where the replicas' time cannot be folded into one (they share a node's NICs,
+//! `simulation.symmetry` off) a search over thousands of micro-batches otherwise simulates
+//! every one of them on every device.
+//!
+//! The slope is measured, not assumed: the plan runs with `M1`, `M1 + 2p` and `M1 + 4p`
+//! micro-batches (`p` the pipeline depth, the period of every schedule, `M1` past the
+//! warm-up and congruent to `M` modulo `p`), and the extrapolation stands only where the
+//! three lie on one line (their second difference at most [`TOLERANCE_S`]) and agree on the
+//! peak, on host and NVMe memory and on whether the plan fits. Anything else (GPipe's peak
+//! grows with `M`; per-kernel jitter draws differ) is simulated in full, as is a plan whose
+//! full program the simulator would refuse as too large, so the search reports what
+//! `simulate` reports. On every plan of the tests' spaces the extrapolated time equals the
+//! full simulation's to the nanosecond (`search::tests`).
+
+use crate::report::Report;
+use crate::scenario::Scenario;
+
+/// The largest second difference (seconds) of the three short runs' times accepted as a line:
+/// a few nanoseconds of rounding.
+pub const TOLERANCE_S: f64 = 4e-9;
+
+/// Below this many times the longest short run's micro-batches, a plan is simulated in full
+/// (the three short runs would save little).
+const WORTH: u32 = 4;
+
+/// What the search keeps of a report.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimate {
+    pub iteration_s: f64,
+    pub peak_memory_bytes: f64,
+    pub fits: bool,
+    pub mfu: f64,
+}
+
+impl Estimate {
+    pub fn of(r: &Report) -> Estimate {
+        Estimate { iteration_s: r.iteration_s, peak_memory_bytes: r.peak_memory_bytes, fits: r.fits, mfu: r.mfu }
+    }
+}
+
+/// The three micro-batch counts a plan with `m` micro-batches per replica is measured at, or
+/// `None` where `m` is too few for them to save anything.
+pub fn short_counts(pp: u32, virtual_stages: u32, m: u32) -> Option<[u32; 3]> {
+    let period = pp.max(1);
+    // Past the warm-up: every chunk of every stage has run a micro-batch forward and back.
+    let base = 2 * pp.max(1) * virtual_stages.max(1) + 2;
+    // The smallest count >= base congruent to m modulo the period.
+    let m1 = base + (m % period + period - base % period) % period;
+    let counts = [m1, m1 + 2 * period, m1 + 4 * period];
+    (m >= WORTH.saturating_mul(counts[2])).then_some(counts)
+}
+
+/// `s` with `m` micro-batches per replica (the global batch follows).
+fn with_micro_batches(s: &Scenario, m: u32) -> Scenario {
+    let mut p = s.clone();
+    p.plan.micro_batches = m;
+    p.training.global_batch = m * p.plan.micro_batch * p.plan.dp;
+    p
+}
+
+/// The plan's time, peak, fit and MFU from three short runs, or `None` where they do not
+/// settle on a line (then the caller simulates it in full).
+pub fn extrapolated(s: &Scenario) -> Option<Estimate> {
+    let plan = &s.plan;
+    if s.options.kernel_jitter > 0.0 || plan.token_slices.is_some() || plan.partition_policy.is_some() {
+        return None;
+    }
+    let m = plan.micro_batches;
+    let counts = short_counts(plan.pp, plan.virtual_stages, m)?;
+    // A program `simulate` would refuse is refused here too.
+    if crate::lower::size::estimate(s, None).too_large() {
+        return None;
+    }
+    let mut runs = Vec::with_capacity(3);
+    for c in counts {
+        runs.push(crate::try_simulate(&with_micro_batches(s, c), false).ok()?.report);
+    }
+    let same = |f: fn(&Report) -> f64| runs.iter().all(|r| f(r) == f(&runs[0]));
+    if !same(|r| r.peak_memory_bytes)
+        || !same(|r| r.host_memory_bytes)
+        || !same(|r| r.nvme_bytes)
+        || runs.iter().any(|r| r.fits != runs[0].fits)
+    {
+        return None;
+    }
+    let t: Vec<f64> = runs.iter().map(|r| r.iteration_s).collect();
+    if (t[2] - 2.0 * t[1] + t[0]).abs() > TOLERANCE_S {
+        return None;
+    }
+    let slope = (t[2] - t[0]) / f64::from(counts[2] - counts[0]);
+    let iteration_s = t[0] + f64::from(m - counts[0]) * slope;
+    // Model FLOPs grow with the global batch, which grows with the micro-batches.
+    let mfu = runs[0].mfu * f64::from(m) / f64::from(counts[0]) * t[0] / iteration_s;
+    Some(Estimate { iteration_s, peak_memory_bytes: runs[0].peak_memory_bytes, fits: runs[0].fits, mfu })
+}
