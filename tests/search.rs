@@ -197,3 +197,28 @@ fn searched_framework_profiles_are_written_and_checked() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("\"megatron\" is not one of: all, megatron-lm-2021"), "{}", stderr(&o));
 }
+
+/// Fuzz case 90 (seed 2902): GPT-3 760M on 8 A100s, 723 micro-batches per replica of the best
+/// plan, which the search measured from three short runs. Its full simulation came out 2e-15 s
+/// above the extrapolated time (the line was computed in seconds), so the twins still carrying
+/// the extrapolated time sorted before it and an unconfirmed plan was reported best. The line is
+/// now drawn in whole nanoseconds, as the engine keeps time, and every first plan is confirmed.
+#[test]
+fn the_best_of_many_micro_batches_is_confirmed_by_a_full_simulation() {
+    let tmp = TempDir::new("search-extrapolated");
+    let scenario = crate::util::repo("tests/data/regressions/fuzz_search_best_extrapolated.json");
+    let best = tmp.path().join("best.json");
+    let v = search_json(&[&scenario, &"--write", &best, &"--top", &"3", &"--threads", &"1"]);
+    assert!(v["extrapolated"].as_u64().unwrap() > 0, "{v}");
+    let b = &v["best"];
+    assert!(b.get("extrapolated").is_none(), "{b}");
+    // Its twins, extrapolated, carry the same time to the bit.
+    for e in v["top"].as_array().unwrap() {
+        assert!(e["iteration_s"].as_f64() >= b["iteration_s"].as_f64(), "{e}");
+    }
+    let o = run(&[&"simulate", &best, &"--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(r["iteration_s"], b["iteration_s"]);
+    assert_eq!(r["peak_memory_bytes"], b["peak_memory_bytes"]);
+}

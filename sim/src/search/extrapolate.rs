@@ -12,7 +12,7 @@
 //! The slope is measured, not assumed: the plan runs with `M1`, `M1 + 2p` and `M1 + 4p`
 //! micro-batches (`p` the pipeline depth, the period of every schedule, `M1` past the
 //! warm-up and congruent to `M` modulo `p`), and the extrapolation stands only where the
-//! three lie on one line (their second difference at most [`TOLERANCE_S`]) and agree on the
+//! three lie on one line (their second difference at most [`TOLERANCE_NS`]) and agree on the
 //! peak, on host and NVMe memory and on whether the plan fits. Anything else (GPipe's peak
 //! grows with `M`; per-kernel jitter draws differ) is simulated in full, as is a plan whose
 //! full program the simulator would refuse as too large, so the search reports what
@@ -22,9 +22,9 @@
 use crate::report::Report;
 use crate::scenario::Scenario;
 
-/// The largest second difference (seconds) of the three short runs' times accepted as a line:
-/// a few nanoseconds of rounding.
-pub const TOLERANCE_S: f64 = 4e-9;
+/// The largest second difference (nanoseconds) of the three short runs' times accepted as a
+/// line: a few nanoseconds of rounding.
+pub const TOLERANCE_NS: i128 = 4;
 
 /// Below this many times the longest short run's micro-batches, a plan is simulated in full
 /// (the three short runs would save little).
@@ -90,13 +90,18 @@ pub fn extrapolated(s: &Scenario) -> Option<Estimate> {
     {
         return None;
     }
-    let t: Vec<f64> = runs.iter().map(|r| r.iteration_s).collect();
-    if (t[2] - 2.0 * t[1] + t[0]).abs() > TOLERANCE_S {
+    // In whole nanoseconds, as the engine keeps time, so that an exact extrapolation gives
+    // the full simulation's `iteration_s` to the bit.
+    let t: Vec<i128> = runs.iter().map(|r| (r.iteration_s * 1e9).round() as i128).collect();
+    if (t[2] - 2 * t[1] + t[0]).abs() > TOLERANCE_NS {
         return None;
     }
-    let slope = (t[2] - t[0]) / f64::from(counts[2] - counts[0]);
-    let iteration_s = t[0] + f64::from(m - counts[0]) * slope;
+    // (m - counts[0]) is a whole number of periods p; counts[2] - counts[0] is four.
+    let period = (counts[1] - counts[0]) / 2;
+    let periods = i128::from((m - counts[0]) / period);
+    let ns = t[0] + (periods * (t[2] - t[0]) + 2) / 4;
+    let iteration_s = ns as f64 * 1e-9;
     // Model FLOPs grow with the global batch, which grows with the micro-batches.
-    let mfu = runs[0].mfu * f64::from(m) / f64::from(counts[0]) * t[0] / iteration_s;
+    let mfu = runs[0].mfu * f64::from(m) / f64::from(counts[0]) * runs[0].iteration_s / iteration_s;
     Some(Estimate { iteration_s, peak_memory_bytes: runs[0].peak_memory_bytes, fits: runs[0].fits, mfu })
 }

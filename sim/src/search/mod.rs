@@ -314,18 +314,20 @@ pub fn search(
 /// The best plan simulated in full where its numbers were extrapolated, so that the answer is
 /// the one `simulate` gives for it: the two agree to the nanosecond wherever the three short
 /// runs lie on a line (`search::tests`); should they not, the full result replaces the
-/// extrapolated one and the ranking is redone.
+/// extrapolated one, the ranking is redone, and the new first plan is confirmed in turn.
 fn confirm_best(input: &SearchInput, candidates: &[space::Candidate], fitting: &mut Vec<Evaluated>) {
-    let Some(best) = fitting.first().filter(|e| e.extrapolated) else { return };
-    let c = &candidates[best.index];
-    let full = scenario_of(input, c).ok().and_then(|s| evaluate(&s, best.index, c, best.bounds, false));
-    match full {
-        Some(e) if e.fits => fitting[0] = e,
-        _ => {
-            fitting.remove(0);
+    // Each pass clears the flag of the first plan or removes it, so this ends.
+    while let Some(best) = fitting.first().filter(|e| e.extrapolated) {
+        let c = &candidates[best.index];
+        let full = scenario_of(input, c).ok().and_then(|s| evaluate(&s, best.index, c, best.bounds, false));
+        match full {
+            Some(e) if e.fits => fitting[0] = e,
+            _ => {
+                fitting.remove(0);
+            }
         }
+        fitting.sort_by(cmp);
     }
-    fitting.sort_by(cmp);
 }
 
 /// Whether a plan with bounds `b` can change neither the top `k` of `fitting` (sorted) nor its
