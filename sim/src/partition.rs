@@ -51,7 +51,7 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     // The layers frozen since the cache was written run forward; the cached ones are read back.
     let recomputed = f.saturating_sub(frozen.cached_layers as usize) as f64;
     let prefix_s = forward_s(&model, &w.embedding_ops(sh)) + recomputed * forward_s(&model, &w.layer_ops(sh));
-    let prefix_weight_bytes = (embed_params / plan.tp as f64 + f as f64 * w.layer_parameters() / t) * wb;
+    let prefix_weight_bytes = (embed_params / plan.embedding_shards() + f as f64 * w.layer_parameters() / t) * wb;
     // Layer `f` (f > 0) is a plain layer (or the last, with the head): add the prefix.
     let mut active = all.split_off(f);
     active[0].compute_s += prefix_s;
@@ -117,7 +117,7 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
             };
             if i == 0 {
                 p.compute_s += embed_s;
-                p.weight_bytes += embed_params / plan.tp as f64 * dense_per_param;
+                p.weight_bytes += embed_params / plan.embedding_shards() * dense_per_param;
             }
             if i + 1 == n {
                 p.compute_s += head_s;

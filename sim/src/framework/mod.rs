@@ -240,6 +240,16 @@ pub struct Framework {
     /// off, the loss runs on each rank's shard (Megatron's vocab-parallel cross-entropy,
     /// PyTorch's `loss_parallel`). Off in every profile.
     pub tp_replicate_logits: bool,
+    /// Under tensor parallelism the token embedding is not split: every rank holds the whole
+    /// table (ZeRO still shards it over the replicas) and looks up every token itself; under
+    /// sequence parallelism the first norm keeps its sequence shard of the output (nothing to
+    /// communicate forward) and the output's gradient is all-gathered back in backward
+    /// (KempnerForge's DTensor plan, `kempnerforge/distributed/tensor_parallel.py`: the
+    /// embedding left out of the plan, its output wrapped as `Replicate`). Off, the
+    /// vocabulary is split over the ranks and their partial lookups summed (Megatron's
+    /// `VocabParallelEmbedding`, DTensor's `RowwiseParallel` on the embedding). Off in every
+    /// profile.
+    pub tp_replicate_embedding: bool,
     /// Expert parallelism's all-to-alls overlap another micro-batch's compute (see
     /// [`EP_COMM_OVERLAP_SOURCE`]); off in every profile, a knob to turn on.
     pub ep_comm_overlap: bool,
@@ -479,6 +489,7 @@ pub fn reference_markdown() -> String {
                 "the output layer's logits gathered to every tensor-parallel rank, the loss run on each",
                 f.tp_replicate_logits,
             ),
+            ("the token embedding whole on every tensor-parallel rank", f.tp_replicate_embedding),
             ("expert all-to-alls overlap another micro-batch's compute", f.ep_comm_overlap),
         ];
         for (behaviour, on) in flags {

@@ -117,7 +117,8 @@ impl<'s> Lowering<'s> {
         let edges = s.workload.net.is_none();
         let vocab_params = w.head_classes() * w.hidden as f64 / tf;
         let first_params = if edges {
-            (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf
+            (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 })
+                / plan.embedding_shards()
         } else {
             0.0
         };

@@ -271,3 +271,48 @@ fn replicated_logits_gather_the_vocabulary_and_run_the_whole_loss() {
     assert_eq!(gathers, vec![(Phase::Forward, 1024.0 * 32768.0 * 2.0)]);
     assert!((whole / sharded - 8.0).abs() < 1e-9, "{whole} vs {sharded}");
 }
+
+/// KempnerForge's replicated token embedding (`tp_replicate_embedding`): every tensor-parallel
+/// rank holds the whole table (t times the vocabulary-parallel one's bytes), and under
+/// sequence parallelism the forward's reduce-scatter of the partial lookups is gone while the
+/// backward still gathers the output's gradient; without sequence parallelism nothing is
+/// communicated. Tied embeddings refuse it.
+#[test]
+fn a_replicated_embedding_is_whole_on_every_rank_and_sums_nothing() {
+    let text = |replicate: bool, sp: bool, tied: bool| {
+        format!(
+            r#"{{"workload": {{"transformer": {{"layers": 2, "hidden": 1024, "heads": 16, "vocab": 32768, "tied_embeddings": {tied}}}}},
+                "cluster": {{"node": "dgx-h100", "nodes": 1}},
+                "training": {{"global_batch": 1, "micro_batch": 1, "seq_len": 1024,
+                              "framework": {{"name": "pytorch-fsdp", "tp_replicate_embedding": {replicate}}}}},
+                "plan": {{"tp": 8, "sequence_parallel": {sp}, "zero_stage": 0}}}}"#
+        )
+    };
+    let run = |replicate: bool, sp: bool| {
+        let s =
+            scenario::parse(&text(replicate, sp, false), &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let sim = crate::simulate(&s, false);
+        let p = &sim.program;
+        let embed: Vec<(Phase, super::CollectiveKind)> = p
+            .tasks
+            .iter()
+            .filter(|t| p.labels[t.label as usize].op == "embed_out" && t.kind == super::TaskKind::Collective)
+            .filter(|t| p.collectives[t.payload as usize].members.contains(&0))
+            .map(|t| (p.labels[t.label as usize].phase, p.collectives[t.payload as usize].kind))
+            .collect();
+        (embed, p.static_memory[0].weights)
+    };
+    use super::CollectiveKind::{AllGather, ReduceScatter};
+    let (split, split_weights) = run(false, true);
+    let (whole, whole_weights) = run(true, true);
+    assert_eq!(split, vec![(Phase::Forward, ReduceScatter), (Phase::Backward, AllGather)]);
+    assert_eq!(whole, vec![(Phase::Backward, AllGather)]);
+    // The table (32,768 x 1,024 bf16) is 1/8 on each rank when split, whole when replicated
+    // (with the final norm's 2,048 parameters, counted with the first stage's).
+    let table = 32768.0 * 1024.0 * 2.0;
+    let grown = whole_weights - split_weights;
+    assert!((grown - table * 7.0 / 8.0).abs() < 1e-3 * table, "{whole_weights} vs {split_weights}");
+    assert!(run(true, false).0.is_empty());
+    let tied = scenario::parse(&text(true, true, true), &|_| Err("no files".into()));
+    assert!(tied.is_err_and(|e| e.to_string().contains("tp_replicate_embedding")));
+}

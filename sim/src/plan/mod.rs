@@ -439,6 +439,13 @@ impl Plan {
         self.tp_mode == crate::workload::TpMode::Ring && self.tp > 1
     }
 
+    /// Ranks the token embedding's table is split over: the tensor-parallel degree, or 1 where
+    /// every rank holds it whole (ring self-attention's whole layers;
+    /// `framework.tp_replicate_embedding`, untied embeddings only).
+    pub fn embedding_shards(&self) -> f64 {
+        if self.ring() || self.fusion.replicated_embedding { 1.0 } else { self.tp as f64 }
+    }
+
     /// Whether the tensor-parallel all-gathers and reduce-scatters overlap their neighbouring
     /// GEMMs: the framework does it (`tp_comm_overlap`, Megatron-Core with Transformer
     /// Engine's userbuffers), and only under Megatron sequence parallelism in one dimension,

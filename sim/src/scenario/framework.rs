@@ -25,6 +25,7 @@ pub struct FrameworkSpec {
     tp_keeps_gathered_input: Option<bool>,
     tp_gather_per_projection: Option<bool>,
     tp_replicate_logits: Option<bool>,
+    tp_replicate_embedding: Option<bool>,
     ep_comm_overlap: Option<bool>,
     gather_copy_out: Option<bool>,
     gather_per_tensor: Option<bool>,
@@ -123,6 +124,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         tp_keeps_gathered_input: f.boolean("tp_keeps_gathered_input")?,
         tp_gather_per_projection: f.boolean("tp_gather_per_projection")?,
         tp_replicate_logits: f.boolean("tp_replicate_logits")?,
+        tp_replicate_embedding: f.boolean("tp_replicate_embedding")?,
         ep_comm_overlap: f.boolean("ep_comm_overlap")?,
         gather_copy_out: f.boolean("gather_copy_out")?,
         gather_per_tensor: f.boolean("gather_per_tensor")?,
@@ -211,6 +213,7 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     set(&mut f.tp_keeps_gathered_input, s.tp_keeps_gathered_input);
     set(&mut f.tp_gather_per_projection, s.tp_gather_per_projection);
     set(&mut f.tp_replicate_logits, s.tp_replicate_logits);
+    set(&mut f.tp_replicate_embedding, s.tp_replicate_embedding);
     set(&mut f.ep_comm_overlap, s.ep_comm_overlap);
     set(&mut f.gather_copy_out, s.gather_copy_out);
     match s.gather_per_tensor {

@@ -131,6 +131,7 @@ pub const FRAMEWORK: &[&str] = &[
     "tp_keeps_gathered_input",
     "tp_gather_per_projection",
     "tp_replicate_logits",
+    "tp_replicate_embedding",
     "ep_comm_overlap",
     "gather_copy_out",
     "gather_per_tensor",

@@ -199,6 +199,12 @@ pub(super) fn parse_plan(
     }
     let traits = crate::plan::framework_traits((tp, pp, cp), zero_stage, &offload, t.precision);
     let framework = super::framework::resolve(t.framework.as_ref(), traits, defaults);
+    if framework.tp_replicate_embedding && tf.tied_embeddings && tp > 1 {
+        return Err(invalid(
+            "training.framework.tp_replicate_embedding",
+            "a token embedding whole on every tensor-parallel rank is modelled for untied embeddings; this workload ties its output layer to the embedding; allowed: false, or \"tied_embeddings\": false",
+        ));
+    }
     if pp > 1 && zero_stage > framework.pipeline_max_zero_stage {
         return Err(invalid(
             &o.key("zero_stage"),
@@ -261,6 +267,7 @@ pub(super) fn parse_plan(
             gathered_linear_inputs: framework.tp_keeps_gathered_input && !framework.tp_comm_overlap,
             gather_per_projection: framework.tp_gather_per_projection && !framework.tp_comm_overlap,
             replicated_logits: framework.tp_replicate_logits,
+            replicated_embedding: framework.tp_replicate_embedding,
             fp8_gemm_inputs: t.precision == crate::hardware::Precision::Fp8
                 && framework.fp8_casts == crate::framework::Fp8Casts::Te,
         },

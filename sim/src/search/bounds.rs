@@ -256,8 +256,9 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let fewest = (0..w.layers).map(layer_params).fold(f64::INFINITY, f64::min);
     let whole = if plan.ep > 1 { fewest } else { w.layer_parameters() };
     let lp = if w.mixed_layers() { fewest } else { whole } / plan.tp_mode.weight_shards(plan.tp) as f64;
-    let first_params =
-        (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 }) / tf;
+    let first_params = (w.embedding_parameters()
+        - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 })
+        / plan.embedding_shards();
     let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { w.head_classes() * w.hidden as f64 / tf };
     let per_param = state_bytes_per_parameter(plan).0;
     let layer_input = e * plan.micro_batch as f64 * (plan.seq_len / plan.cp) as f64 * w.hidden as f64

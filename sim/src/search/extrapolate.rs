@@ -100,6 +100,10 @@ pub fn extrapolated(s: &Scenario) -> Option<Estimate> {
     let period = (counts[1] - counts[0]) / 2;
     let periods = i128::from((m - counts[0]) / period);
     let ns = t[0] + (periods * (t[2] - t[0]) + 2) / 4;
+    // Past the engine's clock the full simulation is refused; so is the line.
+    if ns <= 0 || ns >= i128::from(crate::engine::MAX_TIME_NS) {
+        return None;
+    }
     let iteration_s = ns as f64 * 1e-9;
     // Model FLOPs grow with the global batch, which grows with the micro-batches.
     let mfu = runs[0].mfu * f64::from(m) / f64::from(counts[0]) * runs[0].iteration_s / iteration_s;

@@ -210,6 +210,10 @@ pub struct Fusion {
     /// Under tensor parallelism the logits are all-gathered to every rank and the loss runs on
     /// the whole vocabulary on each (`framework.tp_replicate_logits`).
     pub replicated_logits: bool,
+    /// Under tensor parallelism the token embedding is whole on every rank
+    /// (`framework.tp_replicate_embedding`): no forward collective, under sequence
+    /// parallelism the output's gradient all-gathered in backward.
+    pub replicated_embedding: bool,
 }
 
 impl Default for Fusion {
@@ -229,6 +233,7 @@ impl Default for Fusion {
             gathered_linear_inputs: false,
             gather_per_projection: false,
             replicated_logits: false,
+            replicated_embedding: false,
         }
     }
 }

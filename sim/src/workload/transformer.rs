@@ -673,15 +673,22 @@ impl TransformerConfig {
                 ))]
             }
         };
-        // A vocabulary-parallel embedding sums the ranks' partial lookups.
-        if shape.tp > 1 && matches!(self.input, Input::Tokens { .. }) {
-            let sp = shape.sequence_parallel;
+        // A vocabulary-parallel embedding sums the ranks' partial lookups. A replicated one
+        // looks up every token on each rank: under sequence parallelism each keeps its shard
+        // of the output (no forward collective) and gathers the output's gradient back.
+        let sp = shape.sequence_parallel;
+        let replicated = shape.fusion.replicated_embedding;
+        if shape.tp > 1 && matches!(self.input, Input::Tokens { .. }) && (sp || !replicated) {
             ops.push(LayerOp::Comm {
                 name: "embed_out",
                 bytes: e * s * b * h,
                 axis: Axis::Tensor,
                 root: 0,
-                forward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
+                forward: match (replicated, sp) {
+                    (true, _) => None,
+                    (false, true) => Some(Comm::ReduceScatter),
+                    (false, false) => Some(Comm::AllReduce),
+                },
                 backward: if sp { Some(Comm::AllGather) } else { None },
             });
         }
