@@ -274,6 +274,15 @@ pub fn bounds(s: &Scenario) -> Bounds {
         dense_ops.as_deref().map_or(saved(&layer_ops), |d| saved(&layer_ops).min(saved(d)))
     };
     let sched = ScheduleShape { stages: p, micro_batches: m, virtual_stages: v };
+    // What the output layer and loss keep for backward, per micro-batch, on the stage that runs
+    // them: the logits of a large vocabulary can outweigh every layer. Without interleaving,
+    // when that stage ends its last forward before a backward, each micro-batch it holds keeps
+    // its layers' and its head's saved tensors at once; with it, only the layers are counted.
+    let head_saved = if v == 1 && plan.offload.activations == Tier::Device {
+        head_ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(Recompute::None)).sum::<f64>()
+    } else {
+        0.0
+    };
     let chunk_params = |c: u32| {
         layers_of(c) * lp + if c == 0 { first_params } else { 0.0 } + if c == chunks - 1 { last_params } else { 0.0 }
     };
@@ -283,7 +292,8 @@ pub fn bounds(s: &Scenario) -> Bounds {
             let params: f64 = mine.iter().map(|&c| chunk_params(c)).sum();
             let smallest = mine.iter().map(|&c| layers_of(c)).fold(f64::INFINITY, f64::min);
             let in_flight = schedule::in_flight_bound(plan.schedule, sched, k) as f64;
-            params * per_param + in_flight * smallest * saved_layer
+            let head = if k == p - 1 { head_saved } else { 0.0 };
+            params * per_param + in_flight * (smallest * saved_layer + head)
         })
         .collect();
     let framework = |k: usize| s.options.framework_bytes(classes[k]);
@@ -297,7 +307,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
         // one layer, at the last stage's in-flight count).
         let states: f64 = (w.layers as f64 * lp + first_params + last_params) * per_param;
         let last_in_flight = schedule::in_flight_bound(plan.schedule, sched, p - 1) as f64;
-        let acts = last_in_flight * w.layers as f64 * saved_layer;
+        let acts = last_in_flight * (w.layers as f64 * saved_layer + head_saved);
         let framework_min = (0..p as usize).map(framework).fold(f64::INFINITY, f64::min);
         let usable_max = classes.iter().map(|d| s.options.usable_bytes(d)).fold(0.0, f64::max);
         let peak = (states + acts) / p as f64 + framework_min;

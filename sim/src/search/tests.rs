@@ -95,6 +95,30 @@ fn bounds_stay_below_the_simulated_values_under_expert_parallelism() {
     check_bounds(&moe, 10);
 }
 
+/// A narrow model with a large vocabulary (fuzz case 111, seed 2903, made small): the loss's
+/// saved logits outweigh the layers, and under GPipe the last stage keeps one copy per
+/// micro-batch. The memory bound counts the output layer's saved tensors for each micro-batch
+/// the last stage holds, so it still bounds every plan and now rules out the GPipe plans
+/// that the layers alone let through (each was simulated in full, thousands of micro-batches
+/// long, before).
+#[test]
+fn the_memory_bound_counts_the_logits_each_held_micro_batch_keeps() {
+    let wide = input(
+        r#"{"workload": {"transformer": {"layers": 4, "hidden": 64, "heads": 1, "vocab": 131072}},
+            "cluster": {"node": "dgx-1-v100", "nodes": 1},
+            "training": {"global_batch": 256, "seq_len": 1024},
+            "plan": {"rank_order": "tp-dp-pp", "offload": "none"}}"#,
+    );
+    check_bounds(&wide, 50);
+    let all = search(&wide, Options { top: 1, prune: false, extrapolate: false }, &none).unwrap();
+    let gpipe = |e: &&Evaluated| e.plan["schedule"] == "gpipe" && e.micro_batch == 1;
+    let held: Vec<&Evaluated> = all.simulated.iter().filter(gpipe).collect();
+    assert!(!held.is_empty());
+    for e in held {
+        assert!(!e.fits && !e.bounds.may_fit, "{}: {:?}", e.plan, e.bounds);
+    }
+}
+
 fn check_bounds(inp: &SearchInput, at_least: usize) {
     let all = search(inp, Options { top: 1, prune: false, extrapolate: false }, &none).unwrap();
     assert!(all.simulated.len() > at_least, "{}", all.simulated.len());
