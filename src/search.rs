@@ -185,10 +185,11 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
         let started = Instant::now();
         let show = |p: &search::Progress| {
             bar.set_message(format!(
-                "{g} GPUs: {} plans, {} evaluated ({} simulations), {} pruned, {} invalid",
+                "{g} GPUs: {} plans, {} evaluated ({} simulations, {} from short runs), {} pruned, {} invalid",
                 p.enumerated,
                 p.evaluated,
                 p.simulated,
+                p.extrapolated,
                 p.pruned(),
                 p.invalid
             ))
