@@ -278,7 +278,7 @@ pub fn run(a: &SearchArgs) -> Result<(), String> {
 }
 
 fn entry(e: &Evaluated) -> Value {
-    with_framework(
+    annotated(
         e,
         json!({
             "plan": e.plan,
@@ -293,15 +293,15 @@ fn entry(e: &Evaluated) -> Value {
 }
 
 fn point(e: &Evaluated) -> Value {
-    with_framework(
+    annotated(
         e,
         json!({"plan": e.plan, "micro_batch": e.micro_batch, "iteration_s": e.iteration_s, "peak_memory_bytes": e.peak_memory_bytes}),
     )
 }
 
-/// An entry with its searched framework profile (`--frameworks`), if any, and whether its
+/// An entry annotated with its searched framework profile (`--frameworks`), if any, and whether its
 /// numbers were measured from three short runs.
-fn with_framework(e: &Evaluated, mut v: Value) -> Value {
+fn annotated(e: &Evaluated, mut v: Value) -> Value {
     if let Some(o) = v.as_object_mut() {
         if let Some(f) = e.framework {
             o.insert("framework".into(), json!(f));

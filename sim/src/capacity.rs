@@ -190,8 +190,7 @@ fn probe(s: &Scenario) -> Option<Scenario> {
         && plan.token_slices.is_none();
     let m = plan.pp.max(2);
     if short && plan.micro_batches > m {
-        plan.micro_batches = m;
-        p.training.global_batch = m * plan.micro_batch * plan.dp;
+        p.set_micro_batches(m);
     }
     p.options.symmetry = true;
     p.options.approximate_symmetry = true;

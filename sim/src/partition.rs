@@ -46,8 +46,7 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
         .with_fp8_casts(plan.framework.fp8_casts, plan.micro_batches);
     let (wb, _, _) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let t = plan.tp_mode.weight_shards(plan.tp) as f64;
-    let head_params = if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 };
-    let embed_params = w.embedding_parameters() - head_params;
+    let embed_params = w.embedding_parameters_without_head();
     // The layers frozen since the cache was written run forward; the cached ones are read back.
     let recomputed = f.saturating_sub(frozen.cached_layers as usize) as f64;
     let prefix_s = forward_s(&model, &w.embedding_ops(sh)) + recomputed * forward_s(&model, &w.layer_ops(sh));
@@ -98,7 +97,7 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let embed_s = ops_s(&model, &w.embedding_ops(sh), false);
     let head_s = ops_s(&model, &w.head_ops(sh), false);
     let head_params = if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 };
-    let embed_params = w.embedding_parameters() - head_params;
+    let embed_params = w.embedding_parameters_without_head();
     let (dense_per_param, expert_per_param) = crate::cost::memory::state_bytes_per_parameter(plan);
     let ep = plan.ep.max(1) as f64;
     let n = w.layers as usize;

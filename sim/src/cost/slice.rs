@@ -112,7 +112,7 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
     let first = plan.partition.first().copied().unwrap_or(w.layers);
     let last = plan.partition.last().copied().unwrap_or(w.layers);
     let head_params = w.head_classes() * w.hidden as f64;
-    let embedding_params = w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { head_params };
+    let embedding_params = w.embedding_parameters_without_head();
     let with_embedding = stage(first).add(passes(w.embedding_ops(shape), embedding_params), 1.0);
     // A tied output layer on a single stage is the embedding itself (its gradients counted once).
     let head = passes(w.head_ops(shape), if plan.pp == 1 && w.tied_embeddings { 0.0 } else { head_params });

@@ -116,12 +116,7 @@ impl<'s> Lowering<'s> {
         };
         let edges = s.workload.net.is_none();
         let vocab_params = w.head_classes() * w.hidden as f64 / tf;
-        let first_params = if edges {
-            (w.embedding_parameters() - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 })
-                / plan.embedding_shards()
-        } else {
-            0.0
-        };
+        let first_params = if edges { w.embedding_parameters_without_head() / plan.embedding_shards() } else { 0.0 };
         // The output layer: its own matrix, or (tied) a copy of the embedding on the last
         // stage; with one chunk, the tied head is the embedding itself.
         let last_params = if !edges || (w.tied_embeddings && chunks == 1) { 0.0 } else { vocab_params };

@@ -94,6 +94,13 @@ pub struct MeasuredRates {
 }
 
 impl Scenario {
+    /// The same plan with `m` micro-batches per replica, the global batch following
+    /// (`m` x micro-batch x dp).
+    pub fn set_micro_batches(&mut self, m: u32) {
+        self.plan.micro_batches = m;
+        self.training.global_batch = m * self.plan.micro_batch * self.plan.dp;
+    }
+
     /// Why the profile `m` does not describe this scenario's device, if it does not: a
     /// profile of another kind of silicon, or of another GPU model when the profile names
     /// one. Applying it anyway needs the user's explicit consent.

@@ -256,9 +256,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let fewest = (0..w.layers).map(layer_params).fold(f64::INFINITY, f64::min);
     let whole = if plan.ep > 1 { fewest } else { w.layer_parameters() };
     let lp = if w.mixed_layers() { fewest } else { whole } / plan.tp_mode.weight_shards(plan.tp) as f64;
-    let first_params = (w.embedding_parameters()
-        - if w.tied_embeddings { 0.0 } else { w.head_classes() * w.hidden as f64 })
-        / plan.embedding_shards();
+    let first_params = w.embedding_parameters_without_head() / plan.embedding_shards();
     let last_params = if w.tied_embeddings && chunks == 1 { 0.0 } else { w.head_classes() * w.hidden as f64 / tf };
     let per_param = state_bytes_per_parameter(plan).0;
     let layer_input = e * plan.micro_batch as f64 * (plan.seq_len / plan.cp) as f64 * w.hidden as f64
@@ -279,7 +277,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
     // when that stage ends its last forward before a backward, each micro-batch it holds keeps
     // its layers' and its head's saved tensors at once; with it, only the layers are counted.
     let head_saved = if v == 1 && plan.offload.activations == Tier::Device {
-        head_ops.iter().filter_map(LayerOp::compute).map(|o| o.saved.bytes(Recompute::None)).sum::<f64>()
+        crate::workload::recompute::kept_bytes(&head_ops, Recompute::None, RecomputeModules::default(), 0.0)
     } else {
         0.0
     };

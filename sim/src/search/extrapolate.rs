@@ -57,14 +57,6 @@ pub fn short_counts(pp: u32, virtual_stages: u32, m: u32) -> Option<[u32; 3]> {
     (m >= WORTH.saturating_mul(counts[2])).then_some(counts)
 }
 
-/// `s` with `m` micro-batches per replica (the global batch follows).
-fn with_micro_batches(s: &Scenario, m: u32) -> Scenario {
-    let mut p = s.clone();
-    p.plan.micro_batches = m;
-    p.training.global_batch = m * p.plan.micro_batch * p.plan.dp;
-    p
-}
-
 /// The plan's time, peak, fit and MFU from three short runs, or `None` where they do not
 /// settle on a line (then the caller simulates it in full).
 pub fn extrapolated(s: &Scenario) -> Option<Estimate> {
@@ -80,7 +72,9 @@ pub fn extrapolated(s: &Scenario) -> Option<Estimate> {
     }
     let mut runs = Vec::with_capacity(3);
     for c in counts {
-        runs.push(crate::try_simulate(&with_micro_batches(s, c), false).ok()?.report);
+        let mut short = s.clone();
+        short.set_micro_batches(c);
+        runs.push(crate::try_simulate(&short, false).ok()?.report);
     }
     let same = |f: fn(&Report) -> f64| runs.iter().all(|r| f(r) == f(&runs[0]));
     if !same(|r| r.peak_memory_bytes)

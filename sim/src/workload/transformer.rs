@@ -289,6 +289,12 @@ impl TransformerConfig {
         }
     }
 
+    /// [`TransformerConfig::embedding_parameters`] less an untied output layer's matrix: what
+    /// the first stage holds besides its layers (the final norm and a pooler counted with it).
+    pub fn embedding_parameters_without_head(&self) -> f64 {
+        self.embedding_parameters() - if self.tied_embeddings { 0.0 } else { self.head_classes() * self.hidden as f64 }
+    }
+
     pub fn parameters(&self) -> f64 {
         self.layers as f64 * self.layer_parameters() + self.embedding_parameters()
     }
