@@ -10,7 +10,7 @@ pub fn print_summary(r: &sim::report::Report) {
     println!("workload:     {} ({:.3} B parameters)", r.workload, r.parameters / 1e9);
     println!("cluster:      {} ({} x {})", r.cluster, r.devices, r.device);
     println!(
-        "plan:         dp={}{}{} tp={} pp={} {}{} micro-batches={}x{} recompute={:?}{} zero={}",
+        "plan:         dp={}{}{} tp={} pp={} {}{} micro-batches={}x{} recompute={:?}{}{} zero={}{}",
         p.dp,
         if p.cp > 1 { format!(" cp={}", p.cp) } else { String::new() },
         if p.ep > 1 { format!(" ep={}", p.ep) } else { String::new() },
@@ -22,7 +22,9 @@ pub fn print_summary(r: &sim::report::Report) {
         p.micro_batch,
         p.recompute,
         p.recompute_modules.map_or(String::new(), |m| format!("({})", m.names().join(","))),
-        p.zero_stage
+        p.recompute_layers.map_or(String::new(), |n| format!(" ({n} layers per chunk)")),
+        p.zero_stage,
+        p.dp_shard.map_or(String::new(), |s| format!(" (sharded over {s} replicas, hybrid)"))
     );
     println!("iteration:    {:.4} s", r.iteration_s);
     println!(

@@ -244,6 +244,8 @@ fn report_docs_list_every_key_the_commands_print() {
         "experiments/parallelism/gpt3-6.7b-zero-infinity.json",
         "experiments/parallelism/gpt3-6.7b-tp16-across-nodes.json",
         "experiments/moe/mixtral-8x7b-64xh100-tp8.json",
+        // Hybrid sharding and part of the layers recomputed (plan.dp_shard, plan.recompute_layers).
+        "experiments/sharding/llama2-13b-hsdp-half-128xa100-4x100g.json",
         // More activations than a report lists: the omitted ones are summed.
         "tests/data/regressions/fuzz_report_size.json",
     ]

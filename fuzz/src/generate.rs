@@ -505,6 +505,22 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
             json!(all.iter().filter(|_| r.chance(0.4)).collect::<Vec<_>>())
         });
     }
+    // Part of the layers recomputed: mostly with full recomputation and a few layers, else
+    // anything (a clear error).
+    if plan.get("recompute") == Some(&json!("full")) || r.chance(0.02) {
+        opt(&mut plan, r, 0.3, "recompute_layers", |r| {
+            let most = if r.chance(0.9) { 8 } else { 1000 };
+            json!(r.int(0, most))
+        });
+    }
+    // Hybrid sharding: a divisor of the replicas mostly (valid with ZeRO), else anything.
+    if plan.contains_key("zero_stage") || r.chance(0.03) {
+        let of = |k: &str| plan.get(k).and_then(Value::as_u64).unwrap_or(1);
+        let replicas = if plan.contains_key("dp") { of("dp") * of("cp") } else { dp };
+        opt(&mut plan, r, 0.15, "dp_shard", |r| {
+            if r.chance(0.85) { json!(*r.pick(&divisors(replicas))) } else { json!(r.int(0, 300)) }
+        });
+    }
     let zero3 = plan.get("zero_stage") == Some(&json!(3));
     if r.chance(0.15) {
         let o = match r.int(0, 4) {

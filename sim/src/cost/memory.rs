@@ -43,7 +43,7 @@ pub fn accumulated_grad_bytes(plan: &Plan) -> f64 {
     let (_, g, _) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     match (plan.offload.optimizer != Tier::Device, plan.zero_stage >= plan.gradient_shard_stage()) {
         (true, true) => 0.0,
-        (false, true) => g / plan.sync_degree() as f64,
+        (false, true) => g / plan.shard_degree() as f64,
         (_, false) => g,
     }
 }
@@ -56,7 +56,7 @@ pub fn accumulated_grad_bytes(plan: &Plan) -> f64 {
 /// routed expert).
 pub fn state_bytes_per_parameter(plan: &Plan) -> (f64, f64) {
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
-    let sync = plan.sync_degree().max(1) as f64;
+    let sync = plan.shard_degree().max(1) as f64;
     let host_params = plan.offload.params != Tier::Device;
     let host_opt = plan.offload.optimizer != Tier::Device;
     let z = if sync > 1.0 || host_params { plan.zero_stage } else { 0 };

@@ -25,6 +25,9 @@ pub(super) struct Block {
     pub(super) rerun: Vec<bool>,
     /// Bytes each op holds only while its forward and its backward run (`Saved::transient_bytes`).
     pub(super) transient: Vec<[f64; 2]>,
+    /// The recomputation this block runs before its backward (the plan's, or none on the
+    /// layers past `plan.recompute_layers`).
+    pub(super) recompute: Recompute,
 }
 
 /// The blocks of one unit shape, and what crosses a stage boundary for it.
@@ -92,7 +95,7 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
             .map(|(i, l)| {
                 // Full recomputation keeps the layer's input.
                 let input = if i == 0 { 0.0 } else { boundary[i - 1] };
-                b.block(l.layer_ops(u.batch, e), plan.recompute, plan.recompute_modules, input)
+                b.block(l.layer_ops(u.batch, e), plan.layer_recompute(i as u32), plan.recompute_modules, input)
             })
             .collect();
         let empty = b.block(Vec::new(), Recompute::None, RecomputeModules::default(), 0.0);
@@ -131,6 +134,23 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
         for (l, k) in kind_of.iter_mut().enumerate() {
             if !w.is_moe_layer(l as u32) {
                 *k = 1;
+            }
+        }
+    }
+    // Under `plan.recompute_layers`, each kind again without recomputation, for the layers
+    // past the first ones of their chunk.
+    if plan.recompute_layers.is_some() {
+        let kinds = layers.len();
+        let kept: Vec<Block> = (0..kinds)
+            .map(|k| {
+                let ops = if k == 0 { w.layer_ops(shape) } else { w.layer_ops_at(0, shape) };
+                b.block(ops, Recompute::None, plan.recompute_modules, boundary_bytes)
+            })
+            .collect();
+        layers.extend(kept);
+        for (l, k) in kind_of.iter_mut().enumerate() {
+            if plan.layer_recompute(l as u32) == Recompute::None {
+                *k += kinds;
             }
         }
     }
@@ -189,6 +209,6 @@ impl Builder {
         };
         let early_stop_end = crate::workload::recompute::early_stop_end(&ops);
         let transient = ops.iter().map(|op| op.compute().map_or([0.0; 2], |s| s.saved.transient_bytes)).collect();
-        Block { ops, fwd, bwd, saved, saved_full: saved_none, early_stop_end, rerun, transient }
+        Block { ops, fwd, bwd, saved, saved_full: saved_none, early_stop_end, rerun, transient, recompute }
     }
 }

@@ -105,6 +105,8 @@ pub(super) struct Builder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Shared {
     Data,
+    /// Under hybrid sharding, the all-reduce of a shard across the shard groups.
+    Replicate,
     Expert,
     ExpertData,
     Context,

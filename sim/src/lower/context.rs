@@ -148,7 +148,7 @@ impl<'s> Lowering<'s> {
             gb,
             ob,
             sync,
-            dp: sync as f64,
+            dp: plan.shard_degree() as f64,
             host_opt: off.optimizer != Tier::Device,
             host_params,
             z,

@@ -26,8 +26,9 @@ pub(super) const GRAD_SYNC_STREAM: StreamKind = StreamKind::DataParallel;
 /// the previous unit's compute (and the gradient reductions).
 pub(super) const PARAM_GATHER_STREAM: StreamKind = StreamKind::Gather;
 
-/// Data-parallel collectives of (stage, tp rank) across replicas, one per member group,
-/// created by the first replica that lowers it; later replicas find it by sequence number.
+/// Data-parallel collectives of (stage, tp rank) across replicas (under hybrid sharding,
+/// across replica `r`'s shard group: [`Plan::shard_members`]), one per member group, created
+/// by the first replica that lowers it; later replicas find it by sequence number.
 /// `(bytes, calls)`: `calls` back-to-back calls of `bytes` each as one task ([`Collective::calls`]).
 pub(super) fn dp_collective(
     b: &mut Builder,
@@ -41,11 +42,16 @@ pub(super) fn dp_collective(
     stream: StreamKind,
 ) -> u32 {
     let s = stream.index() as u32;
-    // Under ring sequence parallelism one collective spans the whole stage.
-    let group = [stage, if plan.ring() { 0 } else { x }, s];
+    // Under ring sequence parallelism one collective spans the whole stage; under hybrid
+    // sharding each shard group has its own.
+    let part = r / plan.shard_degree();
+    let group = [stage, if plan.ring() { 0 } else { x + plan.tp * part }, s];
     // On the compute stream each lowered member joins the collective where its own walk
-    // reaches it; on a communication stream it is queued for every member at once.
-    let on_compute = stream == StreamKind::Compute;
+    // reaches it; on a communication stream it is queued for every member at once, but under
+    // hybrid sharding, whose shard all-reduces join member by member
+    // ([`replicate_all_reduce`]): a member's reductions and all-reduces then queue in its
+    // own walk's order.
+    let on_compute = stream == StreamKind::Compute || plan.hybrid_shard();
     let own = Program::stream_index(b.dev_index[plan.device(r, stage, x) as usize], stream);
     if let Some(task) = b.shared_next(Shared::Data, group, [r, stage, x, s]) {
         if on_compute {
@@ -54,7 +60,7 @@ pub(super) fn dp_collective(
         return task;
     }
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
-    let members = plan.sync_members(stage, x);
+    let members = plan.shard_members(r, stage, x);
     let streams: Vec<u32> = if on_compute {
         vec![own]
     } else {
@@ -67,6 +73,36 @@ pub(super) fn dp_collective(
     let id = b.collective_calls_id(kind, &members, bytes, calls);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
     b.share(Shared::Data, group, task);
+    task
+}
+
+/// Under hybrid sharding, the all-reduce of replica `r`'s reduced shard of a bucket (`bytes`
+/// of it) with the same shard of every other shard group ([`Plan::replicate_members`]): FSDP's
+/// `HYBRID_SHARD` runs it on the reduce-scatter's stream once that ends
+/// (`_post_backward_hook`: `_reduce_scatter` then `dist.all_reduce` over `_inter_node_pg`).
+fn replicate_all_reduce(
+    b: &mut Builder,
+    plan: &Plan,
+    (r, stage, x): (u32, u32, u32),
+    bytes: f64,
+    stream: StreamKind,
+) -> u32 {
+    let s = stream.index() as u32;
+    let group = [stage, x + plan.tp * (r % plan.shard_degree()), s];
+    // Each member joins the all-reduce where its own walk reaches it (as on the compute stream
+    // in `dp_collective`): its members belong to different shard groups, whose lowerings
+    // would otherwise queue one group's all-reduces on another's stream ahead of the
+    // reduce-scatters they wait for.
+    let own = Program::stream_index(b.dev_index[plan.device(r, stage, x) as usize], stream);
+    if let Some(task) = b.shared_next(Shared::Replicate, group, [r, stage, x, s]) {
+        b.join(task, own);
+        return task;
+    }
+    let label = b.label(Label { op: "grad_allreduce_shard", layer: -1, phase: Phase::Sync, chunk: stage });
+    let members = plan.replicate_members(r, stage, x);
+    let id = b.collective_calls_id(CollectiveKind::AllReduce, &members, bytes, 1);
+    let task = b.task(TaskKind::Collective, id, label, NONE, &[own]);
+    b.share(Shared::Replicate, group, task);
     task
 }
 
@@ -117,12 +153,19 @@ fn grad_sync(
                 let task =
                     dp_collective(b, plan, r, stage, x, kind, (bytes / calls as f64, calls), "grad_sync", stream);
                 b.p.deps.push((done, task));
-                task
+                if plan.hybrid_shard() {
+                    let shard = bytes / plan.shard_degree() as f64;
+                    let all_reduce = replicate_all_reduce(b, plan, (r, stage, x), shard, stream);
+                    b.p.deps.push((task, all_reduce));
+                    all_reduce
+                } else {
+                    task
+                }
             };
             if !to_host {
                 return task;
             }
-            let shard = if kind == CollectiveKind::ReduceScatter { bytes / plan.sync_degree() as f64 } else { bytes };
+            let shard = if kind == CollectiveKind::ReduceScatter { bytes / plan.shard_degree() as f64 } else { bytes };
             let copy = b.host_copy(plan.device(r, stage, x), false, shard, false, label);
             b.p.deps.push((task, copy));
             copy

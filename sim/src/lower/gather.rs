@@ -182,7 +182,7 @@ impl Gathers {
         let t = self.tensors.as_ref()?;
         let layer = if gather { self.gathered.iter().sum() } else { t.reduced };
         let tensors = if unit < 0 { t.edge } else { layer };
-        Some(plan.sync_degree() as f64 * tensors)
+        Some(plan.shard_degree() as f64 * tensors)
     }
 
     /// The prefetch decision: the task (device 0 of the group; device x waits for the one x
@@ -229,7 +229,7 @@ impl Gathers {
                     copy = b.host_copy(
                         d,
                         true,
-                        bytes / plan.sync_degree() as f64,
+                        bytes / plan.shard_degree() as f64,
                         self.host == Tier::Nvme,
                         self.unit_label,
                     );
@@ -367,7 +367,7 @@ fn gather_after_copies(
     stream: crate::report::timeline::StreamKind,
 ) -> u32 {
     let (mut first_gather, mut g) = (NONE, last);
-    if plan.sync_degree() > 1 {
+    if plan.shard_degree() > 1 {
         for &part in bytes {
             g = dp_collective(b, plan, r, stage, x, CollectiveKind::AllGather, part, "param_gather", stream);
             if first_gather == NONE {

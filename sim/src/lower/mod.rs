@@ -254,4 +254,6 @@ mod tests;
 #[cfg(test)]
 mod tests_data_parallel;
 #[cfg(test)]
+mod tests_sharding;
+#[cfg(test)]
 mod tests_tensor_parallel;

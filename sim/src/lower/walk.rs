@@ -146,7 +146,7 @@ impl<'a> Walk<'a> {
     /// and last task.
     fn copy_out(&self, b: &mut Builder, at: &At, params: f64, layer: i32, phase: Phase) -> Option<(u32, u32)> {
         let lw = self.lw;
-        if !lw.per_unit || lw.plan.sync_degree() <= 1 {
+        if !lw.per_unit || lw.plan.shard_degree() <= 1 {
             return None;
         }
         let copies = self.gathers.list_copies(lw.plan, layer, true).map(|n| ("gather_list_copies", n));
@@ -162,7 +162,7 @@ impl<'a> Walk<'a> {
     /// backward; the last task of the group's last device.
     fn reduce_copies(&self, b: &mut Builder, at: &At, bytes: f64, layer: u32) -> Option<u32> {
         let lw = self.lw;
-        if !lw.per_tensor || lw.plan.sync_degree() <= 1 {
+        if !lw.per_tensor || lw.plan.shard_degree() <= 1 {
             return None;
         }
         let n = self.gathers.list_copies(lw.plan, layer as i32, false)?;
@@ -301,7 +301,7 @@ impl<'a> Walk<'a> {
         };
         let fetched = self.act.fetch(b, ctx, layer.saved, (c, mb, l));
         let mut unit_first = self.copy_out(b, at, lw.lp[l as usize], l as i32, Phase::Backward).map_or(NONE, |c| c.0);
-        match plan.recompute {
+        match layer.recompute {
             Recompute::Full => {
                 let rerun = if plan.framework.recompute_early_stop { Rerun::EarlyStop } else { Rerun::Full };
                 let (f, _) = emit_recompute(b, ctx, layer, l as i32, c, mb, rerun, layer.saved_full);

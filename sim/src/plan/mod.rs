@@ -308,6 +308,16 @@ pub struct Plan {
     pub recompute: Recompute,
     /// What selective recomputation reruns (Megatron-Core's `recompute_modules`).
     pub recompute_modules: RecomputeModules,
+    /// Under full recomputation, how many layers of each model chunk recompute: the chunk's
+    /// first ones (Megatron-LM's `--recompute-method block --recompute-num-layers`); the others
+    /// keep every activation. `None`: every layer.
+    pub recompute_layers: Option<u32>,
+    /// Data-parallel ranks one ZeRO shard spans (hybrid sharding: PyTorch FSDP's
+    /// `HYBRID_SHARD`, torchtitan's `data_parallel_shard_degree`, Megatron-Core's
+    /// `num_distributed_optimizer_instances`): consecutive replicas hold one copy of the
+    /// sharded state, and the `sync_degree / dp_shard` copies all-reduce their shards.
+    /// `None`: the whole data-parallel group ([`Plan::shard_degree`]).
+    pub dp_shard: Option<u32>,
     pub zero_stage: u8,
     pub sequence_parallel: bool,
     pub tp_mode: crate::workload::TpMode,
@@ -483,6 +493,50 @@ impl Plan {
     /// replicas, times the ring under ring sequence parallelism.
     pub fn sync_degree(&self) -> u32 {
         self.replicas() * if self.ring() { self.tp } else { 1 }
+    }
+
+    /// Ranks the ZeRO state (optimizer, gradient and parameter shards) is split over: the
+    /// data-parallel group, or its shard groups under hybrid sharding (`plan.dp_shard`).
+    pub fn shard_degree(&self) -> u32 {
+        self.dp_shard.unwrap_or_else(|| self.sync_degree())
+    }
+
+    /// Whether ZeRO's state is sharded over part of the data-parallel group and replicated
+    /// across the parts (hybrid sharding).
+    pub fn hybrid_shard(&self) -> bool {
+        self.shard_degree() < self.sync_degree()
+    }
+
+    /// Under hybrid sharding, the devices of replica `r`'s shard group (tensor rank `x` of
+    /// `stage`): the `dp_shard` consecutive replicas around `r`; the whole group otherwise.
+    pub fn shard_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
+        if !self.hybrid_shard() {
+            return self.sync_members(stage, x);
+        }
+        self.consecutive_replicas(r, self.shard_degree(), stage, x)
+    }
+
+    /// Under hybrid sharding, the devices that hold the same shard as replica `r`'s (tensor
+    /// rank `x` of `stage`): one per shard group, at `r`'s place in it.
+    pub fn replicate_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
+        let s = self.shard_degree();
+        (r % s..self.replicas()).step_by(s as usize).map(|q| self.device(q, stage, x)).collect()
+    }
+
+    /// The recomputation layer `l` (a model layer) runs: the plan's, or none past the first
+    /// `recompute_layers` of its chunk.
+    pub fn layer_recompute(&self, l: u32) -> Recompute {
+        match self.recompute_layers {
+            Some(n) if self.recompute == Recompute::Full => {
+                let starts = self.chunk_starts();
+                if l < starts[0] {
+                    return self.recompute;
+                }
+                let c = starts.partition_point(|&s| s <= l) - 1;
+                if l - starts[c] < n { Recompute::Full } else { Recompute::None }
+            }
+            _ => self.recompute,
+        }
     }
 
     /// The devices that sum gradients with tensor rank `x` of `stage`, in ring order.

@@ -82,7 +82,13 @@ pub struct PlanSummary {
     /// What selective recomputation reruns (only with `recompute` selective).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recompute_modules: Option<crate::plan::RecomputeModules>,
+    /// Layers of each model chunk that recompute (only where part of them do).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recompute_layers: Option<u32>,
     pub zero_stage: u8,
+    /// Data-parallel ranks one ZeRO shard spans (only under hybrid sharding).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dp_shard: Option<u32>,
     pub partition: Vec<u32>,
 }
 
@@ -350,7 +356,9 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
             micro_batch: plan.micro_batch,
             recompute: plan.recompute,
             recompute_modules: (plan.recompute == crate::plan::Recompute::Selective).then_some(plan.recompute_modules),
+            recompute_layers: plan.recompute_layers,
             zero_stage: plan.zero_stage,
+            dp_shard: plan.dp_shard,
             partition: plan.partition.clone(),
         },
         defaults_applied: s.defaults_applied.clone(),

@@ -18,6 +18,7 @@ pub mod limits;
 mod options;
 mod parallel;
 mod plan;
+mod recompute;
 pub(crate) use plan::{P2P_DEFAULT, default_p2p};
 pub mod reader;
 mod run;

@@ -1,7 +1,8 @@
 //! `plan.ep` and `plan.cp`: expert and context parallelism, Megatron-Core's layout (the
 //! tp-cp-ep-dp-pp order: `cp` consecutive replicas split each sequence, `ep` consecutive
-//! replicas split each MoE layer's routed experts). What is not modelled with them is refused
-//! here.
+//! replicas split each MoE layer's routed experts); `plan.dp_shard`, hybrid sharding
+//! (`dp_shard` consecutive replicas share one copy of ZeRO's state). What is not modelled with
+//! them is refused here.
 
 use super::reader::{self, Obj, Result, invalid};
 use super::training::Training;
@@ -176,4 +177,65 @@ pub(super) fn check_cp_attention(o: &Obj, cp: u32, attention: Attention, default
         ));
     }
     Ok(())
+}
+
+/// `plan.dp_shard`: hybrid sharding. ZeRO's state is split over `dp_shard` consecutive
+/// replicas (one node's, with one GPU per replica in the default rank order) and each shard
+/// group holds a whole copy: gradients are reduce-scattered in the group and the shards then
+/// all-reduced across the groups, parameters gathered in the group only (PyTorch FSDP's
+/// `HYBRID_SHARD`, `_post_backward_hook`'s reduce-scatter then `_inter_node_pg` all-reduce;
+/// FSDP2's 2-D mesh; Megatron-Core's `num_distributed_optimizer_instances`). `None`: the
+/// whole group (`dp_shard` equal to it is the same).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn parse_dp_shard(
+    o: &Obj,
+    replicas: u32,
+    cp: u32,
+    zero_stage: u8,
+    ep: u32,
+    ring: bool,
+    offload: &Offload,
+) -> Result<Option<u32>> {
+    let Some(s) = o.uint("dp_shard")? else { return Ok(None) };
+    let key = o.key("dp_shard");
+    let group = if cp > 1 { format!("dp x cp = {replicas}") } else { format!("dp = {replicas}") };
+    if !replicas.is_multiple_of(s) {
+        return Err(invalid(
+            &key,
+            format!("{s} does not divide {group}; allowed: a divisor of it (a shard group is consecutive replicas)"),
+        ));
+    }
+    if s == replicas {
+        return Ok(None);
+    }
+    if zero_stage == 0 {
+        return Err(invalid(
+            &key,
+            format!(
+                "{s}: hybrid sharding splits ZeRO's state, which zero_stage 0 keeps whole; allowed: zero_stage 1 to 3, or dp_shard = {replicas}"
+            ),
+        ));
+    }
+    if s == 1 {
+        return Err(invalid(
+            &key,
+            "1 shards nothing (every replica keeps the whole state and all-reduces it); allowed: 2 or more, or zero_stage 0",
+        ));
+    }
+    let refuse = |why: &str| {
+        Err(reader::unsupported(
+            &key,
+            format!("{s}: {why} is not modelled with hybrid sharding yet; allowed: dp_shard = {replicas}"),
+        ))
+    };
+    if ep > 1 {
+        return refuse("expert parallelism");
+    }
+    if ring {
+        return refuse("ring self-attention");
+    }
+    if offload.optimizer != Tier::Device || offload.params != Tier::Device || offload.dynamic.is_some() {
+        return refuse("offload");
+    }
+    Ok(Some(s))
 }

@@ -4,8 +4,9 @@
 //! gradient buckets. Checked against the workload, cluster and training sections.
 
 use super::keys;
-use super::parallel::{check_cp_attention, parse_cp, parse_ep};
+use super::parallel::{check_cp_attention, parse_cp, parse_dp_shard, parse_ep};
 use super::reader::{self, Obj, Result, invalid, show};
+use super::recompute::{parse_recompute_layers, parse_recompute_modules};
 use super::suggest::did_you_mean;
 use super::training::Training;
 use crate::hardware::ClusterSpec;
@@ -180,6 +181,8 @@ pub(super) fn parse_plan(
         ));
     }
     let (partition, partition_policy) = parse_partition(o, tf.layers, chunks, virtual_stages, &mut dflt)?;
+    let recompute_layers = parse_recompute_layers(o, recompute, tf.layers, token_slices.is_some(), partition_policy)?;
+    let dp_shard = parse_dp_shard(o, dp * cp, cp, zero_stage, ep, tp_mode == TpMode::Ring && tp > 1, &offload)?;
     check_stage_kinds(c, rank_order, [dp * cp, pp, tp])?;
     if schedule == ScheduleKind::TwoBW && micro_batches < pp {
         return Err(invalid(
@@ -249,6 +252,8 @@ pub(super) fn parse_plan(
         virtual_stages,
         recompute,
         recompute_modules,
+        recompute_layers,
+        dp_shard,
         zero_stage,
         sequence_parallel,
         tp_mode,
@@ -355,29 +360,6 @@ fn check_token_slicing(o: &Obj) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// `recompute_modules`: a list of Megatron-Core's module names, each once, with
-/// `"recompute": "selective"` only; `["core_attn"]` when absent.
-fn parse_recompute_modules(o: &Obj, recompute: Recompute) -> Result<crate::plan::RecomputeModules> {
-    use crate::plan::RecomputeModules;
-    let Some(v) = o.get("recompute_modules") else { return Ok(RecomputeModules::default()) };
-    let key = o.key("recompute_modules");
-    if recompute != Recompute::Selective {
-        return Err(invalid(
-            &key,
-            "applies to selective recomputation only; set \"recompute\": \"selective\" or leave it out",
-        ));
-    }
-    let names = super::reader::name_list(v, &key, &RecomputeModules::NAMES, "module")?;
-    let modules = RecomputeModules::from_names(&names).map_err(|n| invalid(&key, format!("unknown module \"{n}\"")))?;
-    if modules.contains("op_sac") && names.len() > 1 {
-        return Err(invalid(
-            &key,
-            "\"op_sac\" (per-op selective checkpointing of the whole layer) cannot be combined with modules; give it alone",
-        ));
-    }
-    Ok(modules)
 }
 
 /// `partition`: "uniform", "balanced", "parameters", "explore" or layers per chunk; by default

@@ -391,6 +391,69 @@ fn recompute_modules_are_checked() {
     assert_eq!(s.plan.recompute_modules.names(), ["op_sac"]);
 }
 
+/// `plan.recompute_layers` applies to full recomputation, at most the model's layers, and is
+/// refused where a model assumes every layer recomputes alike (token slicing, a computed
+/// partition).
+#[test]
+fn recompute_layers_are_checked() {
+    let e = error(|v| v["plan"]["recompute_layers"] = json!(4));
+    assert!(e.contains("plan.recompute_layers") && e.contains("full recomputation only"), "{e}");
+    let full = |n: Value| {
+        move |v: &mut Value| {
+            v["plan"]["recompute"] = json!("full");
+            v["plan"]["recompute_layers"] = n.clone();
+        }
+    };
+    let e = error(full(json!(0)));
+    assert!(e.contains("plan.recompute_layers") && e.contains("positive integer"), "{e}");
+    let e = error(full(json!(25)));
+    assert!(e.contains("more than the workload's 24 layers"), "{e}");
+    let e = error(|v| {
+        full(json!(2))(v);
+        v["plan"]["partition"] = json!("balanced");
+    });
+    assert!(e.contains("computed partition"), "{e}");
+    let mut v = base();
+    full(json!(3))(&mut v);
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!(s.plan.recompute_layers, Some(3));
+    // The first 3 layers of each of the two stages' 12.
+    let recomputes: Vec<u32> = (0..24).filter(|&l| s.plan.layer_recompute(l) == crate::plan::Recompute::Full).collect();
+    assert_eq!(recomputes, [0, 1, 2, 12, 13, 14]);
+}
+
+/// `plan.dp_shard` divides the data-parallel group, needs ZeRO, shards over at least two
+/// replicas, and equal to the group is the same as absent.
+#[test]
+fn dp_shard_is_checked() {
+    let with = |shard: u32, zero: u8| {
+        move |v: &mut Value| {
+            v["plan"] = json!({"dp": 8, "zero_stage": zero, "dp_shard": shard});
+            v["training"]["global_batch"] = json!(16);
+        }
+    };
+    let e = error(with(3, 3));
+    assert!(e.contains("plan.dp_shard") && e.contains("does not divide dp = 8"), "{e}");
+    let e = error(with(4, 0));
+    assert!(e.contains("plan.dp_shard") && e.contains("zero_stage 1 to 3"), "{e}");
+    let e = error(with(1, 2));
+    assert!(e.contains("plan.dp_shard") && e.contains("shards nothing"), "{e}");
+    let e = error(|v| {
+        with(4, 2)(v);
+        v["plan"]["offload"] = json!("zero-offload");
+    });
+    assert!(e.contains("plan.dp_shard") && e.contains("offload"), "{e}");
+    let mut v = base();
+    with(4, 2)(&mut v);
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!((s.plan.shard_degree(), s.plan.hybrid_shard()), (4, true));
+    assert_eq!(s.plan.shard_members(5, 0, 0), [4, 5, 6, 7]);
+    assert_eq!(s.plan.replicate_members(5, 0, 0), [1, 5]);
+    with(8, 2)(&mut v);
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    assert_eq!((s.plan.dp_shard, s.plan.hybrid_shard()), (None, false));
+}
+
 /// A preset GPU renamed without a model number keeps the preset's in brackets, so the kernel
 /// model and NCCL still know it as the part it is; a name with one is taken as it stands.
 #[test]

@@ -195,6 +195,9 @@ pub fn bounds(s: &Scenario) -> Bounds {
     let mut ops = vec![0.0; p as usize];
     let mut all_work = f64::INFINITY;
     let mut classes = Vec::with_capacity(p as usize);
+    // With part of the layers recomputing (`plan.recompute_layers`) the bound takes none: the
+    // fastest a layer can be.
+    let time_recompute = if plan.recompute_layers.is_some() { Recompute::None } else { plan.recompute };
     for k in 0..p {
         let dev = s.cluster.device_of(plan.device(0, k, 0));
         classes.push(dev);
@@ -204,10 +207,10 @@ pub fn bounds(s: &Scenario) -> Bounds {
             .with_weights_on_chip(dev.fpga.is_some());
         let straggle = 1.0 + s.options.device_variability(dev) * slowest;
         let overlap = plan.tp_overlap().then(|| tp_sm_share(dev.compute_units));
-        let mut layer = block_s(&model, &layer_ops, (plan.recompute, plan.recompute_modules), &dims, egress, overlap);
+        let mut layer = block_s(&model, &layer_ops, (time_recompute, plan.recompute_modules), &dims, egress, overlap);
         if let Some(dense) = &dense_ops {
             // Layers of two kinds: every layer at least as fast as the faster kind.
-            let other = block_s(&model, dense, (plan.recompute, plan.recompute_modules), &dims, egress, overlap);
+            let other = block_s(&model, dense, (time_recompute, plan.recompute_modules), &dims, egress, overlap);
             let (a, b) = (layer.times(straggle), other.times(straggle));
             if b.0 + b.1 < a.0 + a.1 {
                 layer = other;

@@ -12,7 +12,8 @@
 //!   2 to 4 virtual stages (at most one chunk per layer, micro-batches a multiple of `pp`).
 //!   "2bw" changes the optimisation (stale weights) and is searched only when given.
 //! - `recompute`: none, selective, full (a given `recompute_modules`, such as torchtitan's
-//!   `["op_sac"]`, applies to the selective candidates).
+//!   `["op_sac"]`, applies to the selective candidates; a given `recompute_layers` to the full
+//!   ones).
 //! - `zero_stage`: 0 without data parallelism; 0 and 1 with a pipeline (as Megatron-LM and
 //!   DeepSpeed's pipeline engine allow); 0 to 3 otherwise. `offload` without a pipeline:
 //!   "zero-offload" from stage 1, "zero-infinity" at stage 3, besides none.
@@ -293,6 +294,10 @@ fn candidate(fixed: &Map<String, Value>, micro_batch: u32, dims: [(&str, Value);
     // Given modules say what the selective candidates rerun; the others recompute all or none.
     if p.get("recompute") != Some(&json!("selective")) && !fixed.contains_key("recompute") {
         p.remove("recompute_modules");
+    }
+    // Likewise a given count of recomputed layers applies to the full-recomputation ones.
+    if p.get("recompute") != Some(&json!("full")) && !fixed.contains_key("recompute") {
+        p.remove("recompute_layers");
     }
     Candidate { micro_batch, plan: Value::Object(p), framework: None }
 }
