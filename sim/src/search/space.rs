@@ -17,6 +17,9 @@
 //! - `zero_stage`: 0 without data parallelism; 0 and 1 with a pipeline (as Megatron-LM and
 //!   DeepSpeed's pipeline engine allow); 0 to 3 otherwise. `offload` without a pipeline:
 //!   "zero-offload" from stage 1, "zero-infinity" at stage 3, besides none.
+//! - `dp_shard`: ZeRO's state over every replica, and, from stage 1 without offload or expert
+//!   parallelism, in the tp-dp-pp rank order, over each node's replicas where a node holds at
+//!   least two and the cluster more than one node's (hybrid sharding, FSDP's `HYBRID_SHARD`).
 //! - `partition`: "uniform" and "balanced" with a pipeline and one chunk per stage (the
 //!   reader's uniform or ends-short partition otherwise).
 //! - `rank_order`: "tp-dp-pp" and "tp-pp-dp" with both data and pipeline parallelism.
@@ -205,26 +208,37 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
                                                 .flat_map(|pa| orders.iter().map(move |o| (pa, o)))
                                                 .flat_map(|(pa, o)| eps.iter().map(move |e| (pa, o, e)))
                                             {
-                                                let dims = [
-                                                    ("dp", json!(dp)),
-                                                    (
-                                                        "cp",
-                                                        if cp > 1 || f_cp.is_some() { json!(cp) } else { Value::Null },
-                                                    ),
-                                                    ("tp", json!(tp)),
-                                                    ("pp", json!(pp)),
-                                                    ("tp_mode", mode.clone()),
-                                                    ("sequence_parallel", sp.clone()),
-                                                    ("schedule", sched.0.clone()),
-                                                    ("virtual_stages", json!(sched.1)),
-                                                    ("recompute", rc.clone()),
-                                                    ("zero_stage", z.clone()),
-                                                    ("offload", off.clone()),
-                                                    ("partition", part.clone()),
-                                                    ("rank_order", order.clone()),
-                                                    ("ep", if experts.is_some() { json!(ep) } else { Value::Null }),
-                                                ];
-                                                out.push(candidate(fixed, mb, dims));
+                                                let shards = choose(
+                                                    "dp_shard",
+                                                    shard_degrees((dp * cp, tp, per_node), (stage, off, ep, order)),
+                                                );
+                                                for shard in &shards {
+                                                    let dims = [
+                                                        ("dp", json!(dp)),
+                                                        (
+                                                            "cp",
+                                                            if cp > 1 || f_cp.is_some() {
+                                                                json!(cp)
+                                                            } else {
+                                                                Value::Null
+                                                            },
+                                                        ),
+                                                        ("tp", json!(tp)),
+                                                        ("pp", json!(pp)),
+                                                        ("tp_mode", mode.clone()),
+                                                        ("sequence_parallel", sp.clone()),
+                                                        ("schedule", sched.0.clone()),
+                                                        ("virtual_stages", json!(sched.1)),
+                                                        ("recompute", rc.clone()),
+                                                        ("zero_stage", z.clone()),
+                                                        ("offload", off.clone()),
+                                                        ("partition", part.clone()),
+                                                        ("rank_order", order.clone()),
+                                                        ("ep", if experts.is_some() { json!(ep) } else { Value::Null }),
+                                                        ("dp_shard", shard.clone()),
+                                                    ];
+                                                    out.push(candidate(fixed, mb, dims));
+                                                }
                                             }
                                         }
                                     }
@@ -281,7 +295,7 @@ fn context_degrees(input: &SearchInput, f_cp: Option<u32>, devices: u32, tp: u32
 
 /// The candidate with these dimensions' values (a null value: the key left out), then the
 /// other keys the scenario gives (bucket_bytes, p2p, tp_depth...) as given.
-fn candidate(fixed: &Map<String, Value>, micro_batch: u32, dims: [(&str, Value); 14]) -> Candidate {
+fn candidate(fixed: &Map<String, Value>, micro_batch: u32, dims: [(&str, Value); 15]) -> Candidate {
     let mut p = Map::new();
     for (k, v) in dims {
         if !v.is_null() {
@@ -300,6 +314,23 @@ fn candidate(fixed: &Map<String, Value>, micro_batch: u32, dims: [(&str, Value);
         p.remove("recompute_layers");
     }
     Candidate { micro_batch, plan: Value::Object(p), framework: None }
+}
+
+/// Hybrid sharding's candidates for `replicas` data- and context-parallel replicas of `tp`
+/// ranks on nodes of `per_node` devices: ZeRO over every replica (null: the key left out), and,
+/// where the state is sharded (ZeRO 1-3, no offload, no expert parallelism) and the rank order
+/// puts consecutive replicas on one node, over each node's replicas (FSDP's `HYBRID_SHARD`).
+fn shard_degrees(
+    (replicas, tp, per_node): (u32, u32, u32),
+    (stage, offload, ep, order): (u64, &Value, u32, &Value),
+) -> Vec<Value> {
+    let node = per_node / tp.max(1);
+    let sharded = stage >= 1 && offload.as_str() == Some("none") && ep == 1 && order == "tp-dp-pp";
+    if sharded && node >= 2 && replicas > node && replicas.is_multiple_of(node) && per_node.is_multiple_of(tp) {
+        vec![Value::Null, json!(node)]
+    } else {
+        vec![Value::Null]
+    }
 }
 
 /// (schedule, virtual stages) pairs for `pp` stages and `m` micro-batches.
