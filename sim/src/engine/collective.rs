@@ -317,7 +317,13 @@ pub fn nccl_plan(c: &Collective, topo: &Topology) -> Option<Plan> {
         CollectiveKind::Reduce => Coll::Reduce,
         CollectiveKind::AllToAll => unreachable!("handled above"),
     };
-    nccl::choose(sys, &Shape { coll, ranks: p, nodes, bytes: c.bytes, link_bus_bytes_per_s: link })
+    let shape = Shape { coll, ranks: p, nodes, bytes: c.bytes, link_bus_bytes_per_s: link };
+    if nodes > 1 {
+        // Across nodes the communicator's channels are its inter-node graph's, one ring per
+        // NIC used (a single one where each node holds one member).
+        return nccl::choose(&sys.across_nodes(rings as u32), &shape);
+    }
+    nccl::choose(sys, &shape)
 }
 
 /// The collective as NCCL runs it: one step holding all its bytes (a ring's steps move the

@@ -185,6 +185,12 @@ pub(super) const MAX_CHANNELS: u32 = 64;
 const SPEEDS: [f64; 13] = [40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0];
 const SPEEDS_SM90: [f64; 11] = [60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0];
 const SPEEDS_SM100: [f64; 12] = [90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0];
+/// The same search's speeds for graphs that cross nodes (`speedArrayInter`,
+/// `sm90SpeedArrayInter`, `sm100SpeedArrayInter`; the tails under 3 GB/s left out).
+const SPEEDS_INTER: [f64; 15] = [48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0];
+const SPEEDS_INTER_SM90: [f64; 13] = [48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0];
+const SPEEDS_INTER_SM100: [f64; 16] =
+    [96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0];
 /// `NVLS_NCHANNELS_SM90`, `NVLS_NCHANNELS_SM100`.
 const NVLS_CHANNELS: [u32; 4] = [0, 0, 16, 32];
 /// `NCCL_NVLS_CHUNKSIZE`'s default (`src/transport/nvls.cc`), bytes.
@@ -240,9 +246,15 @@ pub struct NcclSystem {
     pub nvls: bool,
     /// Effective bandwidth of a GPU's port to its node's switch, per direction.
     pub intra_bytes_per_s: f64,
-    /// Channels of NCCL's ring graph inside a node and of a communicator (twice the graph's).
+    /// Channels of NCCL's ring graph inside a node and of a communicator (twice the graph's);
+    /// for a communicator across nodes, [`NcclSystem::across_nodes`]'s.
     pub graph_channels: u32,
     pub channels: u32,
+    /// The bandwidth one graph channel carries (search.cc's `bwIntra`, `bwInter` across
+    /// nodes): the port's over the graph's channels inside a node, the search's speed across.
+    pub channel_bytes_per_s: f64,
+    /// Line rate of one NIC (bytes/s, per direction), as NCCL reads the port's speed.
+    pub nic_line_bytes_per_s: f64,
     /// NVLinks of each GPU (0 without NVLink): its port's line rate over one link's.
     pub nvlinks: u32,
     /// Point-to-point channels NCCL gives a network peer (`ncclTopoGetNchannels`): at least
@@ -282,9 +294,41 @@ impl NcclSystem {
             intra_bytes_per_s,
             graph_channels,
             channels: (2 * graph_channels).min(MAX_CHANNELS),
+            channel_bytes_per_s: intra_bytes_per_s / graph_channels.max(1) as f64,
+            nic_line_bytes_per_s: node.nic.bandwidth_bytes_per_s,
             nvlinks,
             net_channels,
         })
+    }
+
+    /// The system as a communicator across nodes sees it, its rings leaving each node through
+    /// `nics` NICs: NCCL's search for such a graph (`ncclTopoCompute` with `system->inter`)
+    /// takes the fastest inter-node speed per channel that a NIC's path carries and puts on
+    /// each NIC as many channels as its bandwidth holds at that speed (one where the NIC is
+    /// slower than every speed); `ncclTopoDupChannels` then doubles them where the speed is
+    /// 25 GB/s or more (not on Hopper or later below 50 GB/s with more than 4 channels), and
+    /// `ncclTopoPostset` doubles the communicator's. On DGX A100 (8 x 25 GB/s): 8 channels at
+    /// 24 GB/s, 16 a communicator; DGX H100 (8 x 50): 8 at 48, 16; 4 x 12.5 GB/s (AWS p4d):
+    /// 4 at 12, 8. The GPU's PCIe path to its NIC is taken as no slower than the NIC.
+    pub fn across_nodes(&self, nics: u32) -> NcclSystem {
+        let speeds: &[f64] = match self.arch {
+            Arch::Volta | Arch::Ampere => &SPEEDS_INTER,
+            Arch::Hopper => &SPEEDS_INTER_SM90,
+            Arch::Blackwell => &SPEEDS_INTER_SM100,
+        };
+        let nic = self.nic_line_bytes_per_s / GB;
+        let speed = speeds.iter().copied().find(|&s| s <= nic).unwrap_or(speeds[speeds.len() - 1]);
+        let per_nic = ((nic / speed).floor() as u32).max(1);
+        let n = (nics.max(1) * per_nic).min(MAX_CHANNELS);
+        let dup = speed >= 25.0 && !(self.arch > Arch::Ampere && speed < 50.0 && n > 4);
+        let graph = if dup { (2 * n).min(MAX_CHANNELS) } else { n };
+        let per_channel = if dup { speed / 2.0 } else { speed };
+        NcclSystem {
+            graph_channels: graph,
+            channels: (2 * graph).min(MAX_CHANNELS),
+            channel_bytes_per_s: per_channel * GB,
+            ..self.clone()
+        }
     }
 }
 
@@ -499,7 +543,7 @@ fn finish(
     while nc >= 2 && s.bytes < nc as f64 * per_channel {
         nc -= 1;
     }
-    let channel_bw = sys.intra_bytes_per_s / sys.graph_channels as f64 / wire;
+    let channel_bw = sys.channel_bytes_per_s / wire;
     Plan {
         algo,
         proto,
