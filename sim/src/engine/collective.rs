@@ -258,7 +258,7 @@ fn expand_steps(c: &Collective, topo: &Topology) -> Steps {
 }
 
 /// Members grouped by node, keeping ring order.
-fn by_node(members: &[u32], topo: &Topology) -> Vec<(u32, Vec<u32>)> {
+pub(super) fn by_node(members: &[u32], topo: &Topology) -> Vec<(u32, Vec<u32>)> {
     let mut nodes: Vec<(u32, Vec<u32>)> = Vec::new();
     for &m in members {
         let n = topo.node_of(m);

@@ -1,4 +1,4 @@
-//! SMs that communication kernels take from compute.
+//! SMs and memory bandwidth that communication kernels take from compute.
 //!
 //! An NCCL collective runs as one CUDA block per channel, each block resident on its own SM
 //! for the whole collective (NCCL's `ncclConfig_t.minCTAs`/`maxCTAs` bound exactly this
@@ -9,11 +9,18 @@
 //! end moves each time a collective starts or ends on its device. At most half the SMs are
 //! taken (the block scheduler time-shares beyond that). Transformer Engine's userbuffers
 //! overlap keeps its own static SM margin (`num_sm`), so its stream is not counted here.
+//!
+//! The same kernels copy every byte they move through the GPU's memory (see
+//! `Expanded::hbm_bytes_per_s`): a memory-bound kernel beside them (norms, element-wise ops,
+//! copies, the optimizer step) streams at the bandwidth they leave, at least half of it.
+//! Compute-bound kernels (GEMMs, attention) are held back by the SMs only.
 
 /// The compute kernel a device is running, as work left at full speed.
 #[derive(Clone, Copy)]
 struct Running {
     task: u32,
+    /// A bandwidth-bound kernel: slowed by the collectives' memory traffic, not their SMs.
+    memory_bound: bool,
     /// When `left_ns` was last brought up to date.
     since: u64,
     /// Nanoseconds of work left at the device's full speed.
@@ -25,19 +32,28 @@ pub(super) struct Contention {
     units: Vec<u32>,
     /// SMs that communication kernels hold on each device now.
     held: Vec<u32>,
+    /// Memory bandwidth a streaming kernel reaches on each device (0: no memory model).
+    hbm: Vec<f64>,
+    /// Memory bandwidth (bytes/s) the communication kernels running on each device use now.
+    hbm_used: Vec<f64>,
     running: Vec<Option<Running>>,
     /// Bumped at every rescheduling: an end event of an older version is stale.
     version: Vec<u32>,
 }
 
 impl Contention {
-    pub(super) fn new(units: Vec<u32>) -> Contention {
+    pub(super) fn new(units: Vec<u32>, hbm: Vec<f64>) -> Contention {
         let n = units.len();
-        Contention { units, held: vec![0; n], running: vec![None; n], version: vec![0; n] }
+        Contention { units, held: vec![0; n], hbm, hbm_used: vec![0.0; n], running: vec![None; n], version: vec![0; n] }
     }
 
-    /// The share of device `d`'s speed its compute kernels get now.
-    fn rate(&self, d: usize) -> f64 {
+    /// The share of device `d`'s speed its compute kernels get now: a memory-bound kernel the
+    /// memory bandwidth the collectives leave (at least half), any other the SMs they leave.
+    fn rate(&self, d: usize, memory_bound: bool) -> f64 {
+        if memory_bound {
+            let bw = self.hbm[d];
+            return if bw > 0.0 { (1.0 - self.hbm_used[d] / bw).max(0.5) } else { 1.0 };
+        }
         let u = self.units[d];
         if u == 0 {
             return 1.0;
@@ -48,9 +64,9 @@ impl Contention {
 
     /// A compute kernel of `work_ns` at full speed starts on `d`: its duration now, and the
     /// version its end event carries.
-    pub(super) fn start(&mut self, d: usize, task: u32, now: u64, work_ns: u64) -> (u64, u32) {
-        let rate = self.rate(d);
-        self.running[d] = Some(Running { task, since: now, left_ns: work_ns as f64 });
+    pub(super) fn start(&mut self, d: usize, task: u32, now: u64, work_ns: u64, memory_bound: bool) -> (u64, u32) {
+        let rate = self.rate(d, memory_bound);
+        self.running[d] = Some(Running { task, memory_bound, since: now, left_ns: work_ns as f64 });
         (if rate == 1.0 { work_ns } else { (work_ns as f64 / rate).ceil() as u64 }, self.version[d])
     }
 
@@ -64,15 +80,22 @@ impl Contention {
         true
     }
 
-    /// A collective holding `sms` SMs starts (`add`) or ends on `d` at `now`: the running
-    /// kernel's new (task, remaining duration, version), when it changes.
-    pub(super) fn change(&mut self, d: usize, sms: u32, add: bool, now: u64) -> Option<(u32, u64, u32)> {
+    /// A collective holding `sms` SMs and streaming `hbm` bytes/s through memory starts (`add`)
+    /// or ends on `d` at `now`: the running kernel's new (task, remaining duration, version),
+    /// when it changes.
+    pub(super) fn change(&mut self, d: usize, (sms, hbm): (u32, f64), add: bool, now: u64) -> Option<(u32, u64, u32)> {
         if self.units[d] == 0 || sms == 0 {
             return None;
         }
-        let before = self.rate(d);
+        let memory_bound = self.running[d].as_ref().is_some_and(|r| r.memory_bound);
+        let before = self.rate(d, memory_bound);
         self.held[d] = if add { self.held[d] + sms } else { self.held[d].saturating_sub(sms) };
-        let after = self.rate(d);
+        self.hbm_used[d] = if add { self.hbm_used[d] + hbm } else { (self.hbm_used[d] - hbm).max(0.0) };
+        if self.held[d] == 0 {
+            // Nothing runs: no rounding left over.
+            self.hbm_used[d] = 0.0;
+        }
+        let after = self.rate(d, memory_bound);
         let r = self.running[d].as_mut()?;
         if before == after {
             return None;
@@ -92,30 +115,50 @@ mod tests {
     /// by exactly the work redone slower, and stale versions are refused.
     #[test]
     fn a_kernel_slows_while_a_collective_holds_sms() {
-        let mut c = Contention::new(vec![100]);
-        let (d, v0) = c.start(0, 7, 0, 1000);
+        let mut c = Contention::new(vec![100], vec![0.0]);
+        let (d, v0) = c.start(0, 7, 0, 1000, false);
         assert_eq!(d, 1000);
         // 500 ns of work done; 25 SMs taken: 500 left at 0.75 speed.
-        let (task, left, v1) = c.change(0, 25, true, 500).expect("rescheduled");
+        let (task, left, v1) = c.change(0, (25, 0.0), true, 500).expect("rescheduled");
         assert_eq!((task, left), (7, 667));
         assert_ne!(v0, v1);
         // 300 ns later 225 ns of work are done; the collective ends: 275 left at full speed.
-        let (_, left, v2) = c.change(0, 25, false, 800).expect("rescheduled");
+        let (_, left, v2) = c.change(0, (25, 0.0), false, 800).expect("rescheduled");
         assert_eq!(left, 275);
         assert!(!c.end(0, v1, u32::MAX), "a stale end is ignored");
         assert!(c.end(0, v2, u32::MAX));
         // No kernel running: nothing to reschedule, but the SMs are counted.
-        assert!(c.change(0, 200, true, 900).is_none());
-        let (d, _) = c.start(0, 8, 900, 1000);
+        assert!(c.change(0, (200, 0.0), true, 900).is_none());
+        let (d, _) = c.start(0, 8, 900, 1000, false);
         assert_eq!(d, 2000, "at most half the SMs are taken");
     }
 
     /// Devices without an SM model are never slowed.
     #[test]
     fn devices_without_sms_keep_their_speed() {
-        let mut c = Contention::new(vec![0]);
-        c.start(0, 1, 0, 1000);
-        assert!(c.change(0, 16, true, 10).is_none());
-        assert_eq!(c.start(0, 2, 10, 1000).0, 1000);
+        let mut c = Contention::new(vec![0], vec![0.0]);
+        c.start(0, 1, 0, 1000, true);
+        assert!(c.change(0, (16, 1e12), true, 10).is_none());
+        assert_eq!(c.start(0, 2, 10, 1000, true).0, 1000);
+    }
+
+    /// A memory-bound kernel streams at the bandwidth the collectives leave (at least half),
+    /// whatever SMs they hold; a compute-bound one beside them loses SMs only.
+    #[test]
+    fn a_memory_bound_kernel_slows_with_the_collectives_memory_traffic() {
+        let mut c = Contention::new(vec![100], vec![1000.0]);
+        c.start(0, 7, 0, 1000, true);
+        // A collective streaming 250 of 1000 bytes/s: 1000 ns of work at 0.75 speed.
+        let (_, left, _) = c.change(0, (25, 250.0), true, 0).expect("rescheduled");
+        assert_eq!(left, 1334);
+        // A second one at 600: the floor of half the bandwidth.
+        let (_, left, _) = c.change(0, (25, 600.0), true, 0).expect("rescheduled");
+        assert_eq!(left, 2000);
+        // A GEMM starting now loses the 50 SMs held (capped at half).
+        assert_eq!(c.start(0, 8, 0, 1000, false).0, 2000);
+        let mut g = Contention::new(vec![100], vec![1000.0]);
+        g.start(0, 9, 0, 1000, false);
+        let (_, left, _) = g.change(0, (10, 900.0), true, 0).expect("rescheduled");
+        assert_eq!(left, 1112, "SMs only: 90 of 100");
     }
 }

@@ -10,6 +10,8 @@ pub(super) struct Expanded {
     pub(super) steps: Vec<ExpStep>,
     /// SMs its kernel holds on each member (NCCL's channels; 0 off GPUs).
     pub(super) sms: u32,
+    /// Memory bandwidth its kernel's copies take on each member while it runs (bytes/s).
+    pub(super) hbm_bytes_per_s: f64,
     /// Simulated members, as device indices.
     pub(super) members: Vec<u32>,
 }
@@ -61,9 +63,36 @@ impl Expanded {
             })
             .collect::<Vec<_>>();
         let members = col.members.iter().filter(|&&d| simulated(d)).map(|&d| p.mirror[d as usize]).collect();
-        let sms = nccl_plan(col, topo).map_or(0, |plan| plan.channels);
-        Expanded { steps: merge_ring_runs(steps), members, sms }
+        let plan = nccl_plan(col, topo);
+        let sms = plan.map_or(0, |plan| plan.channels);
+        let hbm_bytes_per_s = plan.map_or(0.0, |plan| hbm_traffic(col, plan.algo, topo) * plan.bus_bytes_per_s);
+        Expanded { steps: merge_ring_runs(steps), members, sms, hbm_bytes_per_s }
     }
+}
+
+/// Bytes an NCCL kernel reads and writes in a member GPU's memory per byte of its bus
+/// bandwidth (what nccl-tests' busbw counts through each GPU). Each bus byte leaves one GPU and
+/// arrives at another: read from memory where it is sent, written where it lands; a reduction
+/// also reads the local operand it adds (NCCL's `recvReduceSend` reads the incoming chunk and
+/// its own: `src/device/prims_simple.h`), but for NVLS, whose switch reduces (`all_reduce.h`,
+/// `multimem.ld_reduce`). Across
+/// nodes the network transport stages each byte through buffers in GPU memory (the kernel
+/// writes the send buffer the NIC reads, the NIC writes the receive buffer the kernel reads:
+/// `src/transport/net.cc`), 4 more, for the share of a member's traffic that crosses the NIC:
+/// one hop in `ppn` of a ring through `ppn` GPUs of each node.
+fn hbm_traffic(col: &Collective, algo: crate::hardware::nccl::Algo, topo: &Topology) -> f64 {
+    use crate::lower::CollectiveKind as K;
+    let base = match col.kind {
+        _ if algo == crate::hardware::nccl::Algo::Nvls => 2.0,
+        K::AllReduce | K::ReduceScatter | K::Reduce => 3.0,
+        K::AllGather | K::Broadcast | K::AllToAll => 2.0,
+    };
+    let nodes = super::collective::by_node(&col.members, topo);
+    if nodes.len() <= 1 {
+        return base;
+    }
+    let ppn = col.members.len() as f64 / nodes.len() as f64;
+    base + 4.0 / ppn.max(1.0)
 }
 
 /// Consecutive ring steps over the same pairs move the same bytes over the same links, one
@@ -91,4 +120,29 @@ fn merge_ring_runs(steps: Vec<(ExpStep, bool)>) -> Vec<ExpStep> {
         last_chain = chain;
     }
     merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hbm_traffic;
+    use crate::hardware::nccl::Algo;
+    use crate::hardware::{ClusterSpec, Topology, catalog};
+    use crate::lower::{Collective, CollectiveKind as K};
+
+    /// NCCL's memory accesses per bus byte: 2 for a gather, 3 for a reduction, 2 for NVLS's
+    /// switch reduction; across nodes 4 more on the one hop in `ppn` through the NIC.
+    #[test]
+    fn a_collectives_memory_traffic_follows_nccls_copies() {
+        let node = catalog::node_preset("dgx-h100").expect("preset");
+        let topo = Topology::new(&ClusterSpec::new(node, 2));
+        let one: Vec<u32> = (0..8).collect();
+        let two: Vec<u32> = (0..16).collect();
+        let c = |k, m: &Vec<u32>| Collective::new(k, m.clone(), 1e9);
+        assert_eq!(hbm_traffic(&c(K::AllGather, &one), Algo::Ring, &topo), 2.0);
+        assert_eq!(hbm_traffic(&c(K::ReduceScatter, &one), Algo::Ring, &topo), 3.0);
+        assert_eq!(hbm_traffic(&c(K::AllReduce, &one), Algo::Nvls, &topo), 2.0);
+        assert_eq!(hbm_traffic(&c(K::ReduceScatter, &two), Algo::Ring, &topo), 3.5);
+        // One GPU of each node: every hop through the NIC.
+        assert_eq!(hbm_traffic(&c(K::AllGather, &vec![0, 8]), Algo::Ring, &topo), 6.0);
+    }
 }

@@ -265,7 +265,10 @@ pub fn run(
         gate_source,
         gate,
         overflow: false,
-        sm: Contention::new(p.devices.iter().map(|&d| topo.sms(d)).collect()),
+        sm: Contention::new(
+            p.devices.iter().map(|&d| topo.sms(d)).collect(),
+            p.devices.iter().map(|&d| topo.hbm_bytes_per_s(d)).collect(),
+        ),
         settle_queued: false,
         jitter: super::jitter::Jitter::new(opts.kernel_jitter, opts.seed, nd),
     };
@@ -569,7 +572,11 @@ impl<'a> Engine<'a> {
                 if let Some(j) = self.jitter.as_mut() {
                     j.kernel_done(d, self.op_ns[task.payload as usize]);
                 }
-                let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize]);
+                let memory_bound = matches!(
+                    self.p.ops[task.payload as usize].spec.class,
+                    crate::workload::OpClass::Memory | crate::workload::OpClass::Copies { .. }
+                );
+                let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize], memory_bound);
                 let end = self.after(now, ns);
                 self.q.push(end, Event { kind: TASK_END, id: t, version: version & VERSION_MASK });
             }
@@ -748,13 +755,13 @@ impl<'a> Engine<'a> {
         ) {
             return;
         }
-        let sms = self.expanded[task.payload as usize].as_ref().map_or(0, |x| x.sms);
+        let (sms, hbm) = self.expanded[task.payload as usize].as_ref().map_or((0, 0.0), |x| (x.sms, x.hbm_bytes_per_s));
         if sms == 0 {
             return;
         }
         self.for_streams(t, |e, s| {
             let d = Program::stream_device(s) as usize;
-            if let Some((kernel, left, version)) = e.sm.change(d, sms, hold, now) {
+            if let Some((kernel, left, version)) = e.sm.change(d, (sms, hbm), hold, now) {
                 let end = e.after(now, left);
                 e.q.push(end, Event { kind: TASK_END, id: kernel, version: version & VERSION_MASK });
             }

@@ -379,6 +379,9 @@ pub struct Topology {
     mesh_link_bytes_per_s: Option<f64>,
     /// SMs of each GPU (0 for other devices): what communication kernels take from compute.
     sms: Vec<u32>,
+    /// Memory bandwidth a streaming kernel reaches on each GPU (bytes/s; 0 for other
+    /// devices): what communication kernels' copies take from memory-bound compute.
+    hbm_bytes_per_s: Vec<f64>,
     /// How NCCL sees the cluster (GPU clusters only): collectives run as NCCL runs them.
     nccl: Option<nccl::NcclSystem>,
     /// The pods of `cluster.fabric`, if any.
@@ -458,6 +461,12 @@ impl Topology {
                     if dev.kind == DeviceKind::Gpu { dev.compute_units } else { 0 }
                 })
                 .collect(),
+            hbm_bytes_per_s: (0..devices)
+                .map(|d| {
+                    let dev = cluster.device_of(d);
+                    if dev.kind == DeviceKind::Gpu { dev.mem_bandwidth_bytes_per_s * dev.mem_efficiency } else { 0.0 }
+                })
+                .collect(),
             nccl: nccl::NcclSystem::new(cluster),
             pods: cluster.fabric.as_ref().map(|f| Pods {
                 pod_nodes: f.pod_nodes.max(1),
@@ -522,6 +531,11 @@ impl Topology {
     /// SMs of `device` when it is a GPU, else 0.
     pub fn sms(&self, device: u32) -> u32 {
         self.sms[device as usize]
+    }
+
+    /// Memory bandwidth a streaming kernel reaches on `device` when it is a GPU, else 0.
+    pub fn hbm_bytes_per_s(&self, device: u32) -> f64 {
+        self.hbm_bytes_per_s[device as usize]
     }
 
     pub fn nccl(&self) -> Option<&nccl::NcclSystem> {
