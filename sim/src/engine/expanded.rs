@@ -75,11 +75,11 @@ impl Expanded {
 /// arrives at another: read from memory where it is sent, written where it lands; a reduction
 /// also reads the local operand it adds (NCCL's `recvReduceSend` reads the incoming chunk and
 /// its own: `src/device/prims_simple.h`), but for NVLS, whose switch reduces (`all_reduce.h`,
-/// `multimem.ld_reduce`). Across
-/// nodes the network transport stages each byte through buffers in GPU memory (the kernel
-/// writes the send buffer the NIC reads, the NIC writes the receive buffer the kernel reads:
-/// `src/transport/net.cc`), 4 more, for the share of a member's traffic that crosses the NIC:
-/// one hop in `ppn` of a ring through `ppn` GPUs of each node.
+/// `multimem.ld_reduce`). Across nodes the network transport stages each byte through buffers
+/// in GPU memory (the kernel writes the send buffer the NIC reads, the NIC writes the receive
+/// buffer the kernel reads: `src/transport/net.cc`), 4 more, for the share of a member's
+/// traffic that crosses the NIC: one hop in `ppn` of a ring through `ppn` GPUs of each node.
+/// The rate is the plan's bus bandwidth, an upper bound where the links are shared.
 fn hbm_traffic(col: &Collective, algo: crate::hardware::nccl::Algo, topo: &Topology) -> f64 {
     use crate::lower::CollectiveKind as K;
     let base = match col.kind {
