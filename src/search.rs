@@ -406,8 +406,12 @@ pub fn describe(e: &Evaluated) -> String {
     let ep = p.get("ep").map(|_| format!(" ep{}", s("ep"))).unwrap_or_default();
     let cp = p.get("cp").map(|_| format!(" cp{}", s("cp"))).unwrap_or_default();
     let fw = e.framework.map(|f| format!(" [{f}]")).unwrap_or_default();
+    // Hybrid sharding (ZeRO's state over `dp_shard` replicas) and part of the layers
+    // recomputed, where the plan has them.
+    let shard = p.get("dp_shard").map(|_| format!("/shard{}", s("dp_shard"))).unwrap_or_default();
+    let layers = p.get("recompute_layers").map(|_| format!("({} layers)", s("recompute_layers"))).unwrap_or_default();
     format!(
-        "dp{}{cp}{ep} tp{}({}{sp}) pp{} mb{} {}{v} rc={} z{} off={}{part} {}{fw}",
+        "dp{}{cp}{ep} tp{}({}{sp}) pp{} mb{} {}{v} rc={}{layers} z{}{shard} off={}{part} {}{fw}",
         s("dp"),
         s("tp"),
         s("tp_mode"),

@@ -222,3 +222,26 @@ fn the_best_of_many_micro_batches_is_confirmed_by_a_full_simulation() {
     assert_eq!(r["iteration_s"], b["iteration_s"]);
     assert_eq!(r["peak_memory_bytes"], b["peak_memory_bytes"]);
 }
+
+/// Over two nodes of four 100 Gb/s NICs, ZeRO-3 sharded over each node's eight replicas
+/// (hybrid sharding) is searched beside ZeRO-3 over all sixteen, and the text output says
+/// which plan is which: the two would otherwise print alike.
+#[test]
+fn hybrid_sharding_is_searched_and_named_in_the_text_output() {
+    let tmp = TempDir::new("search-hybrid");
+    let scenario = tmp.write(
+        "s.json",
+        r#"{"workload": {"preset": "gpt3-350m"},
+            "cluster": {"node": {"preset": "p4d.24xlarge", "device": "a100-sxm-80gb"}, "nodes": 2},
+            "training": {"global_batch": 64, "micro_batch": 2, "seq_len": 1024},
+            "plan": {"tp": 1, "pp": 1, "zero_stage": 3, "recompute": "none"}}"#,
+    );
+    let v = search_json(&[&scenario, &"--top", &"4"]);
+    let shards: Vec<Option<u64>> =
+        v["top"].as_array().unwrap().iter().map(|e| e["plan"]["dp_shard"].as_u64()).collect();
+    assert!(shards.contains(&Some(8)) && shards.contains(&None), "{shards:?}");
+    let o = run(&[&"search", &scenario, &"--top", &"4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("z3/shard8") && text.contains("z3 off="), "{text}");
+}
