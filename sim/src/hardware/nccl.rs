@@ -255,6 +255,8 @@ pub struct NcclSystem {
     pub channel_bytes_per_s: f64,
     /// Line rate of one NIC (bytes/s, per direction), as NCCL reads the port's speed.
     pub nic_line_bytes_per_s: f64,
+    /// NICs per node.
+    pub nics: u32,
     /// NVLinks of each GPU (0 without NVLink): its port's line rate over one link's.
     pub nvlinks: u32,
     /// Point-to-point channels NCCL gives a network peer (`ncclTopoGetNchannels`): at least
@@ -296,6 +298,7 @@ impl NcclSystem {
             channels: (2 * graph_channels).min(MAX_CHANNELS),
             channel_bytes_per_s: intra_bytes_per_s / graph_channels.max(1) as f64,
             nic_line_bytes_per_s: node.nic.bandwidth_bytes_per_s,
+            nics: node.nics,
             nvlinks,
             net_channels,
         })

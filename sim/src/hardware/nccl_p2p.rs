@@ -67,9 +67,17 @@ pub struct P2pChannels {
 }
 
 impl P2pChannels {
-    /// For a communicator of `ranks` over `nodes` nodes of `sys`.
+    /// For a communicator of `ranks` over `nodes` nodes of `sys`: `p2pnChannels` is the
+    /// communicator's collective channels rounded up to a power of two, across nodes its
+    /// inter-node graph's (one ring per NIC its GPUs reach, [`NcclSystem::across_nodes`]).
     pub fn new(sys: &NcclSystem, ranks: u32, nodes: u32) -> P2pChannels {
-        let total = pow2_up(sys.channels.min(MAX_CHANNELS)).min(MAX_CHANNELS);
+        let collective = if nodes > 1 {
+            let ppn = ranks / nodes.max(1);
+            sys.across_nodes(sys.nics.min(ppn).max(1)).channels
+        } else {
+            sys.channels
+        };
+        let total = pow2_up(collective.min(MAX_CHANNELS)).min(MAX_CHANNELS);
         let local = if sys.nvlink { 2 * sys.nvlinks.max(1) } else { 2 };
         let mut per_peer = pow2_up(if nodes > 1 { local.min(sys.net_channels) } else { local });
         if nodes > 1 {
@@ -214,17 +222,20 @@ mod tests {
         let one = P2pChannels::new(&a100, 8, 1);
         assert_eq!((one.total, one.per_peer, one.min_per_peer), (32, 32, 4));
         assert_eq!(one.chunk_bytes, 524288.0);
-        // Two nodes: the network peer's 2 channels bound every peer.
+        // Two nodes: the communicator's inter-node graph has 16 channels (one per HDR NIC,
+        // doubled), so 16 p2p channels; the network peer's 2 channels bound every peer, and 16
+        // ranks start on 1 each.
         let two = P2pChannels::new(&a100, 16, 2);
-        assert_eq!((two.per_peer, two.min_per_peer, two.chunk_bytes), (2, 2, 131072.0));
+        assert_eq!((two.total, two.per_peer, two.min_per_peer, two.chunk_bytes), (16, 2, 1, 131072.0));
         let h100 = system("dgx-h100");
         assert_eq!((h100.nvlinks, h100.net_channels), (18, 4));
-        // NDR 50 GB/s: 4 channels per network peer; 16 ranks start on 2 each (16 x 2 = 32).
+        // NDR 50 GB/s: 4 channels per network peer (4 x 16/8 = 8 of the 16 fit); 16 ranks
+        // start on 1 each.
         let h2 = P2pChannels::new(&h100, 16, 2);
-        assert_eq!((h2.per_peer, h2.min_per_peer), (4, 2));
-        // 128 ranks: 4 x 128/8 = 64 > 32 channels, so 2 per peer, 1 to start.
+        assert_eq!((h2.total, h2.per_peer, h2.min_per_peer), (16, 4, 1));
+        // 128 ranks: 4 x 128/8 = 64 > 16 channels, halved to 1 per peer.
         let h16 = P2pChannels::new(&h100, 128, 16);
-        assert_eq!((h16.per_peer, h16.min_per_peer), (2, 1));
+        assert_eq!((h16.per_peer, h16.min_per_peer), (1, 1));
         assert_eq!(P2pChannels::new(&h100, 4, 1).min_per_peer, 8);
     }
 
