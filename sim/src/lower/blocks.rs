@@ -127,27 +127,27 @@ fn unit_blocks_for(b: &mut Builder, s: &Scenario, u: Unit) -> UnitBlocks {
     let boundary_bytes = e * u.batch as f64 * (u.tokens / plan.cp) as f64 * w.hidden as f64
         / if plan.sequence_parallel || plan.ring() { plan.tp as f64 } else { 1.0 };
     // A mixture-of-experts model's dense layers come first (DeepSeek-V3's three): two kinds.
-    let mut layers = vec![b.block(w.layer_ops(shape), plan.recompute, plan.recompute_modules, boundary_bytes)];
+    let mut kind_ops = vec![w.layer_ops(shape)];
     let mut kind_of = vec![0; w.layers as usize];
     if w.mixed_layers() {
-        layers.push(b.block(w.layer_ops_at(0, shape), plan.recompute, plan.recompute_modules, boundary_bytes));
+        kind_ops.push(w.layer_ops_at(0, shape));
         for (l, k) in kind_of.iter_mut().enumerate() {
             if !w.is_moe_layer(l as u32) {
                 *k = 1;
             }
         }
     }
+    let mut layers: Vec<Block> = kind_ops
+        .iter()
+        .map(|ops| b.block(ops.clone(), plan.recompute, plan.recompute_modules, boundary_bytes))
+        .collect();
     // Under `plan.recompute_layers`, each kind again without recomputation, for the layers
     // past the first ones of their chunk.
     if plan.recompute_layers.is_some() {
         let kinds = layers.len();
-        let kept: Vec<Block> = (0..kinds)
-            .map(|k| {
-                let ops = if k == 0 { w.layer_ops(shape) } else { w.layer_ops_at(0, shape) };
-                b.block(ops, Recompute::None, plan.recompute_modules, boundary_bytes)
-            })
-            .collect();
-        layers.extend(kept);
+        layers.extend(
+            kind_ops.into_iter().map(|ops| b.block(ops, Recompute::None, plan.recompute_modules, boundary_bytes)),
+        );
         for (l, k) in kind_of.iter_mut().enumerate() {
             if plan.layer_recompute(l as u32) == Recompute::None {
                 *k += kinds;

@@ -94,16 +94,15 @@ fn replicate_all_reduce(
     // would otherwise queue one group's all-reduces on another's stream ahead of the
     // reduce-scatters they wait for.
     let own = Program::stream_index(b.dev_index[plan.device(r, stage, x) as usize], stream);
-    if let Some(task) = b.shared_next(Shared::Replicate, group, [r, stage, x, s]) {
-        b.join(task, own);
-        return task;
-    }
     let label = b.label(Label { op: "grad_allreduce_shard", layer: -1, phase: Phase::Sync, chunk: stage });
     let members = plan.replicate_members(r, stage, x);
-    let id = b.collective_calls_id(CollectiveKind::AllReduce, &members, bytes, 1);
-    let task = b.task(TaskKind::Collective, id, label, NONE, &[own]);
-    b.share(Shared::Replicate, group, task);
-    task
+    b.shared_collective(
+        Shared::Replicate,
+        (group, [r, stage, x, s]),
+        (CollectiveKind::AllReduce, &members, bytes),
+        (label, NONE),
+        own,
+    )
 }
 
 /// `total` bytes in buckets of `bucket`, as (bytes per call, calls): the full buckets as one
