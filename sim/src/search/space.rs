@@ -203,42 +203,43 @@ pub fn enumerate(input: &SearchInput) -> Vec<Candidate> {
                                                     })
                                                     .collect(),
                                             };
-                                            for (part, order, &ep) in parts
+                                            // Hybrid sharding where it applies (the shard group
+                                            // depends on the rank order and expert parallelism).
+                                            let shards = |o: &Value, e: u32| {
+                                                choose(
+                                                    "dp_shard",
+                                                    shard_degrees((dp * cp, tp, per_node), (stage, off, e, o)),
+                                                )
+                                            };
+                                            for (part, order, &ep, shard) in parts
                                                 .iter()
                                                 .flat_map(|pa| orders.iter().map(move |o| (pa, o)))
                                                 .flat_map(|(pa, o)| eps.iter().map(move |e| (pa, o, e)))
+                                                .flat_map(|(pa, o, e)| {
+                                                    shards(o, *e).into_iter().map(move |d| (pa, o, e, d))
+                                                })
                                             {
-                                                let shards = choose(
-                                                    "dp_shard",
-                                                    shard_degrees((dp * cp, tp, per_node), (stage, off, ep, order)),
-                                                );
-                                                for shard in &shards {
-                                                    let dims = [
-                                                        ("dp", json!(dp)),
-                                                        (
-                                                            "cp",
-                                                            if cp > 1 || f_cp.is_some() {
-                                                                json!(cp)
-                                                            } else {
-                                                                Value::Null
-                                                            },
-                                                        ),
-                                                        ("tp", json!(tp)),
-                                                        ("pp", json!(pp)),
-                                                        ("tp_mode", mode.clone()),
-                                                        ("sequence_parallel", sp.clone()),
-                                                        ("schedule", sched.0.clone()),
-                                                        ("virtual_stages", json!(sched.1)),
-                                                        ("recompute", rc.clone()),
-                                                        ("zero_stage", z.clone()),
-                                                        ("offload", off.clone()),
-                                                        ("partition", part.clone()),
-                                                        ("rank_order", order.clone()),
-                                                        ("ep", if experts.is_some() { json!(ep) } else { Value::Null }),
-                                                        ("dp_shard", shard.clone()),
-                                                    ];
-                                                    out.push(candidate(fixed, mb, dims));
-                                                }
+                                                let dims = [
+                                                    ("dp", json!(dp)),
+                                                    (
+                                                        "cp",
+                                                        if cp > 1 || f_cp.is_some() { json!(cp) } else { Value::Null },
+                                                    ),
+                                                    ("tp", json!(tp)),
+                                                    ("pp", json!(pp)),
+                                                    ("tp_mode", mode.clone()),
+                                                    ("sequence_parallel", sp.clone()),
+                                                    ("schedule", sched.0.clone()),
+                                                    ("virtual_stages", json!(sched.1)),
+                                                    ("recompute", rc.clone()),
+                                                    ("zero_stage", z.clone()),
+                                                    ("offload", off.clone()),
+                                                    ("partition", part.clone()),
+                                                    ("rank_order", order.clone()),
+                                                    ("ep", if experts.is_some() { json!(ep) } else { Value::Null }),
+                                                    ("dp_shard", shard),
+                                                ];
+                                                out.push(candidate(fixed, mb, dims));
                                             }
                                         }
                                     }
