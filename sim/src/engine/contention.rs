@@ -14,6 +14,21 @@
 //! `Expanded::hbm_bytes_per_s`): a memory-bound kernel beside them (norms, element-wise ops,
 //! copies, the optimizer step) streams at the bandwidth they leave, at least half of it.
 //! Compute-bound kernels (GEMMs, attention) are held back by the SMs only.
+//!
+//! Measured on one H200 (`traces/2026-11-27-cuda-h200/interference.json`), the SM share is an
+//! upper bound: GEMMs and cuDNN attention beside a side kernel holding 16, 32 and 66 of 132
+//! SMs took 1.02-1.10x, 1.13-1.21x and 1.59-1.69x as long, not 1.14x, 1.32x and 2x. The GPU
+//! runs GEMMs at its power limit (1.35 of 1.98 GHz beside them, `delays.json`) and clocks up
+//! when fewer SMs are busy: share^(2/3), the cube law of dynamic power at a fixed cap, matches
+//! all three. It is not applied: those side kernels (a spin, a local copy) draw less power than
+//! an NCCL kernel driving NVLink or a NIC, which is unmeasured here, and applied it made every
+//! training table with overlapped collectives faster, most already too fast (fms-fsdp 9.1% ->
+//! 10.0%, kempnerforge 17.3% -> 17.5%).
+//!
+//! The other way round, a persistent compute kernel (Hopper's cuBLAS GEMMs and cuDNN
+//! attention: one block per SM until the kernel ends, `hardware::kernels::Persistent`) leaves
+//! no SM to a communication kernel issued while it runs: that collective starts when it ends
+//! (`busy_until`).
 
 /// The compute kernel a device is running, as work left at full speed.
 #[derive(Clone, Copy)]
@@ -21,6 +36,10 @@ struct Running {
     task: u32,
     /// A bandwidth-bound kernel: slowed by the collectives' memory traffic, not their SMs.
     memory_bound: bool,
+    /// Holds every SM until it ends: a collective issued meanwhile waits for it.
+    persistent: bool,
+    /// When it started.
+    started: u64,
     /// When `left_ns` was last brought up to date.
     since: u64,
     /// Nanoseconds of work left at the device's full speed.
@@ -64,10 +83,31 @@ impl Contention {
 
     /// A compute kernel of `work_ns` at full speed starts on `d`: its duration now, and the
     /// version its end event carries.
-    pub(super) fn start(&mut self, d: usize, task: u32, now: u64, work_ns: u64, memory_bound: bool) -> (u64, u32) {
+    pub(super) fn start(
+        &mut self,
+        d: usize,
+        task: u32,
+        now: u64,
+        work_ns: u64,
+        (memory_bound, persistent): (bool, bool),
+    ) -> (u64, u32) {
         let rate = self.rate(d, memory_bound);
-        self.running[d] = Some(Running { task, memory_bound, since: now, left_ns: work_ns as f64 });
+        self.running[d] =
+            Some(Running { task, memory_bound, persistent, started: now, since: now, left_ns: work_ns as f64 });
         (if rate == 1.0 { work_ns } else { (work_ns as f64 / rate).ceil() as u64 }, self.version[d])
+    }
+
+    /// When device `d`'s running kernel frees its SMs to a communication kernel issued at `now`:
+    /// its end if it is persistent and started before `now`, else `now`.
+    pub(super) fn busy_until(&self, d: usize, now: u64) -> u64 {
+        match &self.running[d] {
+            Some(r) if r.persistent && r.started < now => {
+                let rate = self.rate(d, r.memory_bound);
+                let left = (r.left_ns - (now - r.since) as f64 * rate).max(0.0);
+                now + (left / rate).ceil() as u64
+            }
+            _ => now,
+        }
     }
 
     /// Whether an end event of `version` for device `d`'s kernel is current; a current one
@@ -116,7 +156,7 @@ mod tests {
     #[test]
     fn a_kernel_slows_while_a_collective_holds_sms() {
         let mut c = Contention::new(vec![100], vec![0.0]);
-        let (d, v0) = c.start(0, 7, 0, 1000, false);
+        let (d, v0) = c.start(0, 7, 0, 1000, (false, false));
         assert_eq!(d, 1000);
         // 500 ns of work done; 25 SMs taken: 500 left at 0.75 speed.
         let (task, left, v1) = c.change(0, (25, 0.0), true, 500).expect("rescheduled");
@@ -129,7 +169,7 @@ mod tests {
         assert!(c.end(0, v2, u32::MAX));
         // No kernel running: nothing to reschedule, but the SMs are counted.
         assert!(c.change(0, (200, 0.0), true, 900).is_none());
-        let (d, _) = c.start(0, 8, 900, 1000, false);
+        let (d, _) = c.start(0, 8, 900, 1000, (false, false));
         assert_eq!(d, 2000, "at most half the SMs are taken");
     }
 
@@ -137,9 +177,9 @@ mod tests {
     #[test]
     fn devices_without_sms_keep_their_speed() {
         let mut c = Contention::new(vec![0], vec![0.0]);
-        c.start(0, 1, 0, 1000, true);
+        c.start(0, 1, 0, 1000, (true, false));
         assert!(c.change(0, (16, 1e12), true, 10).is_none());
-        assert_eq!(c.start(0, 2, 10, 1000, true).0, 1000);
+        assert_eq!(c.start(0, 2, 10, 1000, (true, false)).0, 1000);
     }
 
     /// A memory-bound kernel streams at the bandwidth the collectives leave (at least half),
@@ -147,7 +187,7 @@ mod tests {
     #[test]
     fn a_memory_bound_kernel_slows_with_the_collectives_memory_traffic() {
         let mut c = Contention::new(vec![100], vec![1000.0]);
-        c.start(0, 7, 0, 1000, true);
+        c.start(0, 7, 0, 1000, (true, false));
         // A collective streaming 250 of 1000 bytes/s: 1000 ns of work at 0.75 speed.
         let (_, left, _) = c.change(0, (25, 250.0), true, 0).expect("rescheduled");
         assert_eq!(left, 1334);
@@ -155,10 +195,29 @@ mod tests {
         let (_, left, _) = c.change(0, (25, 600.0), true, 0).expect("rescheduled");
         assert_eq!(left, 2000);
         // A GEMM starting now loses the 50 SMs held (capped at half).
-        assert_eq!(c.start(0, 8, 0, 1000, false).0, 2000);
+        assert_eq!(c.start(0, 8, 0, 1000, (false, false)).0, 2000);
         let mut g = Contention::new(vec![100], vec![1000.0]);
-        g.start(0, 9, 0, 1000, false);
+        g.start(0, 9, 0, 1000, (false, false));
         let (_, left, _) = g.change(0, (10, 900.0), true, 0).expect("rescheduled");
         assert_eq!(left, 1112, "SMs only: 90 of 100");
+    }
+
+    /// A persistent kernel keeps its SMs to its end, at whatever speed it runs; any other
+    /// frees them at once.
+    #[test]
+    fn a_collective_waits_for_a_persistent_kernel_only() {
+        let mut c = Contention::new(vec![100], vec![1000.0]);
+        c.start(0, 1, 0, 1000, (false, true));
+        assert_eq!(c.busy_until(0, 0), 0, "one starting in the same instant does not block");
+        assert_eq!(c.busy_until(0, 400), 1000);
+        // Slowed to 3/4 from 400 on: 600 ns of work left take 800.
+        c.change(0, (25, 0.0), true, 400).expect("rescheduled");
+        assert_eq!(c.busy_until(0, 400), 1200);
+        assert_eq!(c.busy_until(0, 1000), 1200);
+        let mut m = Contention::new(vec![100], vec![1000.0]);
+        m.start(0, 2, 0, 1000, (false, false));
+        assert_eq!(m.busy_until(0, 400), 400);
+        m.start(0, 3, 0, 1000, (true, false));
+        assert_eq!(m.busy_until(0, 400), 400);
     }
 }

@@ -14,6 +14,7 @@ mod jitter;
 pub mod lone;
 pub mod queue;
 pub mod run;
+mod sparse;
 
 pub use run::{HostCosts, MAX_TIME_NS, RunError, RunOptions, RunResult, run};
 

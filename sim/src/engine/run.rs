@@ -4,10 +4,13 @@ use super::attribution::Attribution;
 use super::contention::Contention;
 use super::expanded::Expanded;
 use super::queue::{Event, EventQueue};
+use super::sparse::Sparse;
 use crate::hardware::Topology;
 use crate::lower::{NONE, Program, STREAMS, TaskKind};
 use crate::network::{FlowId, Network, NetworkKind, Reschedule};
-use crate::report::timeline::{FlowSpan, MemorySample, Span, StreamKind, Timeline};
+
+mod memory;
+use crate::report::timeline::{FlowSpan, Span, StreamKind, Timeline};
 
 #[derive(Clone, Copy, Debug)]
 pub struct RunOptions {
@@ -106,6 +109,8 @@ const ISSUED: u8 = 3;
 /// The network's deferred flow changes of this instant are re-rated (once per instant with
 /// changes, after the events already due then; see `Network::settle`).
 const SETTLE: u8 = 4;
+/// An overlapped collective that waited for a persistent compute kernel's SMs launches now.
+const SMS_FREE: u8 = 5;
 const VERSION_MASK: u32 = 0xff_ffff;
 
 /// An in-flight transfer or collective.
@@ -292,6 +297,7 @@ pub fn run(
             FLOW_END => e.flow_end(ev.id, ev.version, now),
             STEP_START => e.step_start(ev.id, now),
             ISSUED => e.begin(ev.id, now),
+            SMS_FREE => e.launch(ev.id, now),
             SETTLE => {
                 e.settle_queued = false;
                 e.net.settle(now);
@@ -325,64 +331,6 @@ pub fn run(
     e.res.timeline.stream_busy_ns = e.stream_busy.clone();
     (e.res.time_parts_ns, e.res.recompute_flops) = e.attr.finish(p, e.res.iteration_ns);
     Ok(e.res)
-}
-
-/// Adjacency of `n` nodes of which few have targets, from (from, to) pairs: a bit per node
-/// says whether it has any, then a binary search over the nodes that do finds them, in the
-/// pairs' order. (Dense offsets would cost 4 bytes a task for the few tasks with explicit
-/// dependencies.)
-struct Sparse {
-    bits: Vec<u64>,
-    /// Nodes with targets, ascending; the targets of `nodes[i]` are
-    /// `targets[start[i]..start[i + 1]]`.
-    nodes: Vec<u32>,
-    start: Vec<u32>,
-    targets: Vec<u32>,
-}
-
-impl Sparse {
-    fn new(n: usize, pairs: impl Iterator<Item = (u32, u32)>) -> Sparse {
-        let mut pairs: Vec<(u32, u32)> = pairs.collect();
-        // Stable: a node's targets keep the pairs' order.
-        pairs.sort_by_key(|&(a, _)| a);
-        let mut bits = vec![0u64; n.div_ceil(64)];
-        let (mut nodes, mut start) = (Vec::new(), Vec::new());
-        for (i, &(a, _)) in pairs.iter().enumerate() {
-            if nodes.last() != Some(&a) {
-                nodes.push(a);
-                start.push(i as u32);
-                bits[a as usize / 64] |= 1 << (a % 64);
-            }
-        }
-        start.push(pairs.len() as u32);
-        Sparse { bits, nodes, start, targets: pairs.into_iter().map(|(_, b)| b).collect() }
-    }
-
-    /// The targets of node `a`.
-    #[inline(always)]
-    fn get(&self, a: u32) -> &[u32] {
-        &self.targets[self.range(a)]
-    }
-
-    /// Whether node `a` has targets.
-    #[inline(always)]
-    fn has(&self, a: u32) -> bool {
-        self.bits[a as usize / 64] & (1 << (a % 64)) != 0
-    }
-
-    /// Where the targets of node `a` are in `targets`.
-    #[inline(always)]
-    fn range(&self, a: u32) -> std::ops::Range<usize> {
-        if !self.has(a) {
-            return 0..0;
-        }
-        self.listed(a)
-    }
-
-    fn listed(&self, a: u32) -> std::ops::Range<usize> {
-        let i = self.nodes.binary_search(&a).expect("a node with targets is listed");
-        self.start[i] as usize..self.start[i + 1] as usize
-    }
 }
 
 impl<'a> Engine<'a> {
@@ -440,86 +388,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// The memory events of task `t` at its start or end (most tasks have none).
-    #[inline]
-    fn memory(&mut self, t: u32, at_end: bool, now: u64) {
-        let m = self.p.tasks[t as usize].memory;
-        if m != NONE {
-            self.memory_events(t, m, at_end, now);
-        }
-    }
-
-    fn memory_events(&mut self, t: u32, mut m: u32, at_end: bool, now: u64) {
-        let mb = self.p.tasks[t as usize].micro_batch;
-        while m != NONE {
-            let ev = self.p.memory_events[m as usize];
-            m = ev.next;
-            if ev.at_end == at_end {
-                let d = ev.device as usize;
-                if !self.is_new_peak(d, ev.activation_bytes, ev.buffer_bytes) {
-                    self.settle_peak(d);
-                }
-                let key = (ev.tag, mb);
-                let v = self.live[d].entry(key).or_insert(0.0);
-                *v += ev.activation_bytes;
-                if v.abs() < 1.0 {
-                    self.live[d].remove(&key);
-                }
-                let live = self.live[d].len();
-                if let Some(keys) = &mut self.dirty[d] {
-                    keys.push(key);
-                    if keys.len() > 2 * live + 64 {
-                        self.dirty[d] = None;
-                    }
-                }
-                self.apply_memory(d, ev.activation_bytes, ev.buffer_bytes, now);
-            }
-        }
-    }
-
-    /// Whether adding these bytes to device `d` sets a new peak (the test `apply_memory` makes).
-    fn is_new_peak(&self, d: usize, activation_bytes: f64, buffer_bytes: f64) -> bool {
-        let total = (self.cur_act[d] + activation_bytes) + (self.cur_buf[d] + buffer_bytes);
-        total > self.res.peak_activations[d] + self.res.peak_buffers[d]
-    }
-
-    /// Copies device `d`'s live activations at its peak, if the peak is still the current state.
-    fn settle_peak(&mut self, d: usize) {
-        if std::mem::take(&mut self.peak_pending[d]) {
-            match self.dirty[d].replace(Vec::new()) {
-                Some(keys) => {
-                    for key in keys {
-                        match self.live[d].get(&key) {
-                            Some(&b) => self.peak_snap[d].insert(key, b),
-                            None => self.peak_snap[d].remove(&key),
-                        };
-                    }
-                }
-                None => self.peak_snap[d].clone_from(&self.live[d]),
-            }
-        }
-    }
-
-    fn apply_memory(&mut self, d: usize, activation_bytes: f64, buffer_bytes: f64, now: u64) {
-        let new_peak = self.is_new_peak(d, activation_bytes, buffer_bytes);
-        self.cur_act[d] += activation_bytes;
-        self.cur_buf[d] += buffer_bytes;
-        if new_peak {
-            self.res.peak_activations[d] = self.cur_act[d];
-            self.res.peak_buffers[d] = self.cur_buf[d];
-            self.res.peak_time_ns[d] = now;
-            self.peak_pending[d] = true;
-        }
-        if self.opts.record {
-            self.res.timeline.memory.push(MemorySample {
-                device: self.p.devices[d],
-                time_ns: now,
-                activations: self.cur_act[d],
-                moved_weights: self.cur_buf[d],
-            });
-        }
-    }
-
     /// A task is ready: start it once the hosts of its compute streams have issued it.
     fn start(&mut self, t: u32, now: u64) {
         if !self.host.is_empty() {
@@ -572,14 +440,52 @@ impl<'a> Engine<'a> {
                 if let Some(j) = self.jitter.as_mut() {
                     j.kernel_done(d, self.op_ns[task.payload as usize]);
                 }
-                let memory_bound = matches!(
-                    self.p.ops[task.payload as usize].spec.class,
-                    crate::workload::OpClass::Memory | crate::workload::OpClass::Copies { .. }
-                );
-                let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize], memory_bound);
+                let kinds = self.topo.persistent(self.p.devices[d]);
+                let (memory_bound, persistent) = match self.p.ops[task.payload as usize].spec.class {
+                    crate::workload::OpClass::Memory | crate::workload::OpClass::Copies { .. } => (true, false),
+                    crate::workload::OpClass::Gemm { .. } => (false, kinds.gemm),
+                    crate::workload::OpClass::Attention { kernel, .. } => (false, kinds.attention(kernel)),
+                };
+                let (ns, version) =
+                    self.sm.start(d, t, now, self.op_ns[task.payload as usize], (memory_bound, persistent));
                 let end = self.after(now, ns);
                 self.q.push(end, Event { kind: TASK_END, id: t, version: version & VERSION_MASK });
             }
+            TaskKind::Transfer | TaskKind::Collective | TaskKind::HostCopy => {
+                let free = self.sms_free_at(t, now);
+                if free > now {
+                    self.q.push(free, Event { kind: SMS_FREE, id: t, version: 0 });
+                } else {
+                    self.launch(t, now);
+                }
+            }
+        }
+    }
+
+    /// When every member of an overlapped collective (one that holds SMs beside compute, see
+    /// `hold_sms`) has an SM for its kernel: the end of the latest persistent compute kernel
+    /// running on a member's device, else `now`. A kernel that starts in the same instant
+    /// does not block it (the collective, ready as early, is taken as dispatched first).
+    fn sms_free_at(&mut self, t: u32, now: u64) -> u64 {
+        let task = self.p.tasks[t as usize];
+        if task.kind != TaskKind::Collective
+            || !matches!(
+                Program::stream_kind(task.stream),
+                StreamKind::DataParallel | StreamKind::Gather | StreamKind::TensorAsync
+            )
+        {
+            return now;
+        }
+        let mut free = now;
+        self.for_streams(t, |e, s| free = free.max(e.sm.busy_until(Program::stream_device(s) as usize, now)));
+        free
+    }
+
+    /// A transfer, host copy or collective whose kernels have their SMs starts moving data.
+    fn launch(&mut self, t: u32, now: u64) {
+        let task = self.p.tasks[t as usize];
+        match task.kind {
+            TaskKind::Compute => unreachable!("compute tasks start in begin"),
             TaskKind::Transfer | TaskKind::Collective | TaskKind::HostCopy => {
                 let collective = if task.kind == TaskKind::Collective { task.payload } else { NONE };
                 if collective != NONE {

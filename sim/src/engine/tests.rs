@@ -630,3 +630,52 @@ fn one_task_of_n_calls_takes_as_long_as_n_calls_in_a_row() {
         assert!(few_events < many_events, "{few_events} vs {many_events}");
     }
 }
+
+/// On Hopper a GEMM keeps a block on every SM until it ends (cuBLAS's persistent sm90
+/// kernels): a data-parallel collective that becomes ready while one runs moves its first
+/// byte only when the GEMM ends. On Ampere the GEMM's tile blocks free SMs as they finish,
+/// and the collective starts at once. Here a second all-reduce follows a first on the
+/// data-parallel stream and becomes ready in the middle of a 1 ms GEMM.
+#[test]
+fn an_overlapped_collective_waits_for_a_persistent_gemm_on_hopper_only() {
+    for (node, waits) in [("dgx-h100", true), ("dgx-a100-80gb", false)] {
+        let c = ClusterSpec::new(catalog::node_preset(node).expect("preset"), 1);
+        let mut p = empty_program(2);
+        p.labels.push(Label { op: "gemm", layer: 0, phase: Phase::Forward, chunk: 0 });
+        p.ops.push(device_op(false));
+        let mut gemm = device_op(false);
+        gemm.spec.class = OpClass::Gemm { batch: 1.0, m: 8192.0, n: 8192.0, k: 8192.0 };
+        p.ops.push(gemm);
+        let op_ns = [100_000u64, 1_000_000];
+        p.collectives.push(Collective::new(CollectiveKind::AllReduce, vec![0, 1], 1e6));
+        p.collectives.push(Collective::new(CollectiveKind::AllReduce, vec![0, 1], 1e6));
+        let mut first = Vec::new();
+        for d in 0..2 {
+            let s = Program::stream_index(d, StreamKind::Compute);
+            first.push(push(&mut p, TaskKind::Compute, 0, &[s], 0));
+            let g = push(&mut p, TaskKind::Compute, 1, &[s], 0);
+            p.tasks[g as usize].label = 1;
+        }
+        let dp =
+            [Program::stream_index(0, StreamKind::DataParallel), Program::stream_index(1, StreamKind::DataParallel)];
+        let ar1 = push(&mut p, TaskKind::Collective, 0, &dp, 0);
+        push(&mut p, TaskKind::Collective, 1, &dp, 0);
+        p.deps.extend(first.iter().map(|&a| (a, ar1)));
+        let o = RunOptions { record: true, ..opts() };
+        let r = run(&p, &Topology::new(&c), &op_ns, &HostCosts::default(), o).expect("runs");
+        let t = &r.timeline;
+        let gemm_end = t.spans.iter().filter(|s| s.label == 1).map(|s| s.end_ns).max().expect("gemm spans");
+        let gemm_start = t.spans.iter().filter(|s| s.label == 1).map(|s| s.start_ns).min().expect("gemm spans");
+        let last_flow = t.flows.iter().map(|f| f.start_ns).max().expect("flows");
+        let first_flow = t.flows.iter().map(|f| f.start_ns).min().expect("flows");
+        assert!(first_flow < gemm_start + 50_000, "{node}: the first all-reduce starts beside the GEMM's start");
+        if waits {
+            assert!(
+                last_flow >= gemm_end,
+                "{node}: the second all-reduce waits for the GEMM ({last_flow} < {gemm_end})"
+            );
+        } else {
+            assert!(last_flow < gemm_end - 500_000, "{node}: no wait ({last_flow} vs GEMM end {gemm_end})");
+        }
+    }
+}

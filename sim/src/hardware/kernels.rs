@@ -491,6 +491,46 @@ pub fn gemm_tiling(arch: Option<GpuArch>) -> GemmTiling {
     }
 }
 
+/// Which compute kernels of an architecture are persistent: launched with one block per SM
+/// (or per cluster slot), each looping over output tiles until the kernel ends. The block
+/// scheduler never preempts a running block, so a communication kernel issued while one runs
+/// finds no free SM and starts only when it ends (NCCL's blocks do not share an SM with
+/// compute: they take all its registers, NVIDIA/nccl#689).
+///
+/// Measured (trainsim's `experiments/executor/gpu/interference.py --delays` on one H200 and one
+/// H100 SXM with PyTorch 2.11 / CUDA 13.0, `traces/2026-11-27-cuda-h200/delays.json` and
+/// `traces/2026-11-27-cuda-h100/delays.json`): cuBLAS's sm90 GEMMs (`nvjet_sm90_tst_*`) launch
+/// a grid of 2x66 = 132 blocks of 384 threads, 168 registers each, and cuDNN's sm90 flash
+/// forward and backward a grid of 132; a 16-block copy issued at a random moment beside
+/// back-to-back 1.5-2.8 ms calls of them ended a median 1.0-2.2 ms later than alone (about half
+/// a call: it waited for the running one), beside LayerNorm's and an add's 16k-131k one-shot
+/// blocks no wait beyond sharing the memory. FlashAttention-3 on Hopper schedules its
+/// tiles persistently too (flash-attention `hopper/tile_scheduler.hpp`, static and dynamic
+/// persistent schedulers). NVIDIA/nccl#1431 reports the same from the other side: a send
+/// launched after a long GEMM waits for it. Ampere's cuBLAS kernels (`ampere_*_s16816gemm_*`)
+/// and FlashAttention-2 launch one block per output tile and free SMs as tiles finish: not
+/// persistent here (no A100 was measured). Blackwell's cuBLAS schedules tiles through cluster
+/// launch control, unmeasured: not persistent here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Persistent {
+    pub gemm: bool,
+    /// The architecture's cuDNN and FlashAttention-3 kernels are persistent.
+    attention: bool,
+    arch: Option<GpuArch>,
+}
+
+impl Persistent {
+    /// Whether a fused-attention kernel of this family is persistent here.
+    pub fn attention(self, kernel: FlashKernel) -> bool {
+        self.attention && matches!(kernel.resolve(self.arch), FlashKernel::Cudnn | FlashKernel::V3)
+    }
+}
+
+pub fn persistent_kernels(arch: Option<GpuArch>) -> Persistent {
+    let hopper = arch == Some(GpuArch::Hopper);
+    Persistent { gemm: hopper, attention: hopper, arch }
+}
+
 /// The most slices cuBLAS's split-K GEMMs cut K into, and the least K each slice keeps,
 /// in the model. cuBLAS names these kernels `..._splitK_...` (with a separate
 /// `splitKreduce_kernel`) and picks the split by heuristic; modelled: the split that takes

@@ -379,6 +379,9 @@ pub struct Topology {
     mesh_link_bytes_per_s: Option<f64>,
     /// SMs of each GPU (0 for other devices): what communication kernels take from compute.
     sms: Vec<u32>,
+    /// Whether each device's GEMM and fused-attention kernels keep a block on every SM until
+    /// they end ([`kernels::persistent_kernels`]): what a communication kernel waits for.
+    persistent: Vec<kernels::Persistent>,
     /// Memory bandwidth a streaming kernel reaches on each GPU (bytes/s; 0 for other
     /// devices): what communication kernels' copies take from memory-bound compute.
     hbm_bytes_per_s: Vec<f64>,
@@ -461,6 +464,9 @@ impl Topology {
                     if dev.kind == DeviceKind::Gpu { dev.compute_units } else { 0 }
                 })
                 .collect(),
+            persistent: (0..devices)
+                .map(|d| kernels::persistent_kernels(kernels::arch_of(cluster.device_of(d))))
+                .collect(),
             hbm_bytes_per_s: (0..devices)
                 .map(|d| {
                     let dev = cluster.device_of(d);
@@ -531,6 +537,11 @@ impl Topology {
     /// SMs of `device` when it is a GPU, else 0.
     pub fn sms(&self, device: u32) -> u32 {
         self.sms[device as usize]
+    }
+
+    /// Which of `device`'s compute kernels hold every SM until they end.
+    pub fn persistent(&self, device: u32) -> kernels::Persistent {
+        self.persistent[device as usize]
     }
 
     /// Memory bandwidth a streaming kernel reaches on `device` when it is a GPU, else 0.
