@@ -6,7 +6,8 @@ from the record's inputs only (never its measured value). `run` imports them; ea
 
 def torchtitan_h100_scenario(r):
     """One torchtitan H100 record as a scenario: Grand Teton's H100 (96 GB of HBM2e at 2.4 TB/s;
-    the SXM peak kept, data/torchtitan_h100.json says why), FSDP2 over dp x cp, a GEMM per
+    the SXM peak kept, data/torchtitan_h100.json says why; at its 500 W power limit, which
+    trainsim's power model charges from the H100 SXM's rated 700 W: hardware/power.rs), FSDP2 over dp x cp, a GEMM per
     projection, torch.compile's fused RMSNorm and SwiGLU (not the complex rotary embeddings), Float8 linears, SDPA's
     FlashAttention-2, full checkpointing (Tables 1 and 3: eager or compiled, bf16 or Float8,
     per-op selective checkpointing, as each row says). With pipeline parallelism torchtitan keeps the gathered parameters through
@@ -16,7 +17,7 @@ def torchtitan_h100_scenario(r):
     (torchtitan's default), the whole local batch at once otherwise; async TP is Megatron-style
     TP overlap."""
     device = {"preset": "h100-sxm", "name": "H100 96GB HBM2e, 500 W (Grand Teton)",
-              "hbm_bytes": 96 * 2**30, "mem_bandwidth_bytes_per_s": 2.4e12}
+              "hbm_bytes": 96 * 2**30, "mem_bandwidth_bytes_per_s": 2.4e12, "power_limit_w": 500}
     pp = r['pp']
     # Tables 1 and 3 give compile, Float8 and torchtitan's per-op selective checkpointing per
     # row; the others run compile, Float8 and full checkpointing.

@@ -229,6 +229,8 @@ fn device(r: &mut R, cat: &Catalog, precision: &str, s: &mut Scenario) -> Value 
         opt(&mut d, r, 0.2, k, |r| json!(*r.pick(&[1.0, 0.5, 1e-6, 0.85])));
     }
     opt(&mut d, r, 0.2, "kernel_launch_s", |r| json!(*r.pick(&[0.0, 3e-6, 1e-3, 1.0])));
+    opt(&mut d, r, 0.05, "rated_power_w", |r| json!(*r.pick(&[700.0, 1.0, 1e6])));
+    opt(&mut d, r, 0.1, "power_limit_w", |r| json!(*r.pick(&[500.0, 80.0, 50.0, 1e6, 1e-3])));
     opt(&mut d, r, 0.1, "op_efficiency", |r| json!({"softmax": r.unit(0.01, 1.0), "layernorm": 1.0, "gelu": 0.5}));
     opt(&mut d, r, 0.2, "name", |r| json!(*r.pick(&NAMES)));
     Value::Object(d)

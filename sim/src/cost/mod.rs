@@ -112,8 +112,14 @@ impl ComputeModel {
             Some(c) => (c.gemm_efficiency, c.mem_efficiency, c.kernel_launch_s),
             None => (device.gemm_efficiency_at(precision), device.mem_efficiency, device.kernel_launch_s),
         };
+        // Compute-bound kernels at a board power limit below the rated one run at a lower
+        // clock (`hardware::power`); a calibration measured the machine as it runs.
+        let clock = match (&calibration, device.power) {
+            (None, Some(p)) => p.compute_speed(),
+            _ => 1.0,
+        };
         ComputeModel {
-            peak_flops: device.peak_flops.at(precision),
+            peak_flops: device.peak_flops.at(precision) * clock,
             gemm_efficiency: ge,
             mem_bytes_per_s: device.mem_bandwidth_bytes_per_s * me,
             launch_s: launch,
@@ -128,7 +134,7 @@ impl ComputeModel {
                 Precision::Fp16
             } else {
                 Precision::Bf16
-            }),
+            }) * clock,
             gemm16_efficiency: device.gemm_efficiency,
             fp8: precision == Precision::Fp8 && device.peak_flops.fp8.is_some(),
             fp8_casts: crate::framework::Fp8Casts::Te,
@@ -359,6 +365,25 @@ mod tests {
             m.op_s(&gemm("slow", 4096.0, 4096.0, 4096.0), false),
         );
         assert!((b / a - 2.0).abs() < 1e-9, "{b} vs {a}");
+    }
+
+    /// Below its rated power an H100's GEMMs take 1/speed as long, its memory-bound kernels
+    /// as long as before; a calibrated model keeps what it measured.
+    #[test]
+    fn a_power_limit_slows_compute_bound_kernels_only() {
+        let mut dev = catalog::device("h100-sxm").expect("preset");
+        dev.kernel_launch_s = 0.0;
+        let big = gemm("fc", 8192.0, 8192.0, 8192.0);
+        let copy = OpSpec { class: OpClass::Memory, forward_flops: 0.0, ..gemm("residual", 8192.0, 8192.0, 8192.0) };
+        let rated = ComputeModel::new(&dev, Precision::Bf16, None);
+        let mut power = dev.power.expect("a GPU preset has its rated power");
+        power.limit_w = 500.0;
+        dev.power = Some(power);
+        let capped = ComputeModel::new(&dev, Precision::Bf16, None);
+        let ratio = capped.op_s(&big, false) / rated.op_s(&big, false);
+        assert!((ratio - 1.0 / power.compute_speed()).abs() < 1e-9, "{ratio}");
+        assert!(ratio > 1.1, "{ratio}");
+        assert_eq!(capped.op_s(&copy, false), rated.op_s(&copy, false));
     }
 
     #[test]

@@ -49,6 +49,7 @@ fn gpu(
         kernel_launch_s: 3e-6,
         fpga: None,
         op_efficiency: Vec::new(),
+        power: None,
         source: source.into(),
     }
 }
@@ -76,11 +77,34 @@ fn fpga(name: &str, dsp: f64, sram_bytes: f64, mem_bytes: f64, mem_bw: f64, sour
         // Defaults: convolutions keep the systolic array busy; fully connected layers and
         // recurrent steps at training batch sizes stream weights and fill it partly.
         op_efficiency: vec![("fc".into(), 0.5), ("lstm_step".into(), 0.3), ("lstm_input".into(), 0.7)],
+        power: None,
         source: source.into(),
     }
 }
 
 /// Every device preset.
+/// Each GPU preset's rated board power, the default limit its compute efficiencies were
+/// measured at (`hardware::power`), and its idle draw where trainsim measured it: V100 SXM2
+/// 300 W, A100 SXM 400 W, H100 SXM and H200 700 W, H200 NVL 600 W, B200 1,000 W, GB200's GPU
+/// 1,200 W, MI300X 750 W (the vendors' datasheets, as each preset's source cites). Idle: the H100
+/// SXM drew 72 W and the H200 130 W before any work (nvidia-smi, `traces/2026-11-27-cuda-h100/`
+/// and `-h200/machine.txt`); the others take the H100's share of their rating (assumed).
+fn rated_power(name: &str) -> Option<super::power::Power> {
+    use super::power::Power;
+    let (rated, idle) = match name {
+        "v100-sxm2-16gb" | "v100-sxm2-32gb" => (300.0, None),
+        "a100-sxm-40gb" | "a100-sxm-80gb" => (400.0, None),
+        "h100-sxm" => (700.0, Some(72.0)),
+        "h200" => (700.0, Some(130.0)),
+        "h200-nvl" => (600.0, None),
+        "b200" => (1000.0, None),
+        "gb200" => (1200.0, None),
+        "mi300x" => (750.0, None),
+        _ => return None,
+    };
+    Some(Power::rated(rated, idle))
+}
+
 pub fn devices() -> Vec<DeviceSpec> {
     // gemm_efficiency defaults: the fraction of dense tensor peak the best-shaped bf16 GEMM
     // reaches. Measured ceilings (stas00/ml-engineering, compute/accelerator/README.md,
@@ -127,7 +151,7 @@ pub fn devices() -> Vec<DeviceSpec> {
     let v100 = "NVIDIA V100 datasheet via ".to_string() + SPECS;
     let a100 = "NVIDIA A100 datasheet via ".to_string() + SPECS;
     let h100 = "NVIDIA H100 datasheet via ".to_string() + SPECS;
-    vec![
+    let mut all = vec![
         gpu("v100-sxm2-16gb", 15.7, 125.0, None, None, 16.0 * GIB, 900.0, 80, 0.85, &v100),
         gpu("v100-sxm2-32gb", 15.7, 125.0, None, None, 32.0 * GIB, 900.0, 80, 0.85, &v100),
         gpu("a100-sxm-40gb", 19.5, 312.0, Some(312.0), None, 40.0 * GIB, 1555.0, 108, 0.78, &a100),
@@ -259,7 +283,11 @@ pub fn devices() -> Vec<DeviceSpec> {
             77.0 * GB,
             "Xilinx UltraScale+ product table (VU9P: 6,840 DSP48E2, BRAM+URAM; unverified) via hardware_specs.json",
         ),
-    ]
+    ];
+    for d in &mut all {
+        d.power = rated_power(&d.name);
+    }
+    all
 }
 
 /// One core of a server CPU, as the executor's CPU backend uses it (one worker thread per
@@ -280,6 +308,7 @@ pub fn cpu_core() -> DeviceSpec {
         kernel_launch_s: 1e-6,
         fpga: None,
         op_efficiency: Vec::new(),
+        power: None,
         source: "default server core".into(),
     }
 }
@@ -301,6 +330,7 @@ pub fn host_cpu() -> DeviceSpec {
         kernel_launch_s: 1e-6,
         fpga: None,
         op_efficiency: Vec::new(),
+        power: None,
         source: "default two-socket server".into(),
     }
 }

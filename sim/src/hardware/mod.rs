@@ -27,6 +27,7 @@ pub mod fabric;
 pub mod kernels;
 pub mod nccl;
 pub mod nccl_p2p;
+pub mod power;
 #[cfg(test)]
 mod tests;
 
@@ -217,6 +218,10 @@ pub struct DeviceSpec {
     /// the GEMM efficiency: how well the device's datapath suits each kind of op (an FPGA's
     /// systolic array maps convolutions better than batch-limited fully connected layers).
     pub op_efficiency: Vec<(String, f64)>,
+    /// Board power: rated, idle, and the limit it runs at (GPUs of the catalog; none: the
+    /// compute rates hold as given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<power::Power>,
     /// Where the numbers come from.
     pub source: String,
 }

@@ -76,6 +76,7 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
             kernel_launch_s: 3e-6,
             fpga: None,
             op_efficiency: Vec::new(),
+            power: None,
             source: "scenario file".into(),
         },
     };
@@ -145,6 +146,25 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
     }
     if let Some(x) = o.non_negative("kernel_launch_s")? {
         d.kernel_launch_s = x;
+    }
+    if let Some(rated) = o.positive("rated_power_w")? {
+        d.power = Some(crate::hardware::power::Power::rated(rated, None));
+    }
+    if let Some(limit) = o.positive("power_limit_w")? {
+        let Some(p) = d.power.as_mut() else {
+            return Err(invalid(
+                &o.key("power_limit_w"),
+                "needs rated_power_w too (the board power this device's compute rates were measured at); \
+                 the catalog's GPU presets carry theirs",
+            ));
+        };
+        if limit <= p.idle_w {
+            return Err(invalid(
+                &o.key("power_limit_w"),
+                format!("{limit} W is not above the device's idle draw ({:.0} W): nothing would be left to compute", p.idle_w),
+            ));
+        }
+        p.limit_w = limit;
     }
     if let Some(n) = o.string("name")? {
         // The kernel model and NCCL's tables read a GPU's generation from its name

@@ -92,6 +92,8 @@ pub const DEVICE: &[&str] = &[
     "fp8_gemm_efficiency",
     "mem_efficiency",
     "kernel_launch_s",
+    "rated_power_w",
+    "power_limit_w",
     "dsp_count",
     "clock_hz",
     "ops_per_dsp_per_cycle",

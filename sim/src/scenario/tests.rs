@@ -480,3 +480,23 @@ fn a_renamed_gpu_keeps_its_generation() {
     assert_eq!(link.name, "H800 fabric (nvlink4)");
     assert!(crate::hardware::nccl::NcclSystem::new(&s.cluster).expect("nvidia").nvls);
 }
+
+/// A power limit needs the rated power it scales from, and must leave some above the idle
+/// draw; the presets carry their rating.
+#[test]
+fn power_limits_are_checked() {
+    let e = error(|v| {
+        v["cluster"]["node"] = json!({"preset": "dgx-a100-80gb",
+            "device": {"peak_flops": 1e14, "hbm_bytes": 1e10, "mem_bandwidth_bytes_per_s": 1e12, "power_limit_w": 300}})
+    });
+    assert!(e.contains("power_limit_w") && e.contains("rated_power_w"), "{e}");
+    let e = error(|v| v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "h100-sxm", "power_limit_w": 50}}));
+    assert!(e.contains("idle draw (72 W)"), "{e}");
+    let mut v = base();
+    v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "h100-sxm", "power_limit_w": 500}});
+    let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
+    let p = s.cluster.node.device.power.expect("power");
+    assert_eq!((p.rated_w, p.limit_w), (700.0, 500.0));
+    assert!(s.notes.iter().any(|n| n.contains("500 W limit")), "{:?}", s.notes);
+}
+
