@@ -22,6 +22,11 @@ k SMs free (torch._C._set_sm_carveout_experimental) and the GEMMs are timed agai
 
     python3 interference.py OUT.json [--quick]
     python3 interference.py OUT.json --delays      # second pass: start delays, kernel grids
+    python3 interference.py OUT.json --clocks      # third pass: the SM clock with SMs held
+
+The third pass holds k SMs with the clock kernel itself (k blocks counting cycles against the
+global timer) beside back-to-back 8192-cubed GEMMs on the other SMs, and reads the board power
+(NVML) meanwhile: how the clock of a power-limited GPU answers the SMs left to the GEMMs.
 
 The second pass asks two questions of each compute kernel. Its kernels' grids, registers and
 shared memory (torch.profiler): does it keep one persistent block per SM? And how long does a
@@ -364,8 +369,69 @@ def main_delays(path):
     print("wrote", path)
 
 
+def main_clocks(path):
+    """The SM clock and board power beside back-to-back GEMMs on 132 - k SMs, k = 0 taken
+    as 1 block (the clock kernel needs one)."""
+    import threading
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    side = Side(priority=-1)
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    fn = lambda: F.linear(x, w)  # noqa: E731
+    t = alone(fn, 15)
+    result = {"gpu": torch.cuda.get_device_name(0), "gemm_alone_s": t,
+              "idle_w": None, "rows": []}
+    torch.cuda.synchronize()
+    time.sleep(0.5)
+    result["idle_w"] = pynvml.nvmlDeviceGetPowerUsage(h) / 1e3
+    for k in (1, 4, 8, 16, 32, 48, 66, 88):
+        for _ in range(3):
+            torch.cuda.synchronize()
+            for _ in range(math.ceil(0.4 / t)):
+                fn()
+            time.sleep(0.15)
+            watts = []
+            stop = threading.Event()
+
+            def sample():
+                while not stop.is_set():
+                    watts.append(pynvml.nvmlDeviceGetPowerUsage(h) / 1e3)
+                    time.sleep(0.005)
+            th = threading.Thread(target=sample)
+            th.start()
+            with side.cs:
+                side.clock_k((k,), (THREADS,), (np.int64(40_000_000), side.stamps))
+            time.sleep(0.05)
+            stop.set()
+            th.join()
+            torch.cuda.synchronize()
+            g0, g1 = (int(v) for v in side.stamps.get())
+            mhz = 40e6 / ((g1 - g0) * 1e-9) / 1e6
+            result["rows"].append({"held": k, "mhz": mhz, "ms": (g1 - g0) / 1e6,
+                                   "watts": median(watts) if watts else None})
+            print(f"held {k:3}: SM clock {mhz:.0f} MHz over {(g1 - g0) / 1e6:.1f} ms, board "
+                  f"{median(watts) if watts else float('nan'):.0f} W", flush=True)
+    # The clock kernel alone, for its own draw.
+    for k in (1, 66):
+        with side.cs:
+            side.clock_k((k,), (THREADS,), (np.int64(400_000_000), side.stamps))
+        time.sleep(0.1)
+        wv = pynvml.nvmlDeviceGetPowerUsage(h) / 1e3
+        torch.cuda.synchronize()
+        g0, g1 = (int(v) for v in side.stamps.get())
+        result["rows"].append({"held": k, "alone": True, "mhz": 400e6 / ((g1 - g0) * 1e-9) / 1e6, "watts": wv})
+        print(f"clock kernel alone on {k}: {400e6 / ((g1 - g0) * 1e-9) / 1e6:.0f} MHz, {wv:.0f} W", flush=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print("wrote", path)
+
+
 def main():
     path = sys.argv[1]
+    if "--clocks" in sys.argv:
+        return main_clocks(path)
     if "--delays" in sys.argv:
         return main_delays(path)
     quick = "--quick" in sys.argv

@@ -15,15 +15,13 @@
 //! copies, the optimizer step) streams at the bandwidth they leave, at least half of it.
 //! Compute-bound kernels (GEMMs, attention) are held back by the SMs only.
 //!
-//! Measured on one H200 (`traces/2026-11-27-cuda-h200/interference.json`), the SM share is an
-//! upper bound: GEMMs and cuDNN attention beside a side kernel holding 16, 32 and 66 of 132
-//! SMs took 1.02-1.10x, 1.13-1.21x and 1.59-1.69x as long, not 1.14x, 1.32x and 2x. The GPU
-//! runs GEMMs at its power limit (1.35 of 1.98 GHz beside them, `delays.json`) and clocks up
-//! when fewer SMs are busy: share^(2/3), the cube law of dynamic power at a fixed cap, matches
-//! all three. It is not applied: those side kernels (a spin, a local copy) draw less power than
-//! an NCCL kernel driving NVLink or a NIC, which is unmeasured here, and applied it made every
-//! training table with overlapped collectives faster, most already too fast (fms-fsdp 9.1% ->
-//! 10.0%, kempnerforge 17.3% -> 17.5%).
+//! Measured on an H200 and an H100 (`traces/2026-11-27-cuda-h200/interference.json`), the SM
+//! share is an upper bound: large GEMMs and cuDNN attention beside a side kernel holding 16, 32
+//! and 66 of 132 SMs took 1.00-1.12x, 1.11-1.22x and 1.54-1.69x as long, not 1.14x, 1.32x and
+//! 2x. The SM clock did not move (1.30-1.34 GHz beside the GEMMs with 1 to 88 SMs held,
+//! `clocks.json`), so fewer SMs each did more: a large GEMM on all 132 is partly held back by
+//! what the SMs share (its operands stream from L2 at several TB/s), less so on fewer. Not
+//! applied: how much depends on the GEMM's shape and tiling, measured here for three.
 //!
 //! The other way round, a persistent compute kernel (Hopper's cuBLAS GEMMs and cuDNN
 //! attention: one block per SM until the kernel ends, `hardware::kernels::Persistent`) leaves

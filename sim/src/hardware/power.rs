@@ -4,20 +4,20 @@
 //! clocked at 1,324-1,404 MHz of 1,980 beside back-to-back cuBLAS GEMMs, at 1,634-1,647 beside
 //! cuDNN attention and at the top clock beside memory-bound kernels (trainsim's
 //! `experiments/executor/gpu/interference.py --delays`, `traces/2026-11-27-cuda-h200/` and
-//! `-h100/`). Dynamic power grows as busy SMs x clock x voltage squared, and the voltage with
-//! the clock: at a fixed power a GEMM's clock goes as the cube root of the power it is given.
-//! The same runs checked that law the other way: with 16, 32 and 66 of 132 SMs held by another
-//! kernel, GEMMs ran at share^(2/3) of their speed (1.09x, 1.20x, 1.60x as long; the SM share
-//! alone, at a fixed clock, says 1.14x, 1.32x, 2x), the clock rising as the cube root of the
-//! SMs freed.
+//! `-h100/`). A lower limit takes clock from exactly those kernels. How much: dynamic power
+//! grows as clock x voltage squared and, in the range where the voltage follows the clock, as
+//! the clock cubed (the textbook DVFS relation, P ~ C V^2 f), so a compute-bound kernel's clock
+//! goes as the cube root of the power it is given above the idle draw (leakage, memory, the
+//! board: what no clock change buys back).
 //!
 //! The catalog's compute efficiencies (GEMM efficiency, the fused-attention tables) were
 //! measured on cards at their rated power. A card capped lower (`power_limit_w`) runs its
-//! compute-bound kernels at ((limit - idle) / (rated - idle))^(1/3) of that rate, the idle
-//! draw (leakage, memory, fans' share: the power no clock buys back) taken off both. Memory-
-//! bound kernels keep their rate (they ran at the top clock). Assumed beyond the measurement:
-//! that the cube law holds down to the lower clock (below a voltage floor the clock would fall
-//! as the power itself, slower still), and that a limit above the rated power buys nothing
+//! compute-bound kernels at ((limit - idle) / (rated - idle))^(1/3) of that rate; memory-bound
+//! kernels keep theirs (they ran at the top clock). The exponent is an assumption, not a
+//! measurement: trainsim cannot change a lent GPU's limit, and no published GEMM-versus-cap curve
+//! is in the catalog. It is the mildest law: below a voltage floor the clock falls as the power
+//! itself, and a throughput that follows the clock (GEMMs at these clocks) falls with it, so a
+//! capped card may be slower than charged. A limit above the rated power buys nothing here
 //! (the clock's own ceiling is not modelled).
 
 use serde::Serialize;
