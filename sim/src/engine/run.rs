@@ -8,9 +8,9 @@ use super::sparse::Sparse;
 use crate::hardware::Topology;
 use crate::lower::{NONE, Program, STREAMS, TaskKind};
 use crate::network::{FlowId, Network, NetworkKind, Reschedule};
+use crate::report::timeline::{FlowSpan, Span, StreamKind, Timeline};
 
 mod memory;
-use crate::report::timeline::{FlowSpan, Span, StreamKind, Timeline};
 
 #[derive(Clone, Copy, Debug)]
 pub struct RunOptions {

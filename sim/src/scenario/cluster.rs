@@ -161,7 +161,10 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
         if limit <= p.idle_w {
             return Err(invalid(
                 &o.key("power_limit_w"),
-                format!("{limit} W is not above the device's idle draw ({:.0} W): nothing would be left to compute", p.idle_w),
+                format!(
+                    "{limit} W is not above the device's idle draw ({:.0} W): nothing would be left to compute",
+                    p.idle_w
+                ),
             ));
         }
         p.limit_w = limit;

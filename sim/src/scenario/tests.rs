@@ -490,7 +490,9 @@ fn power_limits_are_checked() {
             "device": {"peak_flops": 1e14, "hbm_bytes": 1e10, "mem_bandwidth_bytes_per_s": 1e12, "power_limit_w": 300}})
     });
     assert!(e.contains("power_limit_w") && e.contains("rated_power_w"), "{e}");
-    let e = error(|v| v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "h100-sxm", "power_limit_w": 50}}));
+    let e = error(|v| {
+        v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "h100-sxm", "power_limit_w": 50}})
+    });
     assert!(e.contains("idle draw (72 W)"), "{e}");
     let mut v = base();
     v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "h100-sxm", "power_limit_w": 500}});
@@ -499,4 +501,3 @@ fn power_limits_are_checked() {
     assert_eq!((p.rated_w, p.limit_w), (700.0, 500.0));
     assert!(s.notes.iter().any(|n| n.contains("500 W limit")), "{:?}", s.notes);
 }
-
