@@ -231,11 +231,12 @@ pub fn presets(json: bool) {
         println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
         return;
     }
-    println!("devices (dense peak at bf16/fp16, memory, bandwidth):");
+    println!("devices (dense peak at bf16/fp16, memory, bandwidth, rated board power):");
     for d in &devices {
         let peak = d.peak_flops.at(sim::hardware::Precision::Bf16).max(d.peak_flops.at(sim::hardware::Precision::Fp16));
+        let power = d.power.map_or(String::new(), |p| format!("  {:>5.0} W", p.rated_w));
         println!(
-            "  {:<16} {:>7.1} TFLOP/s  {:>8}  {:>6.0} GB/s  ({:?})",
+            "  {:<16} {:>7.1} TFLOP/s  {:>8}  {:>6.0} GB/s  ({:?}){power}",
             d.name,
             peak / 1e12,
             gib(d.hbm_bytes),
