@@ -11,9 +11,11 @@
    causal SDPA, SwiGLU MLP), eager and under torch.compile per block, at Llama 3 8B's width.
 3. Sustained GEMM rates: back-to-back 8192-cubed bf16 and fp8 products for many seconds, the
    rate of each half second beside the SM clock, power and temperature nvidia-smi reads, to
-   see how far a GPU at its power limit falls below a short burst's rate.
+   see how far a GPU at its power limit falls below a short burst's rate; with
+   `--only-sustained`, the bf16 GEMMs and causal attention forward and backward (cuDNN's and
+   FlashAttention-2 through SDPA, 8,192 tokens, head dimension 128) alone.
 
-    python3 block.py OUT.json [--seconds S] [--only-titan-norm]
+    python3 block.py OUT.json [--seconds S] [--only-titan-norm | --only-sustained]
 """
 import json
 import subprocess
@@ -215,9 +217,25 @@ def block_steps(layers=4, warmup=3, reps=10):
 
 
 def sustained(kind, seconds):
-    """Rates of back-to-back 8192^3 products in half-second windows, with nvidia-smi samples."""
+    """Rates of back-to-back 8192^3 products (or, for the "sdpa" kinds, causal attention
+    forward and backward over 2 x 32 heads x 8,192 tokens x 128) in half-second windows, with
+    nvidia-smi samples."""
     n = 8192
-    if kind == "bf16":
+    if kind.startswith("sdpa"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        q, k, v = (torch.randn(2, 32, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        g = torch.randn(2, 32, n, 128, device="cuda", dtype=torch.bfloat16)
+        backend = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}[kind]
+
+        def mm():
+            with sdpa_kernel([backend]):
+                o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o.backward(g)
+            q.grad = k.grad = v.grad = None
+        # Forward 4 x B x H x S^2 x d, backward 2.5 times that, half of it under the mask.
+        flops = 3.5 * 4.0 * 2 * 32 * n * n * 128 / 2
+    elif kind == "bf16":
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 
@@ -230,7 +248,8 @@ def sustained(kind, seconds):
 
         def mm():
             return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
-    flops = 2.0 * n ** 3
+    if not kind.startswith("sdpa"):
+        flops = 2.0 * n ** 3
     for _ in range(3):
         mm()
     torch.cuda.synchronize()
@@ -268,7 +287,8 @@ def sustained(kind, seconds):
                         "tflops": flops * per_window / (e0.elapsed_time(e1) * 1e-3) / 1e12})
     smi.terminate()
     reader.join(timeout=2)
-    return {"kind": kind, "shape": [n, n, n], "products_per_window": per_window, "windows": windows,
+    shape = [2, 32, n, 128] if kind.startswith("sdpa") else [n, n, n]
+    return {"kind": kind, "shape": shape, "products_per_window": per_window, "windows": windows,
             "nvidia_smi": samples}
 
 
@@ -283,6 +303,8 @@ def main():
                 ("sustained_fp8", lambda: sustained("fp8", seconds)), ("llama", llama_steps)]
     if "--only-titan-norm" in sys.argv:  # the Llama rows with torchtitan's RMSNorm alone
         sections = [("llama", lambda: llama_steps(only_norm="torchtitan"))]
+    if "--only-sustained" in sys.argv:  # GEMMs and attention held for `seconds` each
+        sections = [(f"sustained_{k}", lambda k=k: sustained(k, seconds)) for k in ("bf16", "sdpa_cudnn", "sdpa_flash")]
     for name, fn in sections:
         s = time.time()
         try:
@@ -291,7 +313,7 @@ def main():
             res[name + "_error"] = repr(e)[:500]
         print(f"{name}: {time.time() - s:.1f} s", flush=True)
         json.dump(res, open(out, "w"), indent=1)  # after each section, so a run cut short keeps the rest
-    for k in ["sustained_bf16", "sustained_fp8"]:
+    for k in ["sustained_bf16", "sustained_fp8", "sustained_sdpa_cudnn", "sustained_sdpa_flash"]:
         w = res.get(k, {}).get("windows", [])
         if w:
             first, last = w[0]["tflops"], sum(x["tflops"] for x in w[-5:]) / len(w[-5:])

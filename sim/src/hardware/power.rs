@@ -4,7 +4,9 @@
 //! clocked at 1,324-1,404 MHz of 1,980 beside back-to-back cuBLAS GEMMs, at 1,634-1,647 beside
 //! cuDNN attention and at the top clock beside memory-bound kernels (trainsim's
 //! `experiments/executor/gpu/interference.py --delays`, `traces/2026-11-27-cuda-h200/` and
-//! `-h100/`). A lower limit takes clock from exactly those kernels. How much: dynamic power
+//! `-h100/`). Held there for 10 s, bf16 GEMMs ran at 660 TFLOP/s at 1.42-1.47 GHz, 84% of the
+//! tensor peak at that clock (`sustained.json`): bound by the clock, so their speed follows it.
+//! A lower limit takes clock from exactly those kernels. How much: dynamic power
 //! grows as clock x voltage squared and, in the range where the voltage follows the clock, as
 //! the clock cubed (the textbook DVFS relation, P ~ C V^2 f), so a compute-bound kernel's clock
 //! goes as the cube root of the power it is given above the idle draw (leakage, memory, the
