@@ -572,3 +572,39 @@ fn sustained_attention_on_an_h200_against_the_model() {
     }
     assert!(worst < 0.08, "worst {:.1}%", 100.0 * worst);
 }
+
+/// `hardware::kernels::Persistent` against what `interference.py --delays` read on both Hopper
+/// cards (session 32): every cuBLAS GEMM and cuDNN flash kernel launched one block per SM (a
+/// grid of 132), the element-wise and norm kernels one per tile of data; and a copy issued
+/// beside the persistent kernels waited (median wait at least a quarter of a call), beside the
+/// others not beyond what sharing the memory costs it.
+#[test]
+fn hopper_gemm_and_cudnn_attention_kernels_are_persistent() {
+    let hopper = sim::hardware::kernels::persistent_kernels(Some(GpuArch::Hopper));
+    assert!(hopper.gemm && hopper.attention(FlashKernel::Cudnn) && !hopper.attention(FlashKernel::V2));
+    let ampere = sim::hardware::kernels::persistent_kernels(Some(GpuArch::Ampere));
+    assert!(!ampere.gemm && !ampere.attention(FlashKernel::Te));
+    for gpu in ["h100", "h200"] {
+        let v = repo_json(&format!("traces/2026-11-27-cuda-{gpu}/delays.json"));
+        let sms = v["sms"].as_f64().unwrap();
+        for t in v["targets"].as_array().unwrap() {
+            let name = t["name"].as_str().unwrap();
+            let mut waits: Vec<f64> = t["waits_s"].as_array().unwrap().iter().map(|w| w.as_f64().unwrap()).collect();
+            waits.sort_by(f64::total_cmp);
+            let median = waits[waits.len() / 2];
+            let call = t["alone_s"].as_f64().unwrap();
+            for k in t["kernels"].as_array().unwrap() {
+                let kname = k["name"].as_str().unwrap();
+                let blocks: f64 = k["grid"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap()).product();
+                if kname.starts_with("nvjet_sm90") || kname.contains("sdpa_sm90_flash") {
+                    assert_eq!(blocks, sms, "{gpu} {name}: {kname}");
+                } else {
+                    assert!(blocks > sms, "{gpu} {name}: {kname} launched {blocks} blocks");
+                }
+            }
+            if name.starts_with("gemm") && call > 1e-3 || name.starts_with("sdpa") {
+                assert!(median > 0.25 * call, "{gpu} {name}: median wait {median} s of a {call} s call");
+            }
+        }
+    }
+}

@@ -510,7 +510,8 @@ pub fn gemm_tiling(arch: Option<GpuArch>) -> GemmTiling {
 /// launched after a long GEMM waits for it. Ampere's cuBLAS kernels (`ampere_*_s16816gemm_*`)
 /// and FlashAttention-2 launch one block per output tile and free SMs as tiles finish: not
 /// persistent here (no A100 was measured). Blackwell's cuBLAS schedules tiles through cluster
-/// launch control, unmeasured: not persistent here.
+/// launch control, unmeasured: not persistent here. Checked against the files by
+/// `hopper_gemm_and_cudnn_attention_kernels_are_persistent` (tests/gpu_microbench.rs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Persistent {
     pub gemm: bool,
