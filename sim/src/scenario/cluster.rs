@@ -150,6 +150,16 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
     if let Some(rated) = o.positive("rated_power_w")? {
         d.power = Some(crate::hardware::power::Power::rated(rated, None));
     }
+    if d.kind != DeviceKind::Gpu && (o.has("power_limit_w") || o.has("rated_power_w")) {
+        let key = if o.has("power_limit_w") { "power_limit_w" } else { "rated_power_w" };
+        return Err(invalid(
+            &o.key(key),
+            format!(
+                "board power is modelled for GPUs only; this device is {}",
+                if d.kind == DeviceKind::Cpu { "a CPU" } else { "an FPGA" }
+            ),
+        ));
+    }
     if let Some(limit) = o.positive("power_limit_w")? {
         let Some(p) = d.power.as_mut() else {
             return Err(invalid(

@@ -494,6 +494,10 @@ fn power_limits_are_checked() {
         v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "h100-sxm", "power_limit_w": 50}})
     });
     assert!(e.contains("idle draw (72 W)"), "{e}");
+    let e = error(|v| {
+        v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "host-cpu", "rated_power_w": 300}})
+    });
+    assert!(e.contains("GPUs only"), "{e}");
     let mut v = base();
     v["cluster"]["node"] = json!({"preset": "dgx-h100", "device": {"preset": "h100-sxm", "power_limit_w": 500}});
     let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
