@@ -105,20 +105,20 @@ pub(super) fn plan_notes(plan: &Plan, cluster: &ClusterSpec, workload: &crate::w
     }
     let mut capped = Vec::new();
     for dev in cluster.classes() {
-        if let Some(p) = dev.power.filter(|p| p.limit_w < p.rated_w) {
-            if !capped.contains(&dev.name) {
-                capped.push(dev.name.clone());
-                notes.push(format!(
-                    "power: {} runs at a {:.0} W limit of its rated {:.0} W; its GEMMs and attention run at {:.1}% \
-                     of their speed at the rated power (the clock as the cube root of the power left above its \
-                     {:.0} W idle draw), memory-bound kernels at theirs",
-                    dev.name,
-                    p.limit_w,
-                    p.rated_w,
-                    100.0 * p.compute_speed(),
-                    p.idle_w
-                ));
-            }
+        if let Some(p) = dev.power.filter(|p| p.limit_w < p.rated_w)
+            && !capped.contains(&dev.name)
+        {
+            capped.push(dev.name.clone());
+            notes.push(format!(
+                "power: {} runs at a {:.0} W limit of its rated {:.0} W; its GEMMs and attention run at {:.1}% \
+                 of their speed at the rated power (the clock as the cube root of the power left above its \
+                 {:.0} W idle draw), memory-bound kernels at theirs",
+                dev.name,
+                p.limit_w,
+                p.rated_w,
+                100.0 * p.compute_speed(),
+                p.idle_w
+            ));
         }
     }
     if plan.tp > cluster.node.devices {
