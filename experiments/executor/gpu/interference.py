@@ -23,6 +23,11 @@ k SMs free (torch._C._set_sm_carveout_experimental) and the GEMMs are timed agai
     python3 interference.py OUT.json [--quick]
     python3 interference.py OUT.json --delays      # second pass: start delays, kernel grids
     python3 interference.py OUT.json --clocks      # third pass: the SM clock with SMs held
+    python3 interference.py OUT.json --waves       # fourth pass: GEMMs of 0.5-31 tiles per SM
+
+The fourth pass times bf16 GEMMs of 8,192 x N x 4,096 (N 256 to 16,384: from half a tile to
+31 tiles of 256 x 128 per SM) alone and beside a spin kernel holding 8, 16 or 32 SMs, with
+each one's cuBLAS kernel and grid: how a persistent GEMM's slowdown depends on its tiles.
 
 The third pass holds k SMs with the clock kernel itself (k blocks counting cycles against the
 global timer) beside back-to-back 8192-cubed GEMMs on the other SMs, and reads the board power
@@ -428,8 +433,46 @@ def main_clocks(path):
     print("wrote", path)
 
 
+def main_waves(path):
+    side = Side()
+    spin_cps = side.measure_alone("spin", 1)
+    for k in (8, 16, 32):
+        side.measure_alone("spin", k)
+    result = {"gpu": torch.cuda.get_device_name(0), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+              "torch": torch.__version__, "rows": []}
+    for m, n, kk in [(8192, 256, 4096), (8192, 512, 4096), (8192, 1024, 4096), (4096, 1024, 4096),
+                     (8192, 1536, 4096), (8192, 2048, 4096), (8192, 3072, 4096), (8192, 4096, 4096),
+                     (8192, 8192, 4096), (8192, 16384, 4096)]:
+        x = torch.randn(m, kk, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, kk, device="cuda", dtype=torch.bfloat16)
+        fn = (lambda x=x, w=w: F.linear(x, w))  # noqa: E731
+        t1 = alone(fn, 1)
+        calls = max(2, min(400, math.ceil(0.02 / t1)))
+        t = alone(fn, calls)
+        row = {"m": m, "n": n, "k": kk, "alone_s": t, "tflops": 2 * m * n * kk / t / 1e12, "beside_spin": []}
+        try:
+            row["kernels"] = kernels(fn)
+        except Exception as e:
+            row["kernels_error"] = str(e)[:300]
+        for held in (8, 16, 32):
+            tb, covered = beside(fn, calls, side, "spin", held, t, spin_cps)
+            row["beside_spin"].append({"held": held, "seconds": tb, "slowdown": tb / t, "covered": covered})
+        t_after = alone(fn, calls)
+        row["alone_after_s"] = t_after
+        names = [(kk_["name"][:48], kk_["grid"]) for kk_ in row.get("kernels", [])[:2]]
+        print(f"{m}x{n}x{kk}: {t * 1e3:.3f} ms ({row['tflops']:.0f} TFLOP/s; after {t_after * 1e3:.3f}), beside 8/16/32 held: "
+              + " ".join(f"x{b['slowdown']:.2f}" + ("" if b["covered"] else "*") for b in row["beside_spin"])
+              + f"  {names}", flush=True)
+        result["rows"].append(row)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+    print("wrote", path)
+
+
 def main():
     path = sys.argv[1]
+    if "--waves" in sys.argv:
+        return main_waves(path)
     if "--clocks" in sys.argv:
         return main_clocks(path)
     if "--delays" in sys.argv:

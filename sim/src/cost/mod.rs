@@ -106,6 +106,31 @@ pub(crate) fn shares_input_cast(name: &str) -> bool {
     matches!(name, "k_proj" | "v_proj" | "up_proj")
 }
 
+/// How well one output tile shape fits a GEMM on `units` SMs: its utilisation (partial edge
+/// tiles times the last wave's filling) and its tile count, `split` slices of K each.
+fn tile_fit(units: f64, batch: f64, m: f64, n: f64, (tile_m, tile_n): (f64, f64), split: f64) -> (f64, f64) {
+    let tm = (m / tile_m).ceil().max(1.0);
+    let tn = (n / tile_n).ceil().max(1.0);
+    let tile_util = (m * n) / (tm * tn * tile_m * tile_n);
+    let tiles = batch * tm * tn * split;
+    let waves = (tiles / units).ceil().max(1.0);
+    (tile_util * tiles / (waves * units), tiles)
+}
+
+/// The output tiles of a GEMM under the tile the cost model takes cuBLAS to pick on `units`
+/// SMs (the best-utilised of `kernels::gemm_tiling(arch)`'s, K not split): the units its
+/// waves are counted in, also when collectives hold some of the SMs (`engine::contention`).
+pub fn gemm_tiles(arch: Option<kernels::GpuArch>, units: f64, batch: f64, m: f64, n: f64) -> f64 {
+    let mut best = (f64::NEG_INFINITY, 1.0);
+    for &tile in kernels::gemm_tiling(arch).tiles {
+        let fit = tile_fit(units.max(1.0), batch, m, n, tile, 1.0);
+        if fit.0 > best.0 {
+            best = fit;
+        }
+    }
+    best.1
+}
+
 impl ComputeModel {
     pub fn new(device: &DeviceSpec, precision: Precision, calibration: Option<Calibration>) -> ComputeModel {
         let (ge, me, launch) = match calibration {
@@ -192,14 +217,7 @@ impl ComputeModel {
         if !self.quantize {
             return base * k_eff(k);
         }
-        let util = |(tile_m, tile_n): (f64, f64), split: f64| {
-            let tm = (m / tile_m).ceil().max(1.0);
-            let tn = (n / tile_n).ceil().max(1.0);
-            let tile_util = (m * n) / (tm * tn * tile_m * tile_n);
-            let tiles = batch * tm * tn * split;
-            let waves = (tiles / self.units).ceil().max(1.0);
-            tile_util * tiles / (waves * self.units)
-        };
+        let util = |tile: (f64, f64), split: f64| tile_fit(self.units, batch, m, n, tile, split).0;
         let at = |split: f64| {
             let tiles = t.tiles.iter().map(|&tile| util(tile, split)).fold(0.0, f64::max);
             base * tiles * k_eff(k / split)

@@ -5,8 +5,9 @@
 //! count; "Demystifying NCCL", arXiv 2507.04786, section on channels). While a data-parallel
 //! reduction, a ZeRO gather or a column-parallel layer's asynchronous backward collective
 //! (`StreamKind::TensorAsync`) overlaps a kernel on the compute stream, that kernel runs on the
-//! SMs left: its remaining work is redone at `(units - held) / units` of its speed, and its
-//! end moves each time a collective starts or ends on its device. At most half the SMs are
+//! SMs left: its remaining work is redone at `(units - held) / units` of its speed (a GEMM:
+//! its waves of output tiles over the SMs left, `ceil(tiles / units) / ceil(tiles / (units -
+//! held))`), and its end moves each time a collective starts or ends on its device. At most half the SMs are
 //! taken (the block scheduler time-shares beyond that). Transformer Engine's userbuffers
 //! overlap keeps its own static SM margin (`num_sm`), so its stream is not counted here.
 //!
@@ -15,27 +16,39 @@
 //! copies, the optimizer step) streams at the bandwidth they leave, at least half of it.
 //! Compute-bound kernels (GEMMs, attention) are held back by the SMs only.
 //!
-//! Measured on an H200 and an H100 (`traces/2026-11-27-cuda-h200/interference.json`), the SM
-//! share is an upper bound: large GEMMs and cuDNN attention beside a side kernel holding 16, 32
-//! and 66 of 132 SMs took 1.00-1.12x, 1.11-1.22x and 1.54-1.69x as long, not 1.14x, 1.32x and
-//! 2x. The SM clock did not move (1.30-1.34 GHz beside the GEMMs with 1 to 88 SMs held,
-//! `clocks.json`), so fewer SMs each did more: a large GEMM on all 132 is partly held back by
-//! what the SMs share (its operands stream from L2 at several TB/s), less so on fewer. Not
-//! applied: how much depends on the GEMM's shape and tiling, measured here for three.
+//! Measured on an H200 and an H100 (`traces/2026-11-27-cuda-h200/interference.json`,
+//! `traces/2026-11-27-cuda-h100/waves.json`): GEMMs of one to four tiles per SM beside a side
+//! kernel holding 8-32 SMs took 1.26-1.72x as long, where the SM share says 1.06-1.32x and the
+//! waves 1.25-2x (a GEMM's tiles are shared out over the SMs it has: a wave more when they no
+//! longer fit); large GEMMs (8-28 tiles per SM) took 1.00-1.22x, the waves saying 1.06-1.38x.
+//! The SM clock did not move (1.30-1.34 GHz beside GEMMs with 1 to 88 SMs held, `clocks.json`):
+//! a large GEMM on all 132 SMs is partly held back by what they share (its operands stream from
+//! L2 at several TB/s), less so on fewer, which the waves do not see (they over-charge such
+//! GEMMs by up to 15%). Attention keeps the SM share (cuDNN's took 1.06-1.20x beside 16-32).
 //!
 //! The other way round, a persistent compute kernel (Hopper's cuBLAS GEMMs and cuDNN
 //! attention: one block per SM until the kernel ends, `hardware::kernels::Persistent`) leaves
 //! no SM to a communication kernel issued while it runs: that collective starts when it ends
 //! (`busy_until`).
 
+/// What kind of compute kernel runs: how collectives beside it slow it, and whether it holds
+/// their SMs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Kernel {
+    /// A bandwidth-bound kernel: slowed by the collectives' memory traffic, not their SMs.
+    pub memory_bound: bool,
+    /// Holds every SM until it ends: a collective issued meanwhile waits for it.
+    pub persistent: bool,
+    /// A GEMM's output tiles (`cost::gemm_tiles`): held SMs cost it whole waves; 0 for other
+    /// kernels, which run at the SMs' share.
+    pub tiles: f64,
+}
+
 /// The compute kernel a device is running, as work left at full speed.
 #[derive(Clone, Copy)]
 struct Running {
     task: u32,
-    /// A bandwidth-bound kernel: slowed by the collectives' memory traffic, not their SMs.
-    memory_bound: bool,
-    /// Holds every SM until it ends: a collective issued meanwhile waits for it.
-    persistent: bool,
+    kernel: Kernel,
     /// When it started.
     started: u64,
     /// When `left_ns` was last brought up to date.
@@ -64,10 +77,11 @@ impl Contention {
         Contention { units, held: vec![0; n], hbm, hbm_used: vec![0.0; n], running: vec![None; n], version: vec![0; n] }
     }
 
-    /// The share of device `d`'s speed its compute kernels get now: a memory-bound kernel the
-    /// memory bandwidth the collectives leave (at least half), any other the SMs they leave.
-    fn rate(&self, d: usize, memory_bound: bool) -> f64 {
-        if memory_bound {
+    /// The share of device `d`'s speed a compute kernel gets now: a memory-bound kernel the
+    /// memory bandwidth the collectives leave (at least half), a GEMM its waves of tiles over
+    /// the SMs they leave, any other the SMs' share.
+    fn rate(&self, d: usize, k: Kernel) -> f64 {
+        if k.memory_bound {
             let bw = self.hbm[d];
             return if bw > 0.0 { (1.0 - self.hbm_used[d] / bw).max(0.5) } else { 1.0 };
         }
@@ -76,22 +90,18 @@ impl Contention {
             return 1.0;
         }
         let taken = self.held[d].min(u / 2);
+        if k.tiles > 0.0 {
+            let waves = |sms: u32| (k.tiles / sms as f64).ceil().max(1.0);
+            return waves(u) / waves(u - taken);
+        }
         (u - taken) as f64 / u as f64
     }
 
     /// A compute kernel of `work_ns` at full speed starts on `d`: its duration now, and the
     /// version its end event carries.
-    pub(super) fn start(
-        &mut self,
-        d: usize,
-        task: u32,
-        now: u64,
-        work_ns: u64,
-        (memory_bound, persistent): (bool, bool),
-    ) -> (u64, u32) {
-        let rate = self.rate(d, memory_bound);
-        self.running[d] =
-            Some(Running { task, memory_bound, persistent, started: now, since: now, left_ns: work_ns as f64 });
+    pub(super) fn start(&mut self, d: usize, task: u32, now: u64, work_ns: u64, kernel: Kernel) -> (u64, u32) {
+        let rate = self.rate(d, kernel);
+        self.running[d] = Some(Running { task, kernel, started: now, since: now, left_ns: work_ns as f64 });
         (if rate == 1.0 { work_ns } else { (work_ns as f64 / rate).ceil() as u64 }, self.version[d])
     }
 
@@ -99,8 +109,8 @@ impl Contention {
     /// its end if it is persistent and started before `now`, else `now`.
     pub(super) fn busy_until(&self, d: usize, now: u64) -> u64 {
         match &self.running[d] {
-            Some(r) if r.persistent && r.started < now => {
-                let rate = self.rate(d, r.memory_bound);
+            Some(r) if r.kernel.persistent && r.started < now => {
+                let rate = self.rate(d, r.kernel);
                 let left = (r.left_ns - (now - r.since) as f64 * rate).max(0.0);
                 now + (left / rate).ceil() as u64
             }
@@ -125,15 +135,15 @@ impl Contention {
         if self.units[d] == 0 || sms == 0 {
             return None;
         }
-        let memory_bound = self.running[d].as_ref().is_some_and(|r| r.memory_bound);
-        let before = self.rate(d, memory_bound);
+        let kernel = self.running[d].as_ref().map_or_else(Kernel::default, |r| r.kernel);
+        let before = self.rate(d, kernel);
         self.held[d] = if add { self.held[d] + sms } else { self.held[d].saturating_sub(sms) };
         self.hbm_used[d] = if add { self.hbm_used[d] + hbm } else { (self.hbm_used[d] - hbm).max(0.0) };
         if self.held[d] == 0 {
             // Nothing runs: no rounding left over.
             self.hbm_used[d] = 0.0;
         }
-        let after = self.rate(d, memory_bound);
+        let after = self.rate(d, kernel);
         let r = self.running[d].as_mut()?;
         if before == after {
             return None;
@@ -147,14 +157,17 @@ impl Contention {
 
 #[cfg(test)]
 mod tests {
-    use super::Contention;
+    use super::{Contention, Kernel};
+
+    const OTHER: Kernel = Kernel { memory_bound: false, persistent: false, tiles: 0.0 };
+    const MEMORY: Kernel = Kernel { memory_bound: true, persistent: false, tiles: 0.0 };
 
     /// Half the kernel at full speed, the rest on 3/4 of the SMs, and back: the end moves
     /// by exactly the work redone slower, and stale versions are refused.
     #[test]
     fn a_kernel_slows_while_a_collective_holds_sms() {
         let mut c = Contention::new(vec![100], vec![0.0]);
-        let (d, v0) = c.start(0, 7, 0, 1000, (false, false));
+        let (d, v0) = c.start(0, 7, 0, 1000, OTHER);
         assert_eq!(d, 1000);
         // 500 ns of work done; 25 SMs taken: 500 left at 0.75 speed.
         let (task, left, v1) = c.change(0, (25, 0.0), true, 500).expect("rescheduled");
@@ -167,7 +180,7 @@ mod tests {
         assert!(c.end(0, v2, u32::MAX));
         // No kernel running: nothing to reschedule, but the SMs are counted.
         assert!(c.change(0, (200, 0.0), true, 900).is_none());
-        let (d, _) = c.start(0, 8, 900, 1000, (false, false));
+        let (d, _) = c.start(0, 8, 900, 1000, OTHER);
         assert_eq!(d, 2000, "at most half the SMs are taken");
     }
 
@@ -175,9 +188,9 @@ mod tests {
     #[test]
     fn devices_without_sms_keep_their_speed() {
         let mut c = Contention::new(vec![0], vec![0.0]);
-        c.start(0, 1, 0, 1000, (true, false));
+        c.start(0, 1, 0, 1000, MEMORY);
         assert!(c.change(0, (16, 1e12), true, 10).is_none());
-        assert_eq!(c.start(0, 2, 10, 1000, (true, false)).0, 1000);
+        assert_eq!(c.start(0, 2, 10, 1000, MEMORY).0, 1000);
     }
 
     /// A memory-bound kernel streams at the bandwidth the collectives leave (at least half),
@@ -185,7 +198,7 @@ mod tests {
     #[test]
     fn a_memory_bound_kernel_slows_with_the_collectives_memory_traffic() {
         let mut c = Contention::new(vec![100], vec![1000.0]);
-        c.start(0, 7, 0, 1000, (true, false));
+        c.start(0, 7, 0, 1000, MEMORY);
         // A collective streaming 250 of 1000 bytes/s: 1000 ns of work at 0.75 speed.
         let (_, left, _) = c.change(0, (25, 250.0), true, 0).expect("rescheduled");
         assert_eq!(left, 1334);
@@ -193,9 +206,9 @@ mod tests {
         let (_, left, _) = c.change(0, (25, 600.0), true, 0).expect("rescheduled");
         assert_eq!(left, 2000);
         // A GEMM starting now loses the 50 SMs held (capped at half).
-        assert_eq!(c.start(0, 8, 0, 1000, (false, false)).0, 2000);
+        assert_eq!(c.start(0, 8, 0, 1000, OTHER).0, 2000);
         let mut g = Contention::new(vec![100], vec![1000.0]);
-        g.start(0, 9, 0, 1000, (false, false));
+        g.start(0, 9, 0, 1000, OTHER);
         let (_, left, _) = g.change(0, (10, 900.0), true, 0).expect("rescheduled");
         assert_eq!(left, 1112, "SMs only: 90 of 100");
     }
@@ -205,7 +218,7 @@ mod tests {
     #[test]
     fn a_collective_waits_for_a_persistent_kernel_only() {
         let mut c = Contention::new(vec![100], vec![1000.0]);
-        c.start(0, 1, 0, 1000, (false, true));
+        c.start(0, 1, 0, 1000, Kernel { persistent: true, ..OTHER });
         assert_eq!(c.busy_until(0, 0), 0, "one starting in the same instant does not block");
         assert_eq!(c.busy_until(0, 400), 1000);
         // Slowed to 3/4 from 400 on: 600 ns of work left take 800.
@@ -213,9 +226,26 @@ mod tests {
         assert_eq!(c.busy_until(0, 400), 1200);
         assert_eq!(c.busy_until(0, 1000), 1200);
         let mut m = Contention::new(vec![100], vec![1000.0]);
-        m.start(0, 2, 0, 1000, (false, false));
+        m.start(0, 2, 0, 1000, OTHER);
         assert_eq!(m.busy_until(0, 400), 400);
-        m.start(0, 3, 0, 1000, (true, false));
+        m.start(0, 3, 0, 1000, MEMORY);
         assert_eq!(m.busy_until(0, 400), 400);
+    }
+
+    /// A GEMM loses whole waves of tiles: 256 tiles fill 132 SMs in two waves and the 116 left
+    /// beside 16 held ones in three; 128 tiles one wave, and two beside 8 held; 10,000 tiles
+    /// about the SMs' share.
+    #[test]
+    fn a_gemm_beside_held_sms_loses_whole_waves() {
+        let gemm = |tiles: f64, held: u32| {
+            let mut c = Contention::new(vec![132], vec![0.0]);
+            c.start(0, 1, 0, 1000, Kernel { tiles, ..OTHER });
+            c.change(0, (held, 0.0), true, 0).map_or(1000, |r| r.1)
+        };
+        assert_eq!(gemm(256.0, 16), 1500);
+        assert_eq!(gemm(128.0, 8), 2000);
+        assert_eq!(gemm(128.0, 4), 1000, "the 128 SMs left hold all 128 tiles");
+        let share = 132.0 / 116.0 * 1000.0;
+        assert!((gemm(10_000.0, 16) as f64 - share).abs() < 0.01 * share);
     }
 }

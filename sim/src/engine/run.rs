@@ -1,7 +1,7 @@
 //! Interpreting a Program: streams, dependencies, flows and memory, event by event.
 
 use super::attribution::Attribution;
-use super::contention::Contention;
+use super::contention::{Contention, Kernel};
 use super::expanded::Expanded;
 use super::queue::{Event, EventQueue};
 use super::sparse::Sparse;
@@ -180,6 +180,8 @@ struct Engine<'a> {
     settle_queued: bool,
     /// SMs that overlapping collectives take from compute kernels.
     sm: Contention,
+    /// Each op's GEMM tiles on its device (NaN until its first start).
+    op_tiles: Vec<f64>,
     /// Per-kernel variability: each collective waits for its slowest member.
     jitter: Option<super::jitter::Jitter>,
 }
@@ -270,6 +272,7 @@ pub fn run(
         gate_source,
         gate,
         overflow: false,
+        op_tiles: vec![f64::NAN; p.ops.len()],
         sm: Contention::new(
             p.devices.iter().map(|&d| topo.sms(d)).collect(),
             p.devices.iter().map(|&d| topo.hbm_bytes_per_s(d)).collect(),
@@ -440,14 +443,8 @@ impl<'a> Engine<'a> {
                 if let Some(j) = self.jitter.as_mut() {
                     j.kernel_done(d, self.op_ns[task.payload as usize]);
                 }
-                let kinds = self.topo.persistent(self.p.devices[d]);
-                let (memory_bound, persistent) = match self.p.ops[task.payload as usize].spec.class {
-                    crate::workload::OpClass::Memory | crate::workload::OpClass::Copies { .. } => (true, false),
-                    crate::workload::OpClass::Gemm { .. } => (false, kinds.gemm),
-                    crate::workload::OpClass::Attention { kernel, .. } => (false, kinds.attention(kernel)),
-                };
-                let (ns, version) =
-                    self.sm.start(d, t, now, self.op_ns[task.payload as usize], (memory_bound, persistent));
+                let kernel = self.kernel(d, task.payload as usize);
+                let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize], kernel);
                 let end = self.after(now, ns);
                 self.q.push(end, Event { kind: TASK_END, id: t, version: version & VERSION_MASK });
             }
@@ -458,6 +455,31 @@ impl<'a> Engine<'a> {
                 } else {
                     self.launch(t, now);
                 }
+            }
+        }
+    }
+
+    /// What collectives beside op `op` on device `d` do to it (`Contention`): memory-bound or
+    /// not, persistent or not, and a GEMM's tiles (computed once per op).
+    fn kernel(&mut self, d: usize, op: usize) -> Kernel {
+        use crate::workload::OpClass;
+        let dev = self.p.devices[d];
+        let kinds = self.topo.persistent(dev);
+        match self.p.ops[op].spec.class {
+            OpClass::Memory | OpClass::Copies { .. } => Kernel { memory_bound: true, ..Kernel::default() },
+            OpClass::Gemm { batch, m, n, .. } => {
+                if self.op_tiles[op].is_nan() {
+                    let units = f64::from(self.topo.sms(dev));
+                    self.op_tiles[op] = if units > 0.0 {
+                        crate::cost::gemm_tiles(self.topo.arch(dev), units, batch, m, n)
+                    } else {
+                        0.0
+                    };
+                }
+                Kernel { memory_bound: false, persistent: kinds.gemm, tiles: self.op_tiles[op] }
+            }
+            OpClass::Attention { kernel, .. } => {
+                Kernel { memory_bound: false, persistent: kinds.attention(kernel), tiles: 0.0 }
             }
         }
     }

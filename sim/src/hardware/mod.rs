@@ -387,6 +387,8 @@ pub struct Topology {
     /// Whether each device's GEMM and fused-attention kernels keep a block on every SM until
     /// they end ([`kernels::persistent_kernels`]): what a communication kernel waits for.
     persistent: Vec<kernels::Persistent>,
+    /// Each device's GPU architecture (`kernels::arch_of`; none for other devices).
+    arch: Vec<Option<kernels::GpuArch>>,
     /// Memory bandwidth a streaming kernel reaches on each GPU (bytes/s; 0 for other
     /// devices): what communication kernels' copies take from memory-bound compute.
     hbm_bytes_per_s: Vec<f64>,
@@ -472,6 +474,7 @@ impl Topology {
             persistent: (0..devices)
                 .map(|d| kernels::persistent_kernels(kernels::arch_of(cluster.device_of(d))))
                 .collect(),
+            arch: (0..devices).map(|d| kernels::arch_of(cluster.device_of(d))).collect(),
             hbm_bytes_per_s: (0..devices)
                 .map(|d| {
                     let dev = cluster.device_of(d);
@@ -542,6 +545,11 @@ impl Topology {
     /// SMs of `device` when it is a GPU, else 0.
     pub fn sms(&self, device: u32) -> u32 {
         self.sms[device as usize]
+    }
+
+    /// `device`'s GPU architecture, if it is an NVIDIA GPU the catalog knows.
+    pub fn arch(&self, device: u32) -> Option<kernels::GpuArch> {
+        self.arch[device as usize]
     }
 
     /// Which of `device`'s compute kernels hold every SM until they end.
