@@ -617,7 +617,19 @@ fn hopper_gemm_and_cudnn_attention_kernels_are_persistent() {
 /// little.
 #[test]
 fn gemms_beside_held_sms_lose_whole_waves_on_an_h100() {
-    let v = repo_json("traces/2026-11-27-cuda-h100/waves.json");
+    compare_waves("h100");
+}
+
+/// The same ten GEMMs on the H200 (session 32, `traces/2026-11-27-cuda-h200/waves.json`).
+#[test]
+fn gemms_beside_held_sms_lose_whole_waves_on_an_h200() {
+    compare_waves("h200");
+}
+
+/// `gpu`'s `waves.json` against the waves and the SMs' share; asserts the waves' mean error
+/// under 12% and under the share's.
+fn compare_waves(gpu: &str) {
+    let v = repo_json(&format!("traces/2026-11-27-cuda-{gpu}/waves.json"));
     let units = v["sms"].as_f64().unwrap();
     let (mut waves_err, mut share_err, mut n) = (0.0, 0.0, 0.0);
     for r in v["rows"].as_array().unwrap() {
@@ -641,7 +653,7 @@ fn gemms_beside_held_sms_lose_whole_waves_on_an_h100() {
     }
     let (waves_err, share_err) = (waves_err / n, share_err / n);
     println!(
-        "h100 GEMMs beside held SMs: waves {:.1}% mean error, SM share {:.1}%",
+        "{gpu} GEMMs beside held SMs: waves {:.1}% mean error, SM share {:.1}%",
         100.0 * waves_err,
         100.0 * share_err
     );
