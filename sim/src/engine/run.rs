@@ -180,8 +180,8 @@ struct Engine<'a> {
     settle_queued: bool,
     /// SMs that overlapping collectives take from compute kernels.
     sm: Contention,
-    /// Each op's GEMM tiles on its device (NaN until its first start).
-    op_tiles: Vec<f64>,
+    /// Each op's kind of kernel on its device class (worked out at its first start).
+    op_kernel: Vec<Option<Kernel>>,
     /// Per-kernel variability: each collective waits for its slowest member.
     jitter: Option<super::jitter::Jitter>,
 }
@@ -272,7 +272,7 @@ pub fn run(
         gate_source,
         gate,
         overflow: false,
-        op_tiles: vec![f64::NAN; p.ops.len()],
+        op_kernel: vec![None; p.ops.len()],
         sm: Contention::new(
             p.devices.iter().map(|&d| topo.sms(d)).collect(),
             p.devices.iter().map(|&d| topo.hbm_bytes_per_s(d)).collect(),
@@ -460,28 +460,29 @@ impl<'a> Engine<'a> {
     }
 
     /// What collectives beside op `op` on device `d` do to it (`Contention`): memory-bound or
-    /// not, persistent or not, and a GEMM's tiles (computed once per op).
+    /// not, persistent or not, and a GEMM's tiles (worked out once per op: an op belongs to
+    /// one device class).
     fn kernel(&mut self, d: usize, op: usize) -> Kernel {
+        if let Some(k) = self.op_kernel[op] {
+            return k;
+        }
         use crate::workload::OpClass;
         let dev = self.p.devices[d];
         let kinds = self.topo.persistent(dev);
-        match self.p.ops[op].spec.class {
+        let k = match self.p.ops[op].spec.class {
             OpClass::Memory | OpClass::Copies { .. } => Kernel { memory_bound: true, ..Kernel::default() },
             OpClass::Gemm { batch, m, n, .. } => {
-                if self.op_tiles[op].is_nan() {
-                    let units = f64::from(self.topo.sms(dev));
-                    self.op_tiles[op] = if units > 0.0 {
-                        crate::cost::gemm_tiles(self.topo.arch(dev), units, batch, m, n)
-                    } else {
-                        0.0
-                    };
-                }
-                Kernel { memory_bound: false, persistent: kinds.gemm, tiles: self.op_tiles[op] }
+                let units = f64::from(self.topo.sms(dev));
+                let tiles =
+                    if units > 0.0 { crate::cost::gemm_tiles(self.topo.arch(dev), units, batch, m, n) } else { 0.0 };
+                Kernel { memory_bound: false, persistent: kinds.gemm, tiles }
             }
             OpClass::Attention { kernel, .. } => {
                 Kernel { memory_bound: false, persistent: kinds.attention(kernel), tiles: 0.0 }
             }
-        }
+        };
+        self.op_kernel[op] = Some(k);
+        k
     }
 
     /// When every member of an overlapped collective (one that holds SMs beside compute, see
