@@ -57,6 +57,13 @@ struct Running {
     left_ns: f64,
 }
 
+impl Running {
+    /// Work left at `now`, having run at `rate` since it was last brought up to date.
+    fn left_at(&self, now: u64, rate: f64) -> f64 {
+        (self.left_ns - (now - self.since) as f64 * rate).max(0.0)
+    }
+}
+
 pub(super) struct Contention {
     /// SMs of each simulated device (0: no SM model, e.g. CPUs and FPGAs).
     units: Vec<u32>,
@@ -111,8 +118,7 @@ impl Contention {
         match &self.running[d] {
             Some(r) if r.kernel.persistent && r.started < now => {
                 let rate = self.rate(d, r.kernel);
-                let left = (r.left_ns - (now - r.since) as f64 * rate).max(0.0);
-                now + (left / rate).ceil() as u64
+                now + (r.left_at(now, rate) / rate).ceil() as u64
             }
             _ => now,
         }
@@ -148,7 +154,7 @@ impl Contention {
         if before == after {
             return None;
         }
-        r.left_ns = (r.left_ns - (now - r.since) as f64 * before).max(0.0);
+        r.left_ns = r.left_at(now, before);
         r.since = now;
         self.version[d] = self.version[d].wrapping_add(1);
         Some((r.task, (r.left_ns / after).ceil() as u64, self.version[d]))

@@ -491,12 +491,7 @@ impl<'a> Engine<'a> {
     /// does not block it (the collective, ready as early, is taken as dispatched first).
     fn sms_free_at(&mut self, t: u32, now: u64) -> u64 {
         let task = self.p.tasks[t as usize];
-        if task.kind != TaskKind::Collective
-            || !matches!(
-                Program::stream_kind(task.stream),
-                StreamKind::DataParallel | StreamKind::Gather | StreamKind::TensorAsync
-            )
-        {
+        if task.kind != TaskKind::Collective || !Self::overlapped(task.stream) {
             return now;
         }
         let mut free = now;
@@ -504,38 +499,40 @@ impl<'a> Engine<'a> {
         free
     }
 
+    /// Whether a collective on `stream` overlaps the compute stream beside it, holding SMs
+    /// there (data-parallel reductions, ZeRO gathers, tensor-parallel asynchronous backward).
+    fn overlapped(stream: u32) -> bool {
+        matches!(Program::stream_kind(stream), StreamKind::DataParallel | StreamKind::Gather | StreamKind::TensorAsync)
+    }
+
     /// A transfer, host copy or collective whose kernels have their SMs starts moving data.
     fn launch(&mut self, t: u32, now: u64) {
         let task = self.p.tasks[t as usize];
-        match task.kind {
-            TaskKind::Compute => unreachable!("compute tasks start in begin"),
-            TaskKind::Transfer | TaskKind::Collective | TaskKind::HostCopy => {
-                let collective = if task.kind == TaskKind::Collective { task.payload } else { NONE };
-                if collective != NONE {
-                    self.ensure_expanded(collective);
-                    self.hold_sms(t, true, now);
-                    if self.expanded[collective as usize].as_ref().expect("expanded").steps.is_empty() {
-                        self.complete(t, now);
-                        return;
-                    }
-                }
-                let a = Active { task: t, collective, step: 0, pending: 0 };
-                let slot = super::claim_slot(&mut self.active, &mut self.free_active, a);
-                let mut lat = self.step_latency(slot);
-                if collective != NONE && self.jitter.is_some() {
-                    let members = self.p.collectives[collective as usize].members.len();
-                    let mut streams = Vec::new();
-                    self.for_streams(t, |_, s| streams.push(s));
-                    let j = self.jitter.as_mut().expect("checked");
-                    lat = lat.saturating_add(j.wait_ns(streams.into_iter(), members));
-                }
-                // Each of a task's back-to-back calls (`Collective::calls`) launches its kernel.
-                let calls = if collective != NONE { self.p.collectives[collective as usize].calls.max(1) } else { 1 };
-                let launch = self.opts.collective_launch_ns.saturating_mul(calls);
-                let at = self.after(now, launch.saturating_add(lat));
-                self.q.push(at, Event { kind: STEP_START, id: slot, version: 0 });
+        debug_assert!(task.kind != TaskKind::Compute, "compute tasks start in begin");
+        let collective = if task.kind == TaskKind::Collective { task.payload } else { NONE };
+        if collective != NONE {
+            self.ensure_expanded(collective);
+            self.hold_sms(t, true, now);
+            if self.expanded[collective as usize].as_ref().expect("expanded").steps.is_empty() {
+                self.complete(t, now);
+                return;
             }
         }
+        let a = Active { task: t, collective, step: 0, pending: 0 };
+        let slot = super::claim_slot(&mut self.active, &mut self.free_active, a);
+        let mut lat = self.step_latency(slot);
+        if collective != NONE && self.jitter.is_some() {
+            let members = self.p.collectives[collective as usize].members.len();
+            let mut streams = Vec::new();
+            self.for_streams(t, |_, s| streams.push(s));
+            let j = self.jitter.as_mut().expect("checked");
+            lat = lat.saturating_add(j.wait_ns(streams.into_iter(), members));
+        }
+        // Each of a task's back-to-back calls (`Collective::calls`) launches its kernel.
+        let calls = if collective != NONE { self.p.collectives[collective as usize].calls.max(1) } else { 1 };
+        let launch = self.opts.collective_launch_ns.saturating_mul(calls);
+        let at = self.after(now, launch.saturating_add(lat));
+        self.q.push(at, Event { kind: STEP_START, id: slot, version: 0 });
     }
 
     /// Route of a transfer or host copy task.
@@ -678,10 +675,7 @@ impl<'a> Engine<'a> {
     /// collectives beside a column-parallel layer's backward GEMMs.
     fn hold_sms(&mut self, t: u32, hold: bool, now: u64) {
         let task = self.p.tasks[t as usize];
-        if !matches!(
-            Program::stream_kind(task.stream),
-            StreamKind::DataParallel | StreamKind::Gather | StreamKind::TensorAsync
-        ) {
+        if !Self::overlapped(task.stream) {
             return;
         }
         let (sms, hbm) = self.expanded[task.payload as usize].as_ref().map_or((0, 0.0), |x| (x.sms, x.hbm_bytes_per_s));

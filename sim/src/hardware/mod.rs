@@ -384,9 +384,6 @@ pub struct Topology {
     mesh_link_bytes_per_s: Option<f64>,
     /// SMs of each GPU (0 for other devices): what communication kernels take from compute.
     sms: Vec<u32>,
-    /// Whether each device's GEMM and fused-attention kernels keep a block on every SM until
-    /// they end ([`kernels::persistent_kernels`]): what a communication kernel waits for.
-    persistent: Vec<kernels::Persistent>,
     /// Each device's GPU architecture (`kernels::arch_of`; none for other devices).
     arch: Vec<Option<kernels::GpuArch>>,
     /// Memory bandwidth a streaming kernel reaches on each GPU (bytes/s; 0 for other
@@ -471,9 +468,6 @@ impl Topology {
                     if dev.kind == DeviceKind::Gpu { dev.compute_units } else { 0 }
                 })
                 .collect(),
-            persistent: (0..devices)
-                .map(|d| kernels::persistent_kernels(kernels::arch_of(cluster.device_of(d))))
-                .collect(),
             arch: (0..devices).map(|d| kernels::arch_of(cluster.device_of(d))).collect(),
             hbm_bytes_per_s: (0..devices)
                 .map(|d| {
@@ -552,9 +546,10 @@ impl Topology {
         self.arch[device as usize]
     }
 
-    /// Which of `device`'s compute kernels hold every SM until they end.
+    /// Which of `device`'s compute kernels hold every SM until they end
+    /// ([`kernels::persistent_kernels`]): what a communication kernel waits for.
     pub fn persistent(&self, device: u32) -> kernels::Persistent {
-        self.persistent[device as usize]
+        kernels::persistent_kernels(self.arch(device))
     }
 
     /// Memory bandwidth a streaming kernel reaches on `device` when it is a GPU, else 0.
