@@ -661,18 +661,24 @@ fn compare_waves(gpu: &str) {
     assert!(waves_err < 0.12 && waves_err < share_err, "waves {waves_err}, share {share_err}");
 }
 
-/// LayerNorm and an add beside a copy or a reduction of 4-32 blocks streaming through HBM
-/// (`interference.py`, session 32, both cards) against the engine's charge for a memory-bound
-/// kernel beside a collective's traffic (`engine::contention`: the bandwidth the side kernel
-/// used alone taken from the preset's streaming bandwidth, at least half left). The engine is
-/// pessimistic on every point (the side kernel loses most of the shared bandwidth instead, which
-/// it does not charge); this keeps that on record: a change that made the charge optimistic
-/// anywhere, or moved its mean error, fails here.
+/// LayerNorm and an add beside a copy or a reduction of 4-32 blocks of 512 threads streaming
+/// through HBM (`interference.py`, session 32, both cards) against the engine's rule
+/// (`hardware::kernels::memory_share_beside_kernel`: the side kernel moves its threads' share of
+/// the preset's streaming bandwidth, or what it asks if less, and the memory-bound kernel loses
+/// those bytes), and against the rule before it (the side kernel's whole rate taken from the
+/// memory-bound kernel's, at least half left). The memory-bound kernels' slowdowns: the share
+/// is within 8% on average on each card, and closer than the rule before. The side kernel's own
+/// slowdown, issued as ~1 ms copies (`chunked`, as collectives issued bucket by bucket): the
+/// share never says it slows less than measured, and beside the add, which streams at the
+/// copy engines' rate as the model takes every memory-bound kernel to, it is within 40%.
 #[test]
 fn memory_bound_kernels_beside_streaming_side_kernels() {
+    use sim::hardware::kernels::memory_share_beside_kernel;
     for (gpu, device) in [("h100", "h100-sxm"), ("h200", "h200")] {
         let v = repo_json(&format!("traces/2026-11-27-cuda-{gpu}/interference.json"));
         let d = sim::hardware::catalog::device(device).unwrap();
+        let sms = v["sms"].as_f64().unwrap();
+        let threads = v["threads_per_side_block"].as_f64().unwrap();
         let stream = d.mem_bandwidth_bytes_per_s * d.mem_efficiency;
         let side_rate = |kind: &str, blocks: u64| {
             v["side_alone"].as_array().unwrap().iter().find(|r| r["kind"] == kind && r["blocks"] == blocks).unwrap()
@@ -680,26 +686,54 @@ fn memory_bound_kernels_beside_streaming_side_kernels() {
                 .as_f64()
                 .unwrap()
         };
-        let (mut err, mut n) = (0.0, 0.0);
+        let (mut err, mut err_before, mut n) = (0.0, 0.0, 0.0);
+        let (mut side_ratio, mut side_n) = (0.0, 0.0);
         for t in v["targets"].as_array().unwrap().iter().filter(|t| t["kind"] == "memory") {
+            let name = t["name"].as_str().unwrap();
             for b in t["beside"].as_array().unwrap() {
                 let kind = b["side"].as_str().unwrap();
                 if kind != "copy" && kind != "reduce" {
                     continue;
                 }
-                let used = side_rate(kind, b["blocks"].as_u64().unwrap());
-                let charged = 1.0 / (1.0 - used / stream).max(0.5);
+                let blocks = b["blocks"].as_u64().unwrap();
+                let used = side_rate(kind, blocks);
+                let moved = memory_share_beside_kernel(blocks as f64 * threads, sms, stream, used);
+                let charged = 1.0 / (1.0 - moved / stream);
+                let before = 1.0 / (1.0 - used / stream).max(0.5);
                 let measured = b["slowdown"].as_f64().unwrap();
                 println!(
-                    "{gpu} {} beside {kind} {}: measured x{measured:.3}, charged x{charged:.3}",
-                    t["name"], b["blocks"]
+                    "{gpu} {name} beside {kind} {blocks}: measured x{measured:.3}, charged x{charged:.3} (before x{before:.3})"
                 );
-                assert!(charged >= measured - 0.01, "{gpu} {}: charged {charged} below measured {measured}", t["name"]);
-                err += (charged - measured) / measured;
+                err += (charged - measured).abs() / measured;
+                err_before += (before - measured).abs() / measured;
                 n += 1.0;
             }
+            for c in t["chunked"].as_array().unwrap() {
+                let blocks = c["blocks"].as_u64().unwrap();
+                let used = side_rate("copy", blocks);
+                let measured = used / c["side_bytes_per_s"].as_f64().unwrap();
+                let charged = used / memory_share_beside_kernel(blocks as f64 * threads, sms, stream, used);
+                println!(
+                    "{gpu} copy {blocks} in ~1 ms kernels beside {name}: measured x{measured:.2}, charged x{charged:.2}"
+                );
+                assert!(
+                    charged >= measured,
+                    "{gpu} {name}: the copy charged x{charged} below the measured x{measured}"
+                );
+                if name.starts_with("add") {
+                    side_ratio += charged / measured;
+                    side_n += 1.0;
+                }
+            }
         }
-        println!("{gpu}: the charge is {:.1}% above the measured slowdown on average over {n}", 100.0 * err / n);
-        assert!(n == 14.0 && err / n < 0.25, "{gpu}: {n} points, {:.3}", err / n);
+        let (err, err_before, side_ratio) = (err / n, err_before / n, side_ratio / side_n);
+        println!(
+            "{gpu}: memory-bound kernels {:.1}% off on average over {n} (the rule before {:.1}%); the copy beside the add charged {side_ratio:.2}x its measured slowdown",
+            100.0 * err,
+            100.0 * err_before
+        );
+        assert!(n == 14.0 && side_n == 3.0, "{gpu}: {n} and {side_n} points");
+        assert!(err < 0.08 && err < err_before, "{gpu}: {err:.3} against {err_before:.3}");
+        assert!(side_ratio < 1.4, "{gpu}: {side_ratio:.2}");
     }
 }

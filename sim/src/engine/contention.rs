@@ -12,19 +12,13 @@
 //! overlap keeps its own static SM margin (`num_sm`), so its stream is not counted here.
 //!
 //! The same kernels copy every byte they move through the GPU's memory (see
-//! `Expanded::hbm_bytes_per_s`): a memory-bound kernel beside them (norms, element-wise ops,
-//! copies, the optimizer step) streams at the bandwidth they leave, at least half of it.
-//! Compute-bound kernels (GEMMs, attention) are held back by the SMs only.
-//!
-//! Measured on an H200 and an H100 (`traces/2026-11-27-cuda-h200/interference.json`,
-//! `traces/2026-11-27-cuda-h100/waves.json`): GEMMs of one to four tiles per SM beside a side
-//! kernel holding 8-32 SMs took 1.26-1.72x as long, where the SM share says 1.06-1.32x and the
-//! waves 1.25-2x (a GEMM's tiles are shared out over the SMs it has: a wave more when they no
-//! longer fit); large GEMMs (8-28 tiles per SM) took 1.00-1.22x, the waves saying 1.06-1.38x.
-//! The SM clock did not move (1.30-1.34 GHz beside GEMMs with 1 to 88 SMs held, `clocks.json`):
-//! a large GEMM on all 132 SMs is partly held back by what they share (its operands stream from
-//! L2 at several TB/s), less so on fewer, which the waves do not see (they over-charge such
-//! GEMMs by up to 15%). Attention keeps the SM share (cuDNN's took 1.06-1.20x beside 16-32).
+//! `Expanded::hbm_bytes_per_s`). Beside a memory-bound kernel (norms, element-wise ops,
+//! copies, the optimizer step) the two share the memory by the requests each keeps in flight
+//! (`hardware::kernels::memory_share_beside_kernel`: the collective's resident threads'
+//! share of the GPU's): the collective slows to that share, not the kernel, which loses only
+//! the bytes the collective still moves. The collective's flows move at
+//! [`Contention::collective_rate`] of their speed while such a kernel runs on a member
+//! (`engine::run::hbm`). Compute-bound kernels (GEMMs, attention) are held back by the SMs only.
 //!
 //! The other way round, a persistent compute kernel (Hopper's cuBLAS GEMMs and cuDNN
 //! attention: one block per SM until the kernel ends, `hardware::kernels::Persistent`) leaves
@@ -71,8 +65,11 @@ pub(super) struct Contention {
     held: Vec<u32>,
     /// Memory bandwidth a streaming kernel reaches on each device (0: no memory model).
     hbm: Vec<f64>,
-    /// Memory bandwidth (bytes/s) the communication kernels running on each device use now.
+    /// Memory bandwidth (bytes/s) the communication kernels running on each device ask for
+    /// (their rate alone).
     hbm_used: Vec<f64>,
+    /// Threads the communication kernels keep resident on each device now.
+    threads: Vec<f64>,
     running: Vec<Option<Running>>,
     /// Bumped at every rescheduling: an end event of an older version is stale.
     version: Vec<u32>,
@@ -81,16 +78,47 @@ pub(super) struct Contention {
 impl Contention {
     pub(super) fn new(units: Vec<u32>, hbm: Vec<f64>) -> Contention {
         let n = units.len();
-        Contention { units, held: vec![0; n], hbm, hbm_used: vec![0.0; n], running: vec![None; n], version: vec![0; n] }
+        Contention {
+            units,
+            held: vec![0; n],
+            hbm,
+            hbm_used: vec![0.0; n],
+            threads: vec![0.0; n],
+            running: vec![None; n],
+            version: vec![0; n],
+        }
+    }
+
+    /// Bytes/s the communication kernels on `d` move through its memory beside a memory-bound
+    /// kernel: what they ask, at most their threads' share of the streaming bandwidth (and at
+    /// most half of it).
+    fn beside_memory_kernel(&self, d: usize) -> f64 {
+        crate::hardware::kernels::memory_share_beside_kernel(
+            self.threads[d],
+            self.units[d] as f64,
+            self.hbm[d],
+            self.hbm_used[d],
+        )
+    }
+
+    /// The share of their speed the communication kernels on `d` keep now: all of it unless a
+    /// memory-bound kernel runs there, when they move only what their threads' share of the
+    /// memory gives them.
+    pub(super) fn collective_rate(&self, d: usize) -> f64 {
+        let memory = self.running[d].as_ref().is_some_and(|r| r.kernel.memory_bound);
+        if !memory || self.units[d] == 0 || self.hbm[d] <= 0.0 || self.hbm_used[d] <= 0.0 {
+            return 1.0;
+        }
+        self.beside_memory_kernel(d) / self.hbm_used[d]
     }
 
     /// The share of device `d`'s speed a compute kernel gets now: a memory-bound kernel the
-    /// memory bandwidth the collectives leave (at least half), a GEMM its waves of tiles over
-    /// the SMs they leave, any other the SMs' share.
+    /// memory bandwidth the collectives' share leaves, a GEMM its waves of tiles over the SMs
+    /// they leave, any other the SMs' share.
     fn rate(&self, d: usize, k: Kernel) -> f64 {
         if k.memory_bound {
             let bw = self.hbm[d];
-            return if bw > 0.0 { (1.0 - self.hbm_used[d] / bw).max(0.5) } else { 1.0 };
+            return if bw > 0.0 && self.units[d] > 0 { 1.0 - self.beside_memory_kernel(d) / bw } else { 1.0 };
         }
         let u = self.units[d];
         if u == 0 {
@@ -134,10 +162,16 @@ impl Contention {
         true
     }
 
-    /// A collective holding `sms` SMs and streaming `hbm` bytes/s through memory starts (`add`)
-    /// or ends on `d` at `now`: the running kernel's new (task, remaining duration, version),
-    /// when it changes.
-    pub(super) fn change(&mut self, d: usize, (sms, hbm): (u32, f64), add: bool, now: u64) -> Option<(u32, u64, u32)> {
+    /// A collective holding `sms` SMs with `threads` resident threads and asking `hbm` bytes/s
+    /// of memory bandwidth starts (`add`) or ends on `d` at `now`: the running kernel's new
+    /// (task, remaining duration, version), when it changes.
+    pub(super) fn change(
+        &mut self,
+        d: usize,
+        (sms, threads, hbm): (u32, f64, f64),
+        add: bool,
+        now: u64,
+    ) -> Option<(u32, u64, u32)> {
         if self.units[d] == 0 || sms == 0 {
             return None;
         }
@@ -145,9 +179,11 @@ impl Contention {
         let before = self.rate(d, kernel);
         self.held[d] = if add { self.held[d] + sms } else { self.held[d].saturating_sub(sms) };
         self.hbm_used[d] = if add { self.hbm_used[d] + hbm } else { (self.hbm_used[d] - hbm).max(0.0) };
+        self.threads[d] = if add { self.threads[d] + threads } else { (self.threads[d] - threads).max(0.0) };
         if self.held[d] == 0 {
             // Nothing runs: no rounding left over.
             self.hbm_used[d] = 0.0;
+            self.threads[d] = 0.0;
         }
         let after = self.rate(d, kernel);
         let r = self.running[d].as_mut()?;
@@ -176,16 +212,16 @@ mod tests {
         let (d, v0) = c.start(0, 7, 0, 1000, OTHER);
         assert_eq!(d, 1000);
         // 500 ns of work done; 25 SMs taken: 500 left at 0.75 speed.
-        let (task, left, v1) = c.change(0, (25, 0.0), true, 500).expect("rescheduled");
+        let (task, left, v1) = c.change(0, (25, 0.0, 0.0), true, 500).expect("rescheduled");
         assert_eq!((task, left), (7, 667));
         assert_ne!(v0, v1);
         // 300 ns later 225 ns of work are done; the collective ends: 275 left at full speed.
-        let (_, left, v2) = c.change(0, (25, 0.0), false, 800).expect("rescheduled");
+        let (_, left, v2) = c.change(0, (25, 0.0, 0.0), false, 800).expect("rescheduled");
         assert_eq!(left, 275);
         assert!(!c.end(0, v1, u32::MAX), "a stale end is ignored");
         assert!(c.end(0, v2, u32::MAX));
         // No kernel running: nothing to reschedule, but the SMs are counted.
-        assert!(c.change(0, (200, 0.0), true, 900).is_none());
+        assert!(c.change(0, (200, 0.0, 0.0), true, 900).is_none());
         let (d, _) = c.start(0, 8, 900, 1000, OTHER);
         assert_eq!(d, 2000, "at most half the SMs are taken");
     }
@@ -195,28 +231,37 @@ mod tests {
     fn devices_without_sms_keep_their_speed() {
         let mut c = Contention::new(vec![0], vec![0.0]);
         c.start(0, 1, 0, 1000, MEMORY);
-        assert!(c.change(0, (16, 1e12), true, 10).is_none());
+        assert!(c.change(0, (16, 8192.0, 1e12), true, 10).is_none());
         assert_eq!(c.start(0, 2, 10, 1000, MEMORY).0, 1000);
     }
 
-    /// A memory-bound kernel streams at the bandwidth the collectives leave (at least half),
-    /// whatever SMs they hold; a compute-bound one beside them loses SMs only.
+    /// A memory-bound kernel and the collectives beside it share the memory by their resident
+    /// threads: the collectives get their threads' share of the bandwidth (or what they ask,
+    /// if less) and slow to it; the kernel streams at the rest. A compute-bound kernel beside
+    /// them loses SMs only, and the collectives keep their speed.
     #[test]
-    fn a_memory_bound_kernel_slows_with_the_collectives_memory_traffic() {
+    fn a_memory_bound_kernel_and_a_collective_share_the_memory_by_their_threads() {
+        // 100 SMs: 204,800 thread slots; 1000 bytes/s of streaming bandwidth.
         let mut c = Contention::new(vec![100], vec![1000.0]);
+        assert_eq!(c.collective_rate(0), 1.0, "nothing runs");
         c.start(0, 7, 0, 1000, MEMORY);
-        // A collective streaming 250 of 1000 bytes/s: 1000 ns of work at 0.75 speed.
-        let (_, left, _) = c.change(0, (25, 250.0), true, 0).expect("rescheduled");
-        assert_eq!(left, 1334);
-        // A second one at 600: the floor of half the bandwidth.
-        let (_, left, _) = c.change(0, (25, 600.0), true, 0).expect("rescheduled");
-        assert_eq!(left, 2000);
-        // A GEMM starting now loses the 50 SMs held (capped at half).
-        assert_eq!(c.start(0, 8, 0, 1000, OTHER).0, 2000);
+        // A collective of 20,480 threads (10%) asking 400 bytes/s gets 100: the kernel keeps
+        // 90% of its speed, the collective a quarter of its.
+        let (_, left, _) = c.change(0, (25, 20_480.0, 400.0), true, 0).expect("rescheduled");
+        assert_eq!(left, 1112);
+        assert!((c.collective_rate(0) - 0.25).abs() < 1e-12);
+        // One asking less than its share gets all it asks: 50 of the 100 its threads give.
+        let mut l = Contention::new(vec![100], vec![1000.0]);
+        l.start(0, 7, 0, 1000, MEMORY);
+        let (_, left, _) = l.change(0, (25, 20_480.0, 50.0), true, 0).expect("rescheduled");
+        assert_eq!(left, 1053);
+        assert_eq!(l.collective_rate(0), 1.0);
+        // Beside a GEMM the collective keeps its speed and the GEMM loses its SMs only.
         let mut g = Contention::new(vec![100], vec![1000.0]);
         g.start(0, 9, 0, 1000, OTHER);
-        let (_, left, _) = g.change(0, (10, 900.0), true, 0).expect("rescheduled");
+        let (_, left, _) = g.change(0, (10, 20_480.0, 900.0), true, 0).expect("rescheduled");
         assert_eq!(left, 1112, "SMs only: 90 of 100");
+        assert_eq!(g.collective_rate(0), 1.0);
     }
 
     /// A persistent kernel keeps its SMs to its end, at whatever speed it runs; any other
@@ -228,7 +273,7 @@ mod tests {
         assert_eq!(c.busy_until(0, 0), 0, "one starting in the same instant does not block");
         assert_eq!(c.busy_until(0, 400), 1000);
         // Slowed to 3/4 from 400 on: 600 ns of work left take 800.
-        c.change(0, (25, 0.0), true, 400).expect("rescheduled");
+        c.change(0, (25, 0.0, 0.0), true, 400).expect("rescheduled");
         assert_eq!(c.busy_until(0, 400), 1200);
         assert_eq!(c.busy_until(0, 1000), 1200);
         let mut m = Contention::new(vec![100], vec![1000.0]);
@@ -246,7 +291,7 @@ mod tests {
         let gemm = |tiles: f64, held: u32| {
             let mut c = Contention::new(vec![132], vec![0.0]);
             c.start(0, 1, 0, 1000, Kernel { tiles, ..OTHER });
-            c.change(0, (held, 0.0), true, 0).map_or(1000, |r| r.1)
+            c.change(0, (held, 0.0, 0.0), true, 0).map_or(1000, |r| r.1)
         };
         assert_eq!(gemm(256.0, 16), 1500);
         assert_eq!(gemm(128.0, 8), 2000);

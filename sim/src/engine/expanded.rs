@@ -10,8 +10,10 @@ pub(super) struct Expanded {
     pub(super) steps: Vec<ExpStep>,
     /// SMs its kernel holds on each member (NCCL's channels; 0 off GPUs).
     pub(super) sms: u32,
-    /// Memory bandwidth its kernel's copies take on each member while it runs (bytes/s).
+    /// Memory bandwidth its kernel's copies take on each member while it runs alone (bytes/s).
     pub(super) hbm_bytes_per_s: f64,
+    /// Threads its kernel keeps resident on each member (`Plan::threads`).
+    pub(super) threads: f64,
     /// Simulated members, as device indices.
     pub(super) members: Vec<u32>,
 }
@@ -66,7 +68,8 @@ impl Expanded {
         let plan = nccl_plan(col, topo);
         let sms = plan.map_or(0, |plan| plan.channels);
         let hbm_bytes_per_s = plan.map_or(0.0, |plan| hbm_traffic(col, plan.algo, topo) * plan.bus_bytes_per_s);
-        Expanded { steps: merge_ring_runs(steps), members, sms, hbm_bytes_per_s }
+        let threads = plan.map_or(0.0, |plan| plan.threads());
+        Expanded { steps: merge_ring_runs(steps), members, sms, hbm_bytes_per_s, threads }
     }
 }
 

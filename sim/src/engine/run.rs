@@ -10,6 +10,7 @@ use crate::lower::{NONE, Program, STREAMS, TaskKind};
 use crate::network::{FlowId, Network, NetworkKind, Reschedule};
 use crate::report::timeline::{FlowSpan, Span, StreamKind, Timeline};
 
+mod hbm;
 mod memory;
 
 #[derive(Clone, Copy, Debug)]
@@ -184,6 +185,11 @@ struct Engine<'a> {
     op_kernel: Vec<Option<Kernel>>,
     /// Per-kernel variability: each collective waits for its slowest member.
     jitter: Option<super::jitter::Jitter>,
+    /// What the overlapped collectives on each device keep of their speed beside the kernel
+    /// running there (`hbm`), their live flows by id, and those flows by device.
+    mem_share: Vec<f64>,
+    shared: Vec<Option<hbm::SharedFlow>>,
+    shared_on: Vec<Vec<FlowId>>,
 }
 
 /// Run a program. `op_ns[i]` is the duration of `Program::ops[i]` on its device.
@@ -279,6 +285,9 @@ pub fn run(
         ),
         settle_queued: false,
         jitter: super::jitter::Jitter::new(opts.kernel_jitter, opts.seed, nd),
+        mem_share: vec![1.0; nd],
+        shared: Vec::new(),
+        shared_on: vec![Vec::new(); nd],
     };
     e.res.timeline.devices = p.devices.clone();
     e.res.timeline.stages = p.stages.clone();
@@ -294,6 +303,7 @@ pub fn run(
             TASK_END => {
                 let d = Program::stream_device(p.tasks[ev.id as usize].stream) as usize;
                 if e.sm.end(d, ev.version, VERSION_MASK) {
+                    e.refresh_memory_share(d, now);
                     e.complete(ev.id, now)
                 }
             }
@@ -447,6 +457,7 @@ impl<'a> Engine<'a> {
                 let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize], kernel);
                 let end = self.after(now, ns);
                 self.q.push(end, Event { kind: TASK_END, id: t, version: version & VERSION_MASK });
+                self.refresh_memory_share(d, now);
             }
             TaskKind::Transfer | TaskKind::Collective | TaskKind::HostCopy => {
                 let free = self.sms_free_at(t, now);
@@ -576,6 +587,10 @@ impl<'a> Engine<'a> {
         now: u64,
     ) {
         let id = self.net.add_deferred(now, &links[..len as usize], bytes, cap) as usize;
+        let c = self.active[slot as usize].collective;
+        if c != NONE && Self::overlapped(self.p.tasks[self.active[slot as usize].task as usize].stream) {
+            self.share_flow(id as FlowId, &links[..len as usize], cap, source, target, now);
+        }
         self.queue_settle(now);
         if self.flow_owner.len() <= id {
             self.flow_owner.resize(id + 1, NONE);
@@ -644,6 +659,7 @@ impl<'a> Engine<'a> {
             });
         }
         self.net.remove_deferred(id);
+        self.unshare_flow(id);
         self.queue_settle(now);
         let slot = self.flow_owner[id as usize];
         let a = &mut self.active[slot as usize];
@@ -678,16 +694,19 @@ impl<'a> Engine<'a> {
         if !Self::overlapped(task.stream) {
             return;
         }
-        let (sms, hbm) = self.expanded[task.payload as usize].as_ref().map_or((0, 0.0), |x| (x.sms, x.hbm_bytes_per_s));
+        let (sms, threads, hbm) = self.expanded[task.payload as usize]
+            .as_ref()
+            .map_or((0, 0.0, 0.0), |x| (x.sms, x.threads, x.hbm_bytes_per_s));
         if sms == 0 {
             return;
         }
         self.for_streams(t, |e, s| {
             let d = Program::stream_device(s) as usize;
-            if let Some((kernel, left, version)) = e.sm.change(d, (sms, hbm), hold, now) {
+            if let Some((kernel, left, version)) = e.sm.change(d, (sms, threads, hbm), hold, now) {
                 let end = e.after(now, left);
                 e.q.push(end, Event { kind: TASK_END, id: kernel, version: version & VERSION_MASK });
             }
+            e.refresh_memory_share(d, now);
         });
     }
 

@@ -679,3 +679,59 @@ fn an_overlapped_collective_waits_for_a_persistent_gemm_on_hopper_only() {
         }
     }
 }
+
+/// A data-parallel all-reduce beside a kernel on every member: beside a memory-bound one it
+/// moves only its threads' share of the memory while the kernel runs (`hardware::kernels::
+/// memory_share_beside_kernel`) and ends that much later, in either network model; beside a
+/// GEMM it keeps its speed. The memory-bound kernel loses only the bytes the collective moves.
+#[test]
+fn an_overlapped_collective_slows_beside_a_memory_bound_kernel() {
+    let c = ClusterSpec::new(catalog::node_preset("dgx-a100-80gb").expect("preset"), 1);
+    let topo = Topology::new(&c);
+    let kernel_ns = 2_000_000u64;
+    let program = |class: Option<OpClass>| {
+        let mut p = empty_program(8);
+        p.collectives.push(Collective::new(CollectiveKind::AllReduce, (0..8).collect(), 1e9));
+        let dp: Vec<u32> = (0..8).map(|d| Program::stream_index(d, StreamKind::DataParallel)).collect();
+        push(&mut p, TaskKind::Collective, 0, &dp, 0);
+        if let Some(class) = class {
+            let mut op = device_op(false);
+            op.spec.class = class;
+            p.ops.push(op);
+            for d in 0..8 {
+                push(&mut p, TaskKind::Compute, 0, &[Program::stream_index(d, StreamKind::Compute)], 0);
+            }
+        }
+        p
+    };
+    let gemm = OpClass::Gemm { batch: 1.0, m: 8192.0, n: 8192.0, k: 8192.0 };
+    for network in [NetworkKind::MaxMinFair, NetworkKind::Ideal] {
+        let o = RunOptions { network, record: true, ..opts() };
+        let collective_end = |p: &Program| {
+            let r = run(p, &topo, &[kernel_ns], &HostCosts::default(), o).expect("runs");
+            let t = &r.timeline;
+            let end = |k: StreamKind| t.spans.iter().filter(|s| s.stream == k).map(|s| s.end_ns).max().unwrap_or(0);
+            (end(StreamKind::DataParallel), end(StreamKind::Compute))
+        };
+        let (alone, _) = collective_end(&program(None));
+        let (beside_gemm, _) = collective_end(&program(Some(gemm)));
+        let (beside_memory, kernel_end) = collective_end(&program(Some(OpClass::Memory)));
+        // What the model says: the collective's threads' share of A100's streaming bandwidth.
+        let x = super::expanded::Expanded::new(&program(None).collectives[0], &program(None), &topo);
+        let stream = topo.hbm_bytes_per_s(0);
+        let moved = crate::hardware::kernels::memory_share_beside_kernel(x.threads, 108.0, stream, x.hbm_bytes_per_s);
+        let g = moved / x.hbm_bytes_per_s;
+        assert!(g < 0.5, "{network:?}: the collective keeps {g} of its speed");
+        let kernel = kernel_ns as f64 / (1.0 - moved / stream);
+        assert!((kernel_end as f64 - kernel).abs() < 2.0, "{network:?}: kernel {kernel_end} vs {kernel}");
+        // From its first flow (after NCCL's latency) until the kernel ends the collective moves
+        // at g; the rest at full speed.
+        assert_eq!(x.steps.len(), 1);
+        let want = alone as f64 + (kernel - x.steps[0].latency_ns as f64) * (1.0 - g);
+        assert!(
+            (beside_memory as f64 - want).abs() < 1e-3 * want,
+            "{network:?}: beside the memory-bound kernel {beside_memory} vs {want} (alone {alone})"
+        );
+        assert_eq!(beside_gemm, alone, "{network:?}: beside a GEMM the collective keeps its speed");
+    }
+}

@@ -532,6 +532,33 @@ pub fn persistent_kernels(arch: Option<GpuArch>) -> Persistent {
     Persistent { gemm: hopper, attention: hopper, arch }
 }
 
+/// Threads an SM keeps resident at most (CUDA C Programming Guide, "Technical Specifications
+/// per Compute Capability": 2,048 on compute capabilities 7.0, 8.0, 9.0 and 10.0, the parts
+/// NCCL runs on here).
+pub const RESIDENT_THREADS_PER_SM: f64 = 2048.0;
+
+/// Bytes/s that communication kernels keeping `threads` resident on a GPU of `sms` SMs move
+/// through its memory beside a memory-bound kernel, when alone they would move `demand`:
+/// their threads' share of the GPU's resident thread slots (at most half) of its streaming
+/// bandwidth `stream`, or `demand` if less. At one memory latency each kernel's bandwidth
+/// follows the requests it keeps in flight (Little's law), which its resident threads bound;
+/// the memory-bound kernel fills every slot the communication leaves.
+///
+/// Measured on both Hopper cards (`traces/2026-11-27-cuda-h200/interference.json` and the
+/// H100's, session 32, checked by `memory_bound_kernels_beside_streaming_side_kernels` in
+/// tests/gpu_microbench.rs): a copy of 8-32 blocks of 512 threads issued as ~1 ms kernels ran
+/// 3.2-5.3x slower beside an add (which streams at the copy engines' rate) and 1.7-2.4x beside
+/// LayerNorm, where this share says 4.3-7.0x: pessimistic for the copy, most beside kernels that
+/// keep fewer bytes in flight than their threads allow. The kernels beside it took 1.01-1.32x
+/// as long; losing the share's bytes charges them 1.01-1.06x.
+pub fn memory_share_beside_kernel(threads: f64, sms: f64, stream: f64, demand: f64) -> f64 {
+    if sms <= 0.0 {
+        return demand;
+    }
+    let share = (threads / (sms * RESIDENT_THREADS_PER_SM)).min(0.5);
+    demand.min(share * stream)
+}
+
 /// The most slices cuBLAS's split-K GEMMs cut K into, and the least K each slice keeps,
 /// in the model. cuBLAS names these kernels `..._splitK_...` (with a separate
 /// `splitKreduce_kernel`) and picks the split by heuristic; modelled: the split that takes

@@ -386,6 +386,12 @@ impl Plan {
     pub fn time_s(&self, bytes: f64) -> f64 {
         self.latency_s + bytes * self.link_bytes_per_byte / self.bus_bytes_per_s
     }
+
+    /// Threads its kernel keeps resident on each member: one block per channel of the
+    /// protocol's `NCCL_*_MAX_NTHREADS`.
+    pub fn threads(&self) -> f64 {
+        self.channels as f64 * MAX_THREADS[self.proto.index()]
+    }
 }
 
 /// The shape of a collective as NCCL sees it.

@@ -148,6 +148,29 @@ impl Network {
         }
     }
 
+    /// Give a live flow a new ceiling from `now` on (the bytes it moved until now at its old
+    /// rate are kept). Under fair sharing its component is re-rated by the next
+    /// [`Network::settle`], which must come before time advances.
+    pub fn set_cap_deferred(&mut self, now: u64, id: FlowId, cap_bytes_per_s: f64) {
+        debug_assert!(cap_bytes_per_s > 0.0);
+        let f = &mut self.flows[id as usize];
+        debug_assert!(f.live);
+        if f.cap == cap_bytes_per_s {
+            return;
+        }
+        f.cap = cap_bytes_per_s;
+        match self.kind {
+            NetworkKind::MaxMinFair => self.added.push(id),
+            NetworkKind::Ideal => {
+                let dt = (now - f.updated_ns) as f64 * 1e-9;
+                f.remaining_bytes = (f.remaining_bytes - f.rate * dt).max(0.0);
+                f.updated_ns = now;
+                f.version = f.version.wrapping_add(1);
+                self.rerate(now, id);
+            }
+        }
+    }
+
     /// Whether deferred changes wait for [`Network::settle`].
     pub fn unsettled(&self) -> bool {
         !self.added.is_empty() || !self.left.is_empty()
