@@ -663,14 +663,14 @@ fn compare_waves(gpu: &str) {
 
 /// LayerNorm and an add beside a copy or a reduction of 4-32 blocks of 512 threads streaming
 /// through HBM (`interference.py`, session 32, both cards) against the engine's rule
-/// (`hardware::kernels::memory_share_beside_kernel`: the side kernel moves its threads' share of
-/// the preset's streaming bandwidth, or what it asks if less, and the memory-bound kernel loses
-/// those bytes), and against the rule before it (the side kernel's whole rate taken from the
-/// memory-bound kernel's, at least half left). The memory-bound kernels' slowdowns: the share
-/// is within 8% on average on each card, and closer than the rule before. The side kernel's own
-/// slowdown, issued as ~1 ms copies (`chunked`, as collectives issued bucket by bucket): the
-/// share never says it slows less than measured, and beside the add, which streams at the
-/// copy engines' rate as the model takes every memory-bound kernel to, it is within 40%.
+/// (`hardware::kernels::memory_share_beside_kernel`: the side kernel moves its share of the
+/// bytes in flight, of the preset's streaming bandwidth, or what it asks if less, and the
+/// memory-bound kernel loses those bytes), and against the rule before it (the side kernel's
+/// whole rate taken from the memory-bound kernel's, at least half left). The memory-bound
+/// kernels' slowdowns: the share is within 6% on average on each card, and closer than the rule
+/// before. The side kernel's own slowdown, issued as ~1 ms copies (`chunked`, as collectives
+/// issued bucket by bucket): the share never says it slows less than measured, and on average
+/// it says at most 1.5x the measured slowdown.
 #[test]
 fn memory_bound_kernels_beside_streaming_side_kernels() {
     use sim::hardware::kernels::memory_share_beside_kernel;
@@ -690,6 +690,10 @@ fn memory_bound_kernels_beside_streaming_side_kernels() {
         let (mut side_ratio, mut side_n) = (0.0, 0.0);
         for t in v["targets"].as_array().unwrap().iter().filter(|t| t["kind"] == "memory") {
             let name = t["name"].as_str().unwrap();
+            // LayerNorm is the catalog's `ln1` family; the add streams at the copy's rate (an
+            // element-wise kernel of no slower family).
+            let family = if name.starts_with("layernorm") { "ln1" } else { "add" };
+            let e = memory_kernel_efficiency(Some(GpuArch::Hopper), family);
             for b in t["beside"].as_array().unwrap() {
                 let kind = b["side"].as_str().unwrap();
                 if kind != "copy" && kind != "reduce" {
@@ -697,7 +701,7 @@ fn memory_bound_kernels_beside_streaming_side_kernels() {
                 }
                 let blocks = b["blocks"].as_u64().unwrap();
                 let used = side_rate(kind, blocks);
-                let moved = memory_share_beside_kernel(blocks as f64 * threads, sms, stream, used);
+                let moved = memory_share_beside_kernel(blocks as f64 * threads, sms, stream, used, e);
                 let charged = 1.0 / (1.0 - moved / stream);
                 let before = 1.0 / (1.0 - used / stream).max(0.5);
                 let measured = b["slowdown"].as_f64().unwrap();
@@ -712,7 +716,7 @@ fn memory_bound_kernels_beside_streaming_side_kernels() {
                 let blocks = c["blocks"].as_u64().unwrap();
                 let used = side_rate("copy", blocks);
                 let measured = used / c["side_bytes_per_s"].as_f64().unwrap();
-                let charged = used / memory_share_beside_kernel(blocks as f64 * threads, sms, stream, used);
+                let charged = used / memory_share_beside_kernel(blocks as f64 * threads, sms, stream, used, e);
                 println!(
                     "{gpu} copy {blocks} in ~1 ms kernels beside {name}: measured x{measured:.2}, charged x{charged:.2}"
                 );
@@ -720,20 +724,18 @@ fn memory_bound_kernels_beside_streaming_side_kernels() {
                     charged >= measured,
                     "{gpu} {name}: the copy charged x{charged} below the measured x{measured}"
                 );
-                if name.starts_with("add") {
-                    side_ratio += charged / measured;
-                    side_n += 1.0;
-                }
+                side_ratio += charged / measured;
+                side_n += 1.0;
             }
         }
         let (err, err_before, side_ratio) = (err / n, err_before / n, side_ratio / side_n);
         println!(
-            "{gpu}: memory-bound kernels {:.1}% off on average over {n} (the rule before {:.1}%); the copy beside the add charged {side_ratio:.2}x its measured slowdown",
+            "{gpu}: memory-bound kernels {:.1}% off on average over {n} (the rule before {:.1}%); the copy charged {side_ratio:.2}x its measured slowdown on average",
             100.0 * err,
             100.0 * err_before
         );
-        assert!(n == 14.0 && side_n == 3.0, "{gpu}: {n} and {side_n} points");
-        assert!(err < 0.08 && err < err_before, "{gpu}: {err:.3} against {err_before:.3}");
-        assert!(side_ratio < 1.4, "{gpu}: {side_ratio:.2}");
+        assert!(n == 14.0 && side_n == 6.0, "{gpu}: {n} and {side_n} points");
+        assert!(err < 0.06 && err < err_before, "{gpu}: {err:.3} against {err_before:.3}");
+        assert!(side_ratio < 1.5, "{gpu}: {side_ratio:.2}");
     }
 }

@@ -13,10 +13,10 @@
 //!
 //! The same kernels copy every byte they move through the GPU's memory (see
 //! `Expanded::hbm_bytes_per_s`). Beside a memory-bound kernel (norms, element-wise ops,
-//! copies, the optimizer step) the two share the memory by the requests each keeps in flight
-//! (`hardware::kernels::memory_share_beside_kernel`: the collective's resident threads'
-//! share of the GPU's): the collective slows to that share, not the kernel, which loses only
-//! the bytes the collective still moves. The collective's flows move at
+//! copies, the optimizer step) the two share the memory by the bytes each keeps in flight
+//! (`hardware::kernels::memory_share_beside_kernel`: the collective's resident threads against
+//! the kernel's, each of those weighted by its family's rate over a copy's): the collective
+//! slows to that share, not the kernel, which loses only the bytes the collective still moves. The collective's flows move at
 //! [`Contention::collective_rate`] of their speed while such a kernel runs on a member
 //! (`engine::run::hbm`). Compute-bound kernels (GEMMs, attention) are held back by the SMs only.
 //!
@@ -36,6 +36,9 @@ pub(super) struct Kernel {
     /// A GEMM's output tiles (`cost::gemm_tiles`): held SMs cost it whole waves; 0 for other
     /// kernels, which run at the SMs' share.
     pub tiles: f64,
+    /// A memory-bound kernel's rate over a copy's (`hardware::kernels::memory_kernel_efficiency`):
+    /// the bytes each of its threads keeps in flight, against a streaming thread's.
+    pub memory_efficiency: f64,
 }
 
 /// The compute kernel a device is running, as work left at full speed.
@@ -92,12 +95,13 @@ impl Contention {
     /// Bytes/s the communication kernels on `d` move through its memory beside a memory-bound
     /// kernel: what they ask, at most their threads' share of the streaming bandwidth (and at
     /// most half of it).
-    fn beside_memory_kernel(&self, d: usize) -> f64 {
+    fn beside_memory_kernel(&self, d: usize, k: Kernel) -> f64 {
         crate::hardware::kernels::memory_share_beside_kernel(
             self.threads[d],
             self.units[d] as f64,
             self.hbm[d],
             self.hbm_used[d],
+            k.memory_efficiency,
         )
     }
 
@@ -105,11 +109,11 @@ impl Contention {
     /// memory-bound kernel runs there, when they move only what their threads' share of the
     /// memory gives them.
     pub(super) fn collective_rate(&self, d: usize) -> f64 {
-        let memory = self.running[d].as_ref().is_some_and(|r| r.kernel.memory_bound);
-        if !memory || self.units[d] == 0 || self.hbm[d] <= 0.0 || self.hbm_used[d] <= 0.0 {
+        let Some(k) = self.running[d].as_ref().map(|r| r.kernel).filter(|k| k.memory_bound) else { return 1.0 };
+        if self.units[d] == 0 || self.hbm[d] <= 0.0 || self.hbm_used[d] <= 0.0 {
             return 1.0;
         }
-        self.beside_memory_kernel(d) / self.hbm_used[d]
+        self.beside_memory_kernel(d, k) / self.hbm_used[d]
     }
 
     /// The share of device `d`'s speed a compute kernel gets now: a memory-bound kernel the
@@ -118,7 +122,7 @@ impl Contention {
     fn rate(&self, d: usize, k: Kernel) -> f64 {
         if k.memory_bound {
             let bw = self.hbm[d];
-            return if bw > 0.0 && self.units[d] > 0 { 1.0 - self.beside_memory_kernel(d) / bw } else { 1.0 };
+            return if bw > 0.0 && self.units[d] > 0 { 1.0 - self.beside_memory_kernel(d, k) / bw } else { 1.0 };
         }
         let u = self.units[d];
         if u == 0 {
@@ -201,8 +205,8 @@ impl Contention {
 mod tests {
     use super::{Contention, Kernel};
 
-    const OTHER: Kernel = Kernel { memory_bound: false, persistent: false, tiles: 0.0 };
-    const MEMORY: Kernel = Kernel { memory_bound: true, persistent: false, tiles: 0.0 };
+    const OTHER: Kernel = Kernel { memory_bound: false, persistent: false, tiles: 0.0, memory_efficiency: 1.0 };
+    const MEMORY: Kernel = Kernel { memory_bound: true, persistent: false, tiles: 0.0, memory_efficiency: 1.0 };
 
     /// Half the kernel at full speed, the rest on 3/4 of the SMs, and back: the end moves
     /// by exactly the work redone slower, and stale versions are refused.

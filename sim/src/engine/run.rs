@@ -481,16 +481,18 @@ impl<'a> Engine<'a> {
         let dev = self.p.devices[d];
         let kinds = self.topo.persistent(dev);
         let k = match self.p.ops[op].spec.class {
-            OpClass::Memory | OpClass::Copies { .. } => Kernel { memory_bound: true, ..Kernel::default() },
+            OpClass::Memory | OpClass::Copies { .. } => {
+                let family = crate::cost::memory_kernel(self.p.ops[op].spec.name);
+                let memory_efficiency = crate::hardware::kernels::memory_kernel_efficiency(self.topo.arch(dev), family);
+                Kernel { memory_bound: true, memory_efficiency, ..Kernel::default() }
+            }
             OpClass::Gemm { batch, m, n, .. } => {
                 let units = f64::from(self.topo.sms(dev));
                 let tiles =
                     if units > 0.0 { crate::cost::gemm_tiles(self.topo.arch(dev), units, batch, m, n) } else { 0.0 };
-                Kernel { memory_bound: false, persistent: kinds.gemm, tiles }
+                Kernel { persistent: kinds.gemm, tiles, ..Kernel::default() }
             }
-            OpClass::Attention { kernel, .. } => {
-                Kernel { memory_bound: false, persistent: kinds.attention(kernel), tiles: 0.0 }
-            }
+            OpClass::Attention { kernel, .. } => Kernel { persistent: kinds.attention(kernel), ..Kernel::default() },
         };
         self.op_kernel[op] = Some(k);
         k

@@ -719,7 +719,8 @@ fn an_overlapped_collective_slows_beside_a_memory_bound_kernel() {
         // What the model says: the collective's threads' share of A100's streaming bandwidth.
         let x = super::expanded::Expanded::new(&program(None).collectives[0], &program(None), &topo);
         let stream = topo.hbm_bytes_per_s(0);
-        let moved = crate::hardware::kernels::memory_share_beside_kernel(x.threads, 108.0, stream, x.hbm_bytes_per_s);
+        let moved =
+            crate::hardware::kernels::memory_share_beside_kernel(x.threads, 108.0, stream, x.hbm_bytes_per_s, 1.0);
         let g = moved / x.hbm_bytes_per_s;
         assert!(g < 0.5, "{network:?}: the collective keeps {g} of its speed");
         let kernel = kernel_ns as f64 / (1.0 - moved / stream);

@@ -538,24 +538,30 @@ pub fn persistent_kernels(arch: Option<GpuArch>) -> Persistent {
 pub const RESIDENT_THREADS_PER_SM: f64 = 2048.0;
 
 /// Bytes/s that communication kernels keeping `threads` resident on a GPU of `sms` SMs move
-/// through its memory beside a memory-bound kernel, when alone they would move `demand`:
-/// their threads' share of the GPU's resident thread slots (at most half) of its streaming
-/// bandwidth `stream`, or `demand` if less. At one memory latency each kernel's bandwidth
-/// follows the requests it keeps in flight (Little's law), which its resident threads bound;
-/// the memory-bound kernel fills every slot the communication leaves.
+/// through its memory beside a memory-bound kernel, when alone they would move `demand`: their
+/// share of the bytes kept in flight, of the GPU's streaming bandwidth `stream`, or `demand`
+/// if less. At one memory latency each kernel's bandwidth follows the requests it keeps in
+/// flight (Little's law). The communication kernels' threads keep theirs; the memory-bound
+/// kernel fills every thread slot they leave, each with `kernel_efficiency` of a streaming
+/// thread's bytes in flight (its family's measured rate over a copy's,
+/// [`memory_kernel_efficiency`]: LayerNorm's reductions leave fewer loads outstanding than an
+/// add's). The share is at most half.
 ///
 /// Measured on both Hopper cards (`traces/2026-11-27-cuda-h200/interference.json` and the
 /// H100's, session 32, checked by `memory_bound_kernels_beside_streaming_side_kernels` in
 /// tests/gpu_microbench.rs): a copy of 8-32 blocks of 512 threads issued as ~1 ms kernels ran
-/// 3.2-5.3x slower beside an add (which streams at the copy engines' rate) and 1.7-2.4x beside
-/// LayerNorm, where this share says 4.3-7.0x: pessimistic for the copy, most beside kernels that
-/// keep fewer bytes in flight than their threads allow. The kernels beside it took 1.01-1.32x
-/// as long; losing the share's bytes charges them 1.01-1.06x.
-pub fn memory_share_beside_kernel(threads: f64, sms: f64, stream: f64, demand: f64) -> f64 {
-    if sms <= 0.0 {
+/// 3.2-5.3x slower beside an add and 1.7-2.4x beside LayerNorm, where this share says 4.3-7.0x
+/// and 2.4-3.8x (1.30-1.57x the measured: pessimistic for the copy on every point); the kernels
+/// beside it took 1.01-1.32x as long, losing the share's bytes charges them 1.01-1.13x (4-5%
+/// mean error).
+pub fn memory_share_beside_kernel(threads: f64, sms: f64, stream: f64, demand: f64, kernel_efficiency: f64) -> f64 {
+    let slots = sms * RESIDENT_THREADS_PER_SM;
+    if slots <= 0.0 {
         return demand;
     }
-    let share = (threads / (sms * RESIDENT_THREADS_PER_SM)).min(0.5);
+    let threads = threads.min(slots);
+    let kernel = kernel_efficiency.max(0.0) * (slots - threads);
+    let share = if threads > 0.0 { (threads / (threads + kernel)).min(0.5) } else { 0.0 };
     demand.min(share * stream)
 }
 
