@@ -96,6 +96,9 @@ impl Contention {
     /// kernel: what they ask, at most their threads' share of the streaming bandwidth (and at
     /// most half of it).
     fn beside_memory_kernel(&self, d: usize, k: Kernel) -> f64 {
+        if self.hbm_used[d] <= 0.0 {
+            return 0.0;
+        }
         crate::hardware::kernels::memory_share_beside_kernel(
             self.threads[d],
             self.units[d] as f64,
@@ -109,8 +112,11 @@ impl Contention {
     /// memory-bound kernel runs there, when they move only what their threads' share of the
     /// memory gives them.
     pub(super) fn collective_rate(&self, d: usize) -> f64 {
+        if self.hbm_used[d] <= 0.0 {
+            return 1.0;
+        }
         let Some(k) = self.running[d].as_ref().map(|r| r.kernel).filter(|k| k.memory_bound) else { return 1.0 };
-        if self.units[d] == 0 || self.hbm[d] <= 0.0 || self.hbm_used[d] <= 0.0 {
+        if self.units[d] == 0 || self.hbm[d] <= 0.0 {
             return 1.0;
         }
         self.beside_memory_kernel(d, k) / self.hbm_used[d]

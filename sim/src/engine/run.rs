@@ -190,6 +190,8 @@ struct Engine<'a> {
     mem_share: Vec<f64>,
     shared: Vec<Option<hbm::SharedFlow>>,
     shared_on: Vec<Vec<FlowId>>,
+    /// Devices whose share may have changed this instant (applied once, at its settle).
+    mem_dirty: Vec<u32>,
 }
 
 /// Run a program. `op_ns[i]` is the duration of `Program::ops[i]` on its device.
@@ -288,6 +290,7 @@ pub fn run(
         mem_share: vec![1.0; nd],
         shared: Vec::new(),
         shared_on: vec![Vec::new(); nd],
+        mem_dirty: Vec::new(),
     };
     e.res.timeline.devices = p.devices.clone();
     e.res.timeline.stages = p.stages.clone();
@@ -313,6 +316,7 @@ pub fn run(
             SMS_FREE => e.launch(ev.id, now),
             SETTLE => {
                 e.settle_queued = false;
+                e.apply_memory_shares(now);
                 e.net.settle(now);
                 e.push_changes();
             }
@@ -608,7 +612,7 @@ impl<'a> Engine<'a> {
 
     /// Settle the network's deferred changes at `now`, after the events already due then.
     fn queue_settle(&mut self, now: u64) {
-        if !self.settle_queued && self.net.unsettled() {
+        if !self.settle_queued && (self.net.unsettled() || !self.mem_dirty.is_empty()) {
             self.settle_queued = true;
             self.q.push(now, Event { kind: SETTLE, id: 0, version: 0 });
         }

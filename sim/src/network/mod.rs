@@ -158,7 +158,13 @@ impl Network {
         if f.cap == cap_bytes_per_s {
             return;
         }
+        // A flow held below its old ceiling by a link keeps its rate under any ceiling it does
+        // not exceed, and so does every other flow (the max-min allocation is unchanged).
+        let slack = f.rate > 0.0 && f.rate < f.cap * (1.0 - 1e-9) && f.rate <= cap_bytes_per_s;
         f.cap = cap_bytes_per_s;
+        if slack {
+            return;
+        }
         match self.kind {
             NetworkKind::MaxMinFair => self.added.push(id),
             NetworkKind::Ideal => {

@@ -44,7 +44,12 @@ impl Engine<'_> {
         self.shared[id as usize] = Some(f);
         for (i, &d) in devices.iter().enumerate() {
             if d != NONE && (i == 0 || d != devices[0]) {
-                self.shared_on[d as usize].push(id);
+                let d = d as usize;
+                if self.shared_on[d].is_empty() {
+                    // Not kept up to date while no flow touches the device.
+                    self.mem_share[d] = self.sm.collective_rate(d);
+                }
+                self.shared_on[d].push(id);
             }
         }
         let c = self.shared_cap(&f);
@@ -69,23 +74,35 @@ impl Engine<'_> {
 
     /// What the collectives on device `d` keep of their speed may have changed (a kernel
     /// started or ended there, a collective started or ended): the flows touching it get their
-    /// new ceilings.
+    /// new ceilings once every event of this instant is done (a kernel ending and the next
+    /// starting in the same instant change nothing in between).
     pub(super) fn refresh_memory_share(&mut self, d: usize, now: u64) {
-        let g = self.sm.collective_rate(d);
-        if g == self.mem_share[d] {
-            return;
-        }
-        self.mem_share[d] = g;
         if self.shared_on[d].is_empty() {
             return;
         }
-        for i in 0..self.shared_on[d].len() {
-            let id = self.shared_on[d][i];
-            let f = self.shared[id as usize].expect("tracked flow");
-            let cap = self.shared_cap(&f);
-            self.net.set_cap_deferred(now, id, cap);
+        let g = self.sm.collective_rate(d);
+        if g != self.mem_share[d] && !self.mem_dirty.contains(&(d as u32)) {
+            self.mem_dirty.push(d as u32);
+            self.queue_settle(now);
         }
-        self.queue_settle(now);
+    }
+
+    /// The new ceilings of the flows touching the devices whose share may have changed.
+    pub(super) fn apply_memory_shares(&mut self, now: u64) {
+        while let Some(d) = self.mem_dirty.pop() {
+            let d = d as usize;
+            let g = self.sm.collective_rate(d);
+            if g == self.mem_share[d] {
+                continue;
+            }
+            self.mem_share[d] = g;
+            for i in 0..self.shared_on[d].len() {
+                let id = self.shared_on[d][i];
+                let f = self.shared[id as usize].expect("tracked flow");
+                let cap = self.shared_cap(&f);
+                self.net.set_cap_deferred(now, id, cap);
+            }
+        }
         self.push_changes();
     }
 }
