@@ -146,3 +146,74 @@ fn deferred_changes_settled_per_instant_match_the_reference() {
         }
     }
 }
+
+/// A ceiling changed mid-flow: the bytes moved so far stay moved, the rest go at the new rate,
+/// in both network kinds; under fair sharing the allocation after every instant of adds,
+/// removes and ceiling changes is the reference's over the live ceilings, and a ceiling above a
+/// link-bound flow's rate leaves every rate as it was.
+#[test]
+fn a_changed_ceiling_applies_from_now_on() {
+    for kind in [NetworkKind::MaxMinFair, NetworkKind::Ideal] {
+        let mut net = Network::new(kind, &[10e9]);
+        let id = net.add_deferred(0, &[0], 10e9, f64::INFINITY);
+        net.settle(0);
+        let mut ch = Vec::new();
+        net.drain_changes(&mut ch);
+        assert_eq!(ch.last().map(|c| c.finish_ns), Some(1_000_000_000));
+        // Half moved at 0.5 s; the other 5 GB at 5 GB/s: done at 1.5 s.
+        net.set_cap_deferred(500_000_000, id, 5e9);
+        net.settle(500_000_000);
+        ch.clear();
+        net.drain_changes(&mut ch);
+        let last = ch.iter().rev().find(|c| c.id == id).expect("rescheduled");
+        assert_eq!((last.finish_ns, last.version), (1_500_000_000, net.version(id)), "{kind:?}");
+    }
+    // Two flows share 10 GB/s: a ceiling of 8 over one changes nothing, one of 2 gives the other 8.
+    let mut net = Network::new(NetworkKind::MaxMinFair, &[10e9]);
+    let a = net.add_deferred(0, &[0], 1e9, f64::INFINITY);
+    let b = net.add_deferred(0, &[0], 1e9, f64::INFINITY);
+    net.settle(0);
+    net.set_cap_deferred(10, a, 8e9);
+    assert!(!net.unsettled(), "a ceiling above the flow's rate re-rates nothing");
+    net.set_cap_deferred(20, a, 2e9);
+    net.settle(20);
+    assert!(close(net.rate(a), 2e9) && close(net.rate(b), 8e9));
+    // Random instants of adds, removes and ceiling changes against the reference.
+    let mut rng = Pcg64Mcg::seed_from_u64(13);
+    for case in 0..200 {
+        let links = rng.random_range(1..8usize);
+        let caps: Vec<f64> = (0..links).map(|_| rng.random_range(1.0..100.0f64).round() * 1e9).collect();
+        let mut net = Network::new(NetworkKind::MaxMinFair, &caps);
+        let mut live: Vec<FlowId> = Vec::new();
+        let mut now = 0u64;
+        for _ in 0..rng.random_range(1..15usize) {
+            now += rng.random_range(1..1000u64);
+            for _ in 0..rng.random_range(1..6usize) {
+                match rng.random_range(0..3u32) {
+                    0 if !live.is_empty() => {
+                        let i = rng.random_range(0..live.len());
+                        net.remove_deferred(live.swap_remove(i));
+                    }
+                    1 if !live.is_empty() => {
+                        let i = rng.random_range(0..live.len());
+                        let ceiling =
+                            if rng.random_bool(0.2) { f64::INFINITY } else { rng.random_range(0.5..60.0f64) * 1e9 };
+                        net.set_cap_deferred(now, live[i], ceiling);
+                    }
+                    _ => {
+                        let a = rng.random_range(0..links) as u32;
+                        let route =
+                            if links > 1 && rng.random_bool(0.7) { vec![a, (a + 1) % links as u32] } else { vec![a] };
+                        live.push(net.add_deferred(now, &route, rng.random_range(1.0..1e9f64), f64::INFINITY));
+                    }
+                }
+            }
+            net.settle(now);
+            let expect = max_min_rates_capped(&caps, &net.live_routes(), &net.live_caps());
+            let got: Vec<f64> = net.live_rates().into_iter().map(|(_, r)| r).collect();
+            for (e, g) in expect.iter().zip(&got) {
+                assert!(close(*e, *g), "case {case}: with changed ceilings {g} vs slow {e}");
+            }
+        }
+    }
+}
