@@ -92,9 +92,9 @@ impl Contention {
         }
     }
 
-    /// Bytes/s the communication kernels on `d` move through its memory beside a memory-bound
-    /// kernel: what they ask, at most their threads' share of the streaming bandwidth (and at
-    /// most half of it).
+    /// Bytes/s the communication kernels on `d` move through its memory beside memory-bound
+    /// kernel `k`: what they ask, at most their share of the bytes in flight of the streaming
+    /// bandwidth (`hardware::kernels::memory_share_beside_kernel`).
     fn beside_memory_kernel(&self, d: usize, k: Kernel) -> f64 {
         if self.hbm_used[d] <= 0.0 {
             return 0.0;
@@ -109,8 +109,7 @@ impl Contention {
     }
 
     /// The share of their speed the communication kernels on `d` keep now: all of it unless a
-    /// memory-bound kernel runs there, when they move only what their threads' share of the
-    /// memory gives them.
+    /// memory-bound kernel runs there, when they move only their share of the memory.
     pub(super) fn collective_rate(&self, d: usize) -> f64 {
         if self.hbm_used[d] <= 0.0 {
             return 1.0;

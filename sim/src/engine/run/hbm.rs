@@ -1,7 +1,7 @@
 //! The memory a collective shares with a memory-bound kernel beside it: while such a kernel
 //! runs on a member, the flows of the overlapped collectives there move at the share of their
-//! speed their threads' share of the memory gives them ([`Contention::collective_rate`]); a
-//! ring step waits for its slowest flow, so one member's kernel slows the whole step.
+//! speed that their share of the memory leaves them ([`Contention::collective_rate`]); a ring
+//! step waits for its slowest flow, so one member's kernel slows the whole step.
 //!
 //! [`Contention::collective_rate`]: super::super::contention::Contention::collective_rate
 
