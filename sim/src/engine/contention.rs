@@ -41,6 +41,17 @@ pub(super) struct Kernel {
     pub memory_efficiency: f64,
 }
 
+/// A communication kernel as its device sees it: the SMs it holds, the threads it keeps
+/// resident, the memory bandwidth it asks alone (bytes/s) and the part of that the NIC's DMA
+/// moves rather than its threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Comm {
+    pub sms: u32,
+    pub threads: f64,
+    pub hbm: f64,
+    pub dma: f64,
+}
+
 /// The compute kernel a device is running, as work left at full speed.
 #[derive(Clone, Copy)]
 struct Running {
@@ -71,6 +82,8 @@ pub(super) struct Contention {
     /// Memory bandwidth (bytes/s) the communication kernels running on each device ask for
     /// (their rate alone).
     hbm_used: Vec<f64>,
+    /// The NIC's DMA part of `hbm_used`.
+    dma_used: Vec<f64>,
     /// Threads the communication kernels keep resident on each device now.
     threads: Vec<f64>,
     running: Vec<Option<Running>>,
@@ -86,26 +99,30 @@ impl Contention {
             held: vec![0; n],
             hbm,
             hbm_used: vec![0.0; n],
+            dma_used: vec![0.0; n],
             threads: vec![0.0; n],
             running: vec![None; n],
             version: vec![0; n],
         }
     }
 
-    /// Bytes/s the communication kernels on `d` move through its memory beside memory-bound
-    /// kernel `k`: what they ask, at most their share of the bytes in flight of the streaming
-    /// bandwidth (`hardware::kernels::memory_share_beside_kernel`).
+    /// The share of their speed the communication kernels on `d` keep beside memory-bound
+    /// kernel `k`: what their threads' share of the bytes in flight of the streaming bandwidth
+    /// gives them (`hardware::kernels::memory_share_beside_kernel`) over what their threads ask
+    /// (the NIC's DMA is not among them).
     fn beside_memory_kernel(&self, d: usize, k: Kernel) -> f64 {
-        if self.hbm_used[d] <= 0.0 {
-            return 0.0;
+        let threads_ask = self.hbm_used[d] - self.dma_used[d];
+        if threads_ask <= 0.0 {
+            return 1.0;
         }
-        crate::hardware::kernels::memory_share_beside_kernel(
+        let moved = crate::hardware::kernels::memory_share_beside_kernel(
             self.threads[d],
             self.units[d] as f64,
             self.hbm[d],
-            self.hbm_used[d],
+            threads_ask,
             k.memory_efficiency,
-        )
+        );
+        moved / threads_ask
     }
 
     /// The share of their speed the communication kernels on `d` keep now: all of it unless a
@@ -118,7 +135,7 @@ impl Contention {
         if self.units[d] == 0 || self.hbm[d] <= 0.0 {
             return 1.0;
         }
-        self.beside_memory_kernel(d, k) / self.hbm_used[d]
+        self.beside_memory_kernel(d, k)
     }
 
     /// The share of device `d`'s speed a compute kernel gets now: a memory-bound kernel the
@@ -127,7 +144,11 @@ impl Contention {
     fn rate(&self, d: usize, k: Kernel) -> f64 {
         if k.memory_bound {
             let bw = self.hbm[d];
-            return if bw > 0.0 && self.units[d] > 0 { 1.0 - self.beside_memory_kernel(d, k) / bw } else { 1.0 };
+            if bw <= 0.0 || self.units[d] == 0 || self.hbm_used[d] <= 0.0 {
+                return 1.0;
+            }
+            // It loses what the collectives, slowed to their share, still move.
+            return 1.0 - self.beside_memory_kernel(d, k) * self.hbm_used[d] / bw;
         }
         let u = self.units[d];
         if u == 0 {
@@ -171,27 +192,23 @@ impl Contention {
         true
     }
 
-    /// A collective holding `sms` SMs with `threads` resident threads and asking `hbm` bytes/s
-    /// of memory bandwidth starts (`add`) or ends on `d` at `now`: the running kernel's new
-    /// (task, remaining duration, version), when it changes.
-    pub(super) fn change(
-        &mut self,
-        d: usize,
-        (sms, threads, hbm): (u32, f64, f64),
-        add: bool,
-        now: u64,
-    ) -> Option<(u32, u64, u32)> {
-        if self.units[d] == 0 || sms == 0 {
+    /// Collective `c` starts (`add`) or ends on `d` at `now`: the running kernel's new (task,
+    /// remaining duration, version), when it changes.
+    pub(super) fn change(&mut self, d: usize, c: Comm, add: bool, now: u64) -> Option<(u32, u64, u32)> {
+        if self.units[d] == 0 || c.sms == 0 {
             return None;
         }
         let kernel = self.running[d].as_ref().map_or_else(Kernel::default, |r| r.kernel);
         let before = self.rate(d, kernel);
-        self.held[d] = if add { self.held[d] + sms } else { self.held[d].saturating_sub(sms) };
-        self.hbm_used[d] = if add { self.hbm_used[d] + hbm } else { (self.hbm_used[d] - hbm).max(0.0) };
-        self.threads[d] = if add { self.threads[d] + threads } else { (self.threads[d] - threads).max(0.0) };
+        let step = |v: f64, by: f64| if add { v + by } else { (v - by).max(0.0) };
+        self.held[d] = if add { self.held[d] + c.sms } else { self.held[d].saturating_sub(c.sms) };
+        self.hbm_used[d] = step(self.hbm_used[d], c.hbm);
+        self.dma_used[d] = step(self.dma_used[d], c.dma).min(self.hbm_used[d]);
+        self.threads[d] = step(self.threads[d], c.threads);
         if self.held[d] == 0 {
             // Nothing runs: no rounding left over.
             self.hbm_used[d] = 0.0;
+            self.dma_used[d] = 0.0;
             self.threads[d] = 0.0;
         }
         let after = self.rate(d, kernel);
@@ -208,7 +225,7 @@ impl Contention {
 
 #[cfg(test)]
 mod tests {
-    use super::{Contention, Kernel};
+    use super::{Comm, Contention, Kernel};
 
     const OTHER: Kernel = Kernel { memory_bound: false, persistent: false, tiles: 0.0, memory_efficiency: 1.0 };
     const MEMORY: Kernel = Kernel { memory_bound: true, persistent: false, tiles: 0.0, memory_efficiency: 1.0 };
@@ -221,16 +238,18 @@ mod tests {
         let (d, v0) = c.start(0, 7, 0, 1000, OTHER);
         assert_eq!(d, 1000);
         // 500 ns of work done; 25 SMs taken: 500 left at 0.75 speed.
-        let (task, left, v1) = c.change(0, (25, 0.0, 0.0), true, 500).expect("rescheduled");
+        let (task, left, v1) =
+            c.change(0, Comm { sms: 25, threads: 0.0, hbm: 0.0, dma: 0.0 }, true, 500).expect("rescheduled");
         assert_eq!((task, left), (7, 667));
         assert_ne!(v0, v1);
         // 300 ns later 225 ns of work are done; the collective ends: 275 left at full speed.
-        let (_, left, v2) = c.change(0, (25, 0.0, 0.0), false, 800).expect("rescheduled");
+        let (_, left, v2) =
+            c.change(0, Comm { sms: 25, threads: 0.0, hbm: 0.0, dma: 0.0 }, false, 800).expect("rescheduled");
         assert_eq!(left, 275);
         assert!(!c.end(0, v1, u32::MAX), "a stale end is ignored");
         assert!(c.end(0, v2, u32::MAX));
         // No kernel running: nothing to reschedule, but the SMs are counted.
-        assert!(c.change(0, (200, 0.0, 0.0), true, 900).is_none());
+        assert!(c.change(0, Comm { sms: 200, threads: 0.0, hbm: 0.0, dma: 0.0 }, true, 900).is_none());
         let (d, _) = c.start(0, 8, 900, 1000, OTHER);
         assert_eq!(d, 2000, "at most half the SMs are taken");
     }
@@ -240,7 +259,7 @@ mod tests {
     fn devices_without_sms_keep_their_speed() {
         let mut c = Contention::new(vec![0], vec![0.0]);
         c.start(0, 1, 0, 1000, MEMORY);
-        assert!(c.change(0, (16, 8192.0, 1e12), true, 10).is_none());
+        assert!(c.change(0, Comm { sms: 16, threads: 8192.0, hbm: 1e12, dma: 0.0 }, true, 10).is_none());
         assert_eq!(c.start(0, 2, 10, 1000, MEMORY).0, 1000);
     }
 
@@ -256,19 +275,31 @@ mod tests {
         c.start(0, 7, 0, 1000, MEMORY);
         // A collective of 20,480 threads (10%) asking 400 bytes/s gets 100: the kernel keeps
         // 90% of its speed, the collective a quarter of its.
-        let (_, left, _) = c.change(0, (25, 20_480.0, 400.0), true, 0).expect("rescheduled");
+        let (_, left, _) =
+            c.change(0, Comm { sms: 25, threads: 20_480.0, hbm: 400.0, dma: 0.0 }, true, 0).expect("rescheduled");
         assert_eq!(left, 1112);
         assert!((c.collective_rate(0) - 0.25).abs() < 1e-12);
         // One asking less than its share gets all it asks: 50 of the 100 its threads give.
         let mut l = Contention::new(vec![100], vec![1000.0]);
         l.start(0, 7, 0, 1000, MEMORY);
-        let (_, left, _) = l.change(0, (25, 20_480.0, 50.0), true, 0).expect("rescheduled");
+        let (_, left, _) =
+            l.change(0, Comm { sms: 25, threads: 20_480.0, hbm: 50.0, dma: 0.0 }, true, 0).expect("rescheduled");
         assert_eq!(left, 1053);
         assert_eq!(l.collective_rate(0), 1.0);
+        // Across nodes the NIC's DMA moves part of what a collective asks, at any share: of
+        // 400 asked, 200 by its threads, which get 100: half its speed, and the kernel loses
+        // the 200 it still moves.
+        let mut n = Contention::new(vec![100], vec![1000.0]);
+        n.start(0, 7, 0, 1000, MEMORY);
+        let (_, left, _) =
+            n.change(0, Comm { sms: 25, threads: 20_480.0, hbm: 400.0, dma: 200.0 }, true, 0).expect("rescheduled");
+        assert_eq!(left, 1250);
+        assert!((n.collective_rate(0) - 0.5).abs() < 1e-12);
         // Beside a GEMM the collective keeps its speed and the GEMM loses its SMs only.
         let mut g = Contention::new(vec![100], vec![1000.0]);
         g.start(0, 9, 0, 1000, OTHER);
-        let (_, left, _) = g.change(0, (10, 20_480.0, 900.0), true, 0).expect("rescheduled");
+        let (_, left, _) =
+            g.change(0, Comm { sms: 10, threads: 20_480.0, hbm: 900.0, dma: 0.0 }, true, 0).expect("rescheduled");
         assert_eq!(left, 1112, "SMs only: 90 of 100");
         assert_eq!(g.collective_rate(0), 1.0);
     }
@@ -282,7 +313,7 @@ mod tests {
         assert_eq!(c.busy_until(0, 0), 0, "one starting in the same instant does not block");
         assert_eq!(c.busy_until(0, 400), 1000);
         // Slowed to 3/4 from 400 on: 600 ns of work left take 800.
-        c.change(0, (25, 0.0, 0.0), true, 400).expect("rescheduled");
+        c.change(0, Comm { sms: 25, threads: 0.0, hbm: 0.0, dma: 0.0 }, true, 400).expect("rescheduled");
         assert_eq!(c.busy_until(0, 400), 1200);
         assert_eq!(c.busy_until(0, 1000), 1200);
         let mut m = Contention::new(vec![100], vec![1000.0]);
@@ -300,7 +331,7 @@ mod tests {
         let gemm = |tiles: f64, held: u32| {
             let mut c = Contention::new(vec![132], vec![0.0]);
             c.start(0, 1, 0, 1000, Kernel { tiles, ..OTHER });
-            c.change(0, (held, 0.0, 0.0), true, 0).map_or(1000, |r| r.1)
+            c.change(0, Comm { sms: held, threads: 0.0, hbm: 0.0, dma: 0.0 }, true, 0).map_or(1000, |r| r.1)
         };
         assert_eq!(gemm(256.0, 16), 1500);
         assert_eq!(gemm(128.0, 8), 2000);

@@ -10,8 +10,11 @@ pub(super) struct Expanded {
     pub(super) steps: Vec<ExpStep>,
     /// SMs its kernel holds on each member (NCCL's channels; 0 off GPUs).
     pub(super) sms: u32,
-    /// Memory bandwidth its kernel's copies take on each member while it runs alone (bytes/s).
+    /// Memory bandwidth it takes on each member while it runs alone (bytes/s): its kernel's
+    /// copies and, across nodes, the NIC's DMA.
     pub(super) hbm_bytes_per_s: f64,
+    /// The NIC's share of that (reading the send buffers, writing the receive buffers).
+    pub(super) dma_bytes_per_s: f64,
     /// Threads its kernel keeps resident on each member (`Plan::threads`).
     pub(super) threads: f64,
     /// Simulated members, as device indices.
@@ -67,9 +70,17 @@ impl Expanded {
         let members = col.members.iter().filter(|&&d| simulated(d)).map(|&d| p.mirror[d as usize]).collect();
         let plan = nccl_plan(col, topo);
         let sms = plan.map_or(0, |plan| plan.channels);
-        let hbm_bytes_per_s = plan.map_or(0.0, |plan| hbm_traffic(col, plan.algo, topo) * plan.bus_bytes_per_s);
+        let (traffic, dma) = plan.map_or((0.0, 0.0), |plan| hbm_traffic(col, plan.algo, topo));
+        let bus = plan.map_or(0.0, |plan| plan.bus_bytes_per_s);
         let threads = plan.map_or(0.0, |plan| plan.threads());
-        Expanded { steps: merge_ring_runs(steps), members, sms, hbm_bytes_per_s, threads }
+        Expanded {
+            steps: merge_ring_runs(steps),
+            members,
+            sms,
+            hbm_bytes_per_s: traffic * bus,
+            dma_bytes_per_s: dma * bus,
+            threads,
+        }
     }
 }
 
@@ -82,8 +93,9 @@ impl Expanded {
 /// in GPU memory (the kernel writes the send buffer the NIC reads, the NIC writes the receive
 /// buffer the kernel reads: `src/transport/net.cc`), 4 more, for the share of a member's
 /// traffic that crosses the NIC: one hop in `ppn` of a ring through `ppn` GPUs of each node.
+/// Two of those 4 are the NIC's DMA, not the kernel's threads (returned apart, as the second).
 /// The rate is the plan's bus bandwidth, an upper bound where the links are shared.
-fn hbm_traffic(col: &Collective, algo: crate::hardware::nccl::Algo, topo: &Topology) -> f64 {
+fn hbm_traffic(col: &Collective, algo: crate::hardware::nccl::Algo, topo: &Topology) -> (f64, f64) {
     use crate::lower::CollectiveKind as K;
     let base = match col.kind {
         _ if algo == crate::hardware::nccl::Algo::Nvls => 2.0,
@@ -92,10 +104,10 @@ fn hbm_traffic(col: &Collective, algo: crate::hardware::nccl::Algo, topo: &Topol
     };
     let nodes = super::collective::by_node(&col.members, topo);
     if nodes.len() <= 1 {
-        return base;
+        return (base, 0.0);
     }
     let ppn = col.members.len() as f64 / nodes.len() as f64;
-    base + 4.0 / ppn.max(1.0)
+    (base + 4.0 / ppn.max(1.0), 2.0 / ppn.max(1.0))
 }
 
 /// Consecutive ring steps over the same pairs move the same bytes over the same links, one
@@ -133,7 +145,8 @@ mod tests {
     use crate::lower::{Collective, CollectiveKind as K};
 
     /// NCCL's memory accesses per bus byte: 2 for a gather, 3 for a reduction, 2 for NVLS's
-    /// switch reduction; across nodes 4 more on the one hop in `ppn` through the NIC.
+    /// switch reduction; across nodes 4 more on the one hop in `ppn` through the NIC, 2 of them
+    /// the NIC's.
     #[test]
     fn a_collectives_memory_traffic_follows_nccls_copies() {
         let node = catalog::node_preset("dgx-h100").expect("preset");
@@ -141,11 +154,11 @@ mod tests {
         let one: Vec<u32> = (0..8).collect();
         let two: Vec<u32> = (0..16).collect();
         let c = |k, m: &Vec<u32>| Collective::new(k, m.clone(), 1e9);
-        assert_eq!(hbm_traffic(&c(K::AllGather, &one), Algo::Ring, &topo), 2.0);
-        assert_eq!(hbm_traffic(&c(K::ReduceScatter, &one), Algo::Ring, &topo), 3.0);
-        assert_eq!(hbm_traffic(&c(K::AllReduce, &one), Algo::Nvls, &topo), 2.0);
-        assert_eq!(hbm_traffic(&c(K::ReduceScatter, &two), Algo::Ring, &topo), 3.5);
+        assert_eq!(hbm_traffic(&c(K::AllGather, &one), Algo::Ring, &topo), (2.0, 0.0));
+        assert_eq!(hbm_traffic(&c(K::ReduceScatter, &one), Algo::Ring, &topo), (3.0, 0.0));
+        assert_eq!(hbm_traffic(&c(K::AllReduce, &one), Algo::Nvls, &topo), (2.0, 0.0));
+        assert_eq!(hbm_traffic(&c(K::ReduceScatter, &two), Algo::Ring, &topo), (3.5, 0.25));
         // One GPU of each node: every hop through the NIC.
-        assert_eq!(hbm_traffic(&c(K::AllGather, &vec![0, 8]), Algo::Ring, &topo), 6.0);
+        assert_eq!(hbm_traffic(&c(K::AllGather, &vec![0, 8]), Algo::Ring, &topo), (6.0, 2.0));
     }
 }

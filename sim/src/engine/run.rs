@@ -1,7 +1,7 @@
 //! Interpreting a Program: streams, dependencies, flows and memory, event by event.
 
 use super::attribution::Attribution;
-use super::contention::{Contention, Kernel};
+use super::contention::{Comm, Contention, Kernel};
 use super::expanded::Expanded;
 use super::queue::{Event, EventQueue};
 use super::sparse::Sparse;
@@ -700,15 +700,20 @@ impl<'a> Engine<'a> {
         if !Self::overlapped(task.stream) {
             return;
         }
-        let (sms, threads, hbm) = self.expanded[task.payload as usize]
-            .as_ref()
-            .map_or((0, 0.0, 0.0), |x| (x.sms, x.threads, x.hbm_bytes_per_s));
-        if sms == 0 {
+        let Some(comm) = self.expanded[task.payload as usize].as_ref().map(|x| Comm {
+            sms: x.sms,
+            threads: x.threads,
+            hbm: x.hbm_bytes_per_s,
+            dma: x.dma_bytes_per_s,
+        }) else {
+            return;
+        };
+        if comm.sms == 0 {
             return;
         }
         self.for_streams(t, |e, s| {
             let d = Program::stream_device(s) as usize;
-            if let Some((kernel, left, version)) = e.sm.change(d, (sms, threads, hbm), hold, now) {
+            if let Some((kernel, left, version)) = e.sm.change(d, comm, hold, now) {
                 let end = e.after(now, left);
                 e.q.push(end, Event { kind: TASK_END, id: kernel, version: version & VERSION_MASK });
             }
