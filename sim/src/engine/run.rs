@@ -653,6 +653,11 @@ impl<'a> Engine<'a> {
         if !self.net.is_live(id) || self.net.version(id) & VERSION_MASK != version {
             return;
         }
+        if let Some(at) = self.net.due(id, now) {
+            let at = self.after(at, 0);
+            self.q.push(at, Event { kind: FLOW_END, id, version });
+            return;
+        }
         if self.opts.record {
             let (links, source, target, bytes) = self.flow_meta[id as usize];
             self.res.timeline.flows.push(FlowSpan {

@@ -133,11 +133,15 @@ pub(super) fn rerate_component(net: &mut Network, now: u64, seed: u32) {
         if f != seed && !s.old_rates.is_empty() && s.old_rates[j] == fl.rate {
             continue;
         }
+        let fin = finish_ns(now, fl.remaining_bytes, fl.rate);
+        fl.finish_ns = fin;
+        // Finishing no earlier than its queued event: that event, when due, queues this one
+        // (a new flow has none queued).
+        if fl.queued_ns != u64::MAX && fin >= fl.queued_ns {
+            continue;
+        }
+        fl.queued_ns = fin;
         fl.version = fl.version.wrapping_add(1);
-        net.changes.push(Reschedule {
-            id: f,
-            version: fl.version,
-            finish_ns: finish_ns(now, fl.remaining_bytes, fl.rate),
-        });
+        net.changes.push(Reschedule { id: f, version: fl.version, finish_ns: fin });
     }
 }

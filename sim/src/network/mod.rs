@@ -63,6 +63,11 @@ struct Flow {
     cap: f64,
     rate: f64,
     updated_ns: u64,
+    /// When it finishes at its rate, and when the finish event of its version that is queued
+    /// fires (no later): a rate that falls moves `finish_ns` without queuing another event, and
+    /// the queued one, when due, queues the finish again ([`Network::due`]).
+    finish_ns: u64,
+    queued_ns: u64,
     version: u32,
     live: bool,
     /// Scratch mark for component searches.
@@ -220,6 +225,8 @@ impl Network {
             cap: cap_bytes_per_s,
             rate: 0.0,
             updated_ns: now,
+            finish_ns: u64::MAX,
+            queued_ns: u64::MAX,
             version: 0,
             live: true,
             // Not visited in the current epoch.
@@ -272,6 +279,18 @@ impl Network {
         (links, len)
     }
 
+    /// A finish event of flow `id`'s current version fired at `now`: `None` if the flow is
+    /// done, else the later time it now finishes at (its rate fell since the event was
+    /// queued), for which the caller queues the event again.
+    pub fn due(&mut self, id: FlowId, now: u64) -> Option<u64> {
+        let f = &mut self.flows[id as usize];
+        if now >= f.finish_ns {
+            return None;
+        }
+        f.queued_ns = f.finish_ns;
+        Some(f.finish_ns)
+    }
+
     pub fn version(&self, id: FlowId) -> u32 {
         self.flows[id as usize].version
     }
@@ -319,11 +338,9 @@ impl Network {
                 let f = &mut self.flows[seed as usize];
                 let cap = f.links[..f.len as usize].iter().map(|&k| self.capacity[k as usize]).fold(f.cap, f64::min);
                 f.rate = cap;
-                self.changes.push(Reschedule {
-                    id: seed,
-                    version: f.version,
-                    finish_ns: finish_ns(now, f.remaining_bytes, cap),
-                });
+                let fin = finish_ns(now, f.remaining_bytes, cap);
+                (f.finish_ns, f.queued_ns) = (fin, fin);
+                self.changes.push(Reschedule { id: seed, version: f.version, finish_ns: fin });
             }
             NetworkKind::MaxMinFair => {
                 self.epoch = self.epoch.wrapping_add(1);
