@@ -269,39 +269,29 @@ mod tests {
     /// them loses SMs only, and the collectives keep their speed.
     #[test]
     fn a_memory_bound_kernel_and_a_collective_share_the_memory_by_their_threads() {
-        // 100 SMs: 204,800 thread slots; 1000 bytes/s of streaming bandwidth.
-        let mut c = Contention::new(vec![100], vec![1000.0]);
-        assert_eq!(c.collective_rate(0), 1.0, "nothing runs");
-        c.start(0, 7, 0, 1000, MEMORY);
+        // 100 SMs: 204,800 thread slots; 1000 bytes/s of streaming bandwidth. A kernel of 1000
+        // ns starts, then the collective: the kernel's new duration and the collective's rate.
+        let beside = |kernel: Kernel, (sms, threads, hbm, dma): (u32, f64, f64, f64)| {
+            let mut c = Contention::new(vec![100], vec![1000.0]);
+            assert_eq!(c.collective_rate(0), 1.0, "nothing runs");
+            c.start(0, 7, 0, 1000, kernel);
+            let (_, left, _) = c.change(0, Comm { sms, threads, hbm, dma }, true, 0).expect("rescheduled");
+            (left, c.collective_rate(0))
+        };
         // A collective of 20,480 threads (10%) asking 400 bytes/s gets 100: the kernel keeps
         // 90% of its speed, the collective a quarter of its.
-        let (_, left, _) =
-            c.change(0, Comm { sms: 25, threads: 20_480.0, hbm: 400.0, dma: 0.0 }, true, 0).expect("rescheduled");
-        assert_eq!(left, 1112);
-        assert!((c.collective_rate(0) - 0.25).abs() < 1e-12);
+        let (left, rate) = beside(MEMORY, (25, 20_480.0, 400.0, 0.0));
+        assert!(left == 1112 && (rate - 0.25).abs() < 1e-12, "{left} {rate}");
         // One asking less than its share gets all it asks: 50 of the 100 its threads give.
-        let mut l = Contention::new(vec![100], vec![1000.0]);
-        l.start(0, 7, 0, 1000, MEMORY);
-        let (_, left, _) =
-            l.change(0, Comm { sms: 25, threads: 20_480.0, hbm: 50.0, dma: 0.0 }, true, 0).expect("rescheduled");
-        assert_eq!(left, 1053);
-        assert_eq!(l.collective_rate(0), 1.0);
+        assert_eq!(beside(MEMORY, (25, 20_480.0, 50.0, 0.0)), (1053, 1.0));
         // Across nodes the NIC's DMA moves part of what a collective asks, at any share: of
         // 400 asked, 200 by its threads, which get 100: half its speed, and the kernel loses
         // the 200 it still moves.
-        let mut n = Contention::new(vec![100], vec![1000.0]);
-        n.start(0, 7, 0, 1000, MEMORY);
-        let (_, left, _) =
-            n.change(0, Comm { sms: 25, threads: 20_480.0, hbm: 400.0, dma: 200.0 }, true, 0).expect("rescheduled");
-        assert_eq!(left, 1250);
-        assert!((n.collective_rate(0) - 0.5).abs() < 1e-12);
-        // Beside a GEMM the collective keeps its speed and the GEMM loses its SMs only.
-        let mut g = Contention::new(vec![100], vec![1000.0]);
-        g.start(0, 9, 0, 1000, OTHER);
-        let (_, left, _) =
-            g.change(0, Comm { sms: 10, threads: 20_480.0, hbm: 900.0, dma: 0.0 }, true, 0).expect("rescheduled");
-        assert_eq!(left, 1112, "SMs only: 90 of 100");
-        assert_eq!(g.collective_rate(0), 1.0);
+        let (left, rate) = beside(MEMORY, (25, 20_480.0, 400.0, 200.0));
+        assert!(left == 1250 && (rate - 0.5).abs() < 1e-12, "{left} {rate}");
+        // Beside a GEMM the collective keeps its speed and the GEMM loses its SMs only (90 of
+        // 100).
+        assert_eq!(beside(OTHER, (10, 20_480.0, 900.0, 0.0)), (1112, 1.0));
     }
 
     /// A persistent kernel keeps its SMs to its end, at whatever speed it runs; any other
