@@ -16,9 +16,10 @@
 //! copies, the optimizer step) the two share the memory by the bytes each keeps in flight
 //! (`hardware::kernels::memory_share_beside_kernel`: the collective's resident threads against
 //! the kernel's, each of those weighted by its family's rate over a copy's): the collective
-//! slows to that share, not the kernel, which loses only the bytes the collective still moves. The collective's flows move at
-//! [`Contention::collective_rate`] of their speed while such a kernel runs on a member
-//! (`engine::run::hbm`). Compute-bound kernels (GEMMs, attention) are held back by the SMs only.
+//! slows to that share, not the kernel, which loses only the bytes the collective still moves.
+//! The collective's flows move at [`Contention::collective_rate`] of their speed while such a
+//! kernel runs on a member (`engine::run::hbm`). Compute-bound kernels (GEMMs, attention) are
+//! held back by the SMs only.
 //!
 //! The other way round, a persistent compute kernel (Hopper's cuBLAS GEMMs and cuDNN
 //! attention: one block per SM until the kernel ends, `hardware::kernels::Persistent`) leaves
@@ -112,7 +113,7 @@ impl Contention {
     /// (the NIC's DMA is not among them).
     fn beside_memory_kernel(&self, d: usize, k: Kernel) -> f64 {
         let threads_ask = self.hbm_used[d] - self.dma_used[d];
-        if threads_ask <= 0.0 {
+        if threads_ask <= 0.0 || self.units[d] == 0 || self.hbm[d] <= 0.0 {
             return 1.0;
         }
         let moved = crate::hardware::kernels::memory_share_beside_kernel(
@@ -128,14 +129,10 @@ impl Contention {
     /// The share of their speed the communication kernels on `d` keep now: all of it unless a
     /// memory-bound kernel runs there, when they move only their share of the memory.
     pub(super) fn collective_rate(&self, d: usize) -> f64 {
-        if self.hbm_used[d] <= 0.0 {
-            return 1.0;
+        match self.running[d].as_ref() {
+            Some(r) if r.kernel.memory_bound => self.beside_memory_kernel(d, r.kernel),
+            _ => 1.0,
         }
-        let Some(k) = self.running[d].as_ref().map(|r| r.kernel).filter(|k| k.memory_bound) else { return 1.0 };
-        if self.units[d] == 0 || self.hbm[d] <= 0.0 {
-            return 1.0;
-        }
-        self.beside_memory_kernel(d, k)
     }
 
     /// The share of device `d`'s speed a compute kernel gets now: a memory-bound kernel the
@@ -143,12 +140,11 @@ impl Contention {
     /// they leave, any other the SMs' share.
     fn rate(&self, d: usize, k: Kernel) -> f64 {
         if k.memory_bound {
-            let bw = self.hbm[d];
-            if bw <= 0.0 || self.units[d] == 0 || self.hbm_used[d] <= 0.0 {
+            if self.hbm_used[d] <= 0.0 || self.units[d] == 0 || self.hbm[d] <= 0.0 {
                 return 1.0;
             }
             // It loses what the collectives, slowed to their share, still move.
-            return 1.0 - self.beside_memory_kernel(d, k) * self.hbm_used[d] / bw;
+            return 1.0 - self.beside_memory_kernel(d, k) * self.hbm_used[d] / self.hbm[d];
         }
         let u = self.units[d];
         if u == 0 {

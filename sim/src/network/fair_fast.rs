@@ -51,10 +51,7 @@ pub(super) fn rerate_component(net: &mut Network, now: u64, seed: u32) {
     }
     // Settle progress at the old rates, then progressive filling on the component.
     for &f in &s.flows {
-        let fl = &mut net.flows[f as usize];
-        let dt = (now - fl.updated_ns) as f64 * 1e-9;
-        fl.remaining_bytes = (fl.remaining_bytes - fl.rate * dt).max(0.0);
-        fl.updated_ns = now;
+        net.flows[f as usize].advance(now);
     }
     let nl = s.links.len();
     s.link_left.clear();

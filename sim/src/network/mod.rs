@@ -90,6 +90,15 @@ pub struct Network {
     left: Vec<u32>,
 }
 
+impl Flow {
+    /// Count the bytes moved at the current rate up to `now`.
+    fn advance(&mut self, now: u64) {
+        let dt = (now - self.updated_ns) as f64 * 1e-9;
+        self.remaining_bytes = (self.remaining_bytes - self.rate * dt).max(0.0);
+        self.updated_ns = now;
+    }
+}
+
 fn finish_ns(now: u64, remaining: f64, rate: f64) -> u64 {
     if remaining <= 0.0 {
         return now;
@@ -173,9 +182,7 @@ impl Network {
         match self.kind {
             NetworkKind::MaxMinFair => self.added.push(id),
             NetworkKind::Ideal => {
-                let dt = (now - f.updated_ns) as f64 * 1e-9;
-                f.remaining_bytes = (f.remaining_bytes - f.rate * dt).max(0.0);
-                f.updated_ns = now;
+                f.advance(now);
                 f.version = f.version.wrapping_add(1);
                 self.rerate(now, id);
             }
