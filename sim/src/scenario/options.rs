@@ -136,11 +136,26 @@ impl SimOptions {
 
 /// The expected largest of `n` independent standard normal draws (0 for one): how many
 /// standard deviations slower than the mean the slowest of `n` devices is.
+/// Each value is computed once per process (a search asks it of every plan it weighs) and
+/// kept; the same `n` always gives the same value.
 pub fn expected_max_std_normal(n: u64) -> f64 {
-    use statrs::distribution::{Continuous, ContinuousCDF, Normal};
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static KNOWN: OnceLock<Mutex<HashMap<u64, f64>>> = OnceLock::new();
     if n <= 1 {
         return 0.0;
     }
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some(&v) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&n) {
+        return v;
+    }
+    let v = integrate_max_std_normal(n);
+    known.lock().unwrap_or_else(|e| e.into_inner()).insert(n, v);
+    v
+}
+
+fn integrate_max_std_normal(n: u64) -> f64 {
+    use statrs::distribution::{Continuous, ContinuousCDF, Normal};
     let z = Normal::standard();
     let n = n as f64;
     // E[max] = integral of x n phi(x) Phi(x)^(n-1); the density of the maximum lies in
