@@ -3,6 +3,7 @@
 //! algorithm, protocol and channels NCCL would use. The simulation is `sim::engine::lone`.
 
 use sim::engine::lone::{LoneRun, lone_collective};
+use sim::hardware::nccl_env::NcclEnv;
 use sim::hardware::{ClusterSpec, catalog};
 use sim::lower::CollectiveKind;
 use sim::network::NetworkKind;
@@ -45,6 +46,13 @@ pub struct Args {
     /// Each size is this many times the previous one.
     #[arg(long, default_value_t = 2)]
     step_factor: u32,
+    /// The algorithms NCCL may use, as NCCL_ALGO says it (e.g. ring,tree; ^nvls disables
+    /// NVLS). Default: all.
+    #[arg(long)]
+    algo: Option<String>,
+    /// The protocols NCCL may use, as NCCL_PROTO says it (e.g. Simple; ^LL128). Default: all.
+    #[arg(long)]
+    proto: Option<String>,
     /// Link sharing model: fair or ideal.
     #[arg(long, default_value = "fair")]
     network: String,
@@ -132,7 +140,10 @@ pub fn run(a: &Args) -> Result<(), String> {
     if a.step_factor < 2 {
         return Err(format!("--step-factor: {} must be at least 2", a.step_factor));
     }
-    let cluster = ClusterSpec::new(node, a.nodes);
+    let mut cluster = ClusterSpec::new(node, a.nodes);
+    cluster.nccl = NcclEnv::parse(a.algo.as_deref(), None)
+        .map_err(|e| format!("--algo: {e}"))
+        .and_then(|_| NcclEnv::parse(a.algo.as_deref(), a.proto.as_deref()).map_err(|e| format!("--proto: {e}")))?;
     let mut rows: Vec<LoneRun> = Vec::new();
     let mut size = min;
     loop {
@@ -165,6 +176,8 @@ pub fn run(a: &Args) -> Result<(), String> {
             "gpus_per_node": gpus,
             "ranks": ranks,
             "network": a.network,
+            "nccl_algo": a.algo,
+            "nccl_proto": a.proto,
             "results": results,
         });
         println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
@@ -172,6 +185,9 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     println!("# trainsim nccl-test: {} over {ranks} ranks ({} x {gpus} GPUs of {})", a.op, a.nodes, a.node);
     println!("# busbw as nccl-tests defines it (doc/PERFORMANCE.md); algorithm and protocol as NCCL 2.30 would pick");
+    if cluster.nccl.restricted() {
+        println!("# among those {} allows", cluster.nccl.describe());
+    }
     if sim::hardware::nccl::NcclSystem::new(&cluster).is_none() {
         println!(
             "# {} is not an NVIDIA GPU: generic ring and hierarchical collectives, no NCCL plan",

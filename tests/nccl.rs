@@ -353,7 +353,13 @@ fn size_sweeps_are_within_15_percent_from_64_mb_up() {
             "--max-bytes",
             &hi,
         ];
-        let results = nccl_test(&args);
+        // The NCCL_ALGO / NCCL_PROTO the run set, if any.
+        let env: Vec<&str> = [("nccl_algo", "--algo"), ("nccl_proto", "--proto")]
+            .into_iter()
+            .filter_map(|(k, flag)| c[k].as_str().map(|v| [flag, v]))
+            .flatten()
+            .collect();
+        let results = nccl_test(&[&args[..], &env[..]].concat());
         let mut worst: f64 = 0.0;
         for p in pts {
             let bytes = f(p, "bytes");
@@ -375,4 +381,54 @@ fn size_sweeps_are_within_15_percent_from_64_mb_up() {
     }
     assert!(checked >= 15, "{checked}");
     assert!(misses.is_empty(), "{}", misses.join("\n"));
+}
+
+/// `NCCL_ALGO` and `NCCL_PROTO` (`--algo`, `--proto`; `cluster.nccl` in a scenario): NCCL picks
+/// among what they leave, and a collective they leave nothing for is refused as NCCL fails it.
+#[test]
+fn nccl_algo_and_proto_restrict_the_choice() {
+    let sweep = ["--node", "dgx-h100", "--min-bytes", "8", "--max-bytes", "1G", "--step-factor", "16"];
+    let free = nccl_test(&sweep);
+    let pick = |r: &Value| (r["algorithm"].as_str().unwrap().to_string(), r["protocol"].as_str().unwrap().to_string());
+    // Unrestricted, NCCL uses both ring LL (small) and NVLS (large) on 8 H100s.
+    assert!(free.iter().any(|r| pick(r).0 == "ring") && free.iter().any(|r| pick(r).0 == "nvls"));
+    let no_nvls = nccl_test(&[&sweep[..], &["--algo", "^NVLS"]].concat());
+    let simple = nccl_test(&[&sweep[..], &["--proto", "Simple"]].concat());
+    for ((a, b), c) in free.iter().zip(&no_nvls).zip(&simple) {
+        assert_ne!(pick(b).0, "nvls", "{b}");
+        assert_eq!(pick(c).1, "Simple", "{c}");
+        // Where NCCL's free pick is still allowed it is still picked, and runs the same. (Where
+        // it is not, the forced one may even run faster: NCCL's model compares NVLS without its
+        // chunk pipeline, so at 8 MB ring LL128 beats the NVLS it picks.)
+        for (r, allowed) in [(b, pick(a).0 != "nvls"), (c, pick(a).1 == "Simple")] {
+            if allowed {
+                assert_eq!((pick(r), f(r, "time_us")), (pick(a), f(a, "time_us")), "{a} {r}");
+            }
+        }
+    }
+    // Where the free choice was NVLS, leaving it out costs time at large sizes.
+    let last = free.len() - 1;
+    assert!(f(&no_nvls[last], "time_us") > 1.05 * f(&free[last], "time_us"));
+    // NVLS is modelled for all-reduce only: an all-gather restricted to it is refused.
+    let out = crate::util::run_cli(&["nccl-test", "--node", "dgx-h100", "--op", "all_gather", "--algo", "nvls"]);
+    let err = crate::util::stderr(&out);
+    assert!(!out.status.success() && err.contains("no algorithm/protocol available"), "{err}");
+    let out = crate::util::run_cli(&["nccl-test", "--algo", "ring,bus"]);
+    assert!(crate::util::stderr(&out).contains("--algo: NCCL_ALGO: unknown algorithm \"bus\""));
+    // The same restriction in a scenario moves the training step the same way.
+    let text = |nccl: Value| {
+        serde_json::json!({
+            "workload": {"preset": "gpt3-1.3b"},
+            "cluster": {"node": "dgx-h100", "nodes": 1, "nccl": nccl},
+            "training": {"global_batch": 16, "seq_len": 2048, "precision": "bf16"},
+            "plan": {"dp": 8}
+        })
+        .to_string()
+    };
+    let free_step = crate::util::simulate(&text(serde_json::json!({}))).iteration_s;
+    let ring_step = crate::util::simulate(&text(serde_json::json!({"algo": "ring", "proto": "^LL128"}))).iteration_s;
+    assert!(ring_step > free_step, "{ring_step} vs {free_step}");
+    let refused =
+        sim::scenario::parse(&text(serde_json::json!({"algo": "tree", "proto": "LL9"})), &crate::util::no_files);
+    assert!(refused.expect_err("refused").to_string().contains("cluster.nccl.proto"));
 }

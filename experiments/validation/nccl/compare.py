@@ -64,6 +64,8 @@ def sweep(c):
     args = ['target/release/trainsim', 'nccl-test', '--json', '--op', c['op'], '--node', c['node'],
             '--nodes', str(c.get('nodes', 1)), '--gpus', str(c['gpus']),
             '--min-bytes', str(min(sizes)), '--max-bytes', str(max(sizes))]
+    # The NCCL_ALGO / NCCL_PROTO the run set, if any.
+    args += [a for k, flag in (('nccl_algo', '--algo'), ('nccl_proto', '--proto')) if k in c for a in (flag, c[k])]
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"{c['id']}: {out.stderr.strip()}")

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::hardware::nccl::{self, Algo, Coll, Plan, Shape};
 use crate::hardware::nccl_p2p::{AllToAll, PairPlan};
 use crate::hardware::{LinkId, Topology};
-use crate::lower::{Collective, CollectiveKind};
+use crate::lower::{Collective, CollectiveKind, Program};
 
 /// One flow of a step, in cluster device numbering.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -290,7 +290,36 @@ fn nccl_rings(members: &[u32], topo: &Topology) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// What NCCL would do for this collective on this topology (`None` off NVIDIA GPUs).
+/// The first collective of `p` to which the run's `NCCL_ALGO`/`NCCL_PROTO` leave no algorithm
+/// and protocol, said as NCCL would fail it; `None` when every one can run (always, unless the
+/// run restricts NCCL).
+pub fn nccl_refusal(p: &Program, topo: &Topology) -> Option<String> {
+    let env = &topo.nccl().filter(|s| s.env.restricted())?.env;
+    let c = p.collectives.iter().find(|c| {
+        c.kind != CollectiveKind::AllToAll && c.members.len() > 1 && c.bytes > 0.0 && nccl_plan(c, topo).is_none()
+    })?;
+    let kind = match c.kind {
+        CollectiveKind::AllReduce => "all-reduce",
+        CollectiveKind::ReduceScatter => "reduce-scatter",
+        CollectiveKind::AllGather => "all-gather",
+        CollectiveKind::Broadcast => "broadcast",
+        CollectiveKind::Reduce => "reduce",
+        CollectiveKind::AllToAll => "all-to-all",
+    };
+    Some(format!(
+        "cluster.nccl: {} leaves none of the algorithms and protocols trainsim models for a {:.3} MB {kind} over {} \
+         GPUs on {} node(s): NCCL fails such a call ('no algorithm/protocol available') unless it has one the model \
+         leaves out (NVLS all-gather and reduce-scatter, NVLS-Tree, CollNet, PAT); allow ring with Simple, which runs \
+         every collective",
+        env.describe(),
+        c.bytes / 1e6,
+        c.members.len(),
+        by_node(&c.members, topo).len()
+    ))
+}
+
+/// What NCCL would do for this collective on this topology (`None` off NVIDIA GPUs, or when
+/// the run's `NCCL_ALGO`/`NCCL_PROTO` allow nothing for it: see [`nccl_refusal`]).
 pub fn nccl_plan(c: &Collective, topo: &Topology) -> Option<Plan> {
     let sys = topo.nccl()?;
     let p = c.members.len() as u32;

@@ -37,6 +37,8 @@ pub enum RunError {
     TimeOverflow,
     /// More events pending at once than the queue can tell apart.
     TooManyEvents,
+    /// `NCCL_ALGO`/`NCCL_PROTO` leave a collective of the plan no algorithm: NCCL fails it.
+    NcclRefuses(String),
 }
 
 impl std::fmt::Display for RunError {
@@ -53,6 +55,7 @@ impl std::fmt::Display for RunError {
                     "more than 2^24 events pending at once; the plan is too large to simulate (use fewer devices or micro-batches)"
                 )
             }
+            RunError::NcclRefuses(why) => write!(f, "{why}"),
         }
     }
 }
@@ -209,6 +212,7 @@ pub fn run(
     host: &HostCosts,
     opts: RunOptions,
 ) -> Result<RunResult, RunError> {
+    super::collective::nccl_refusal(p, topo).map_or(Ok(()), |why| Err(RunError::NcclRefuses(why)))?;
     let nt = p.tasks.len();
     let mut remaining: Vec<u32> = p.tasks.iter().map(|t| t.streams).collect();
     for &(_, b) in &p.deps {

@@ -26,6 +26,7 @@ pub mod catalog;
 pub mod fabric;
 pub mod kernels;
 pub mod nccl;
+pub mod nccl_env;
 pub mod nccl_p2p;
 pub mod power;
 #[cfg(test)]
@@ -316,6 +317,9 @@ pub struct ClusterSpec {
     /// The network above the nodes; `None`: one non-blocking switch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fabric: Option<fabric::Fabric>,
+    /// The algorithms and protocols NCCL may use (`NCCL_ALGO`, `NCCL_PROTO`; all by default).
+    #[serde(skip_serializing_if = "nccl_env::NcclEnv::is_default")]
+    pub nccl: nccl_env::NcclEnv,
 }
 
 /// Devices `first..first + count` are `device` instead of the node's.
@@ -328,7 +332,7 @@ pub struct DeviceOverride {
 
 impl ClusterSpec {
     pub fn new(node: NodeSpec, nodes: u32) -> ClusterSpec {
-        ClusterSpec { node, nodes, overrides: Vec::new(), fabric: None }
+        ClusterSpec { node, nodes, overrides: Vec::new(), fabric: None, nccl: nccl_env::NcclEnv::default() }
     }
 
     /// Devices in the cluster; bounded when the scenario is read

@@ -262,6 +262,8 @@ pub struct NcclSystem {
     /// Point-to-point channels NCCL gives a network peer (`ncclTopoGetNchannels`): at least
     /// one per NIC local to the GPU, more to reach the NICs' bandwidth at 14 GB/s each.
     pub net_channels: u32,
+    /// The algorithms and protocols the run lets NCCL use (`NCCL_ALGO`, `NCCL_PROTO`).
+    pub env: super::nccl_env::NcclEnv,
 }
 
 impl NcclSystem {
@@ -301,6 +303,7 @@ impl NcclSystem {
             nics: node.nics,
             nvlinks,
             net_channels,
+            env: cluster.nccl.clone(),
         })
     }
 
@@ -566,12 +569,13 @@ fn finish(
     }
 }
 
-/// The plan NCCL picks: the least time by its model at full channels (as `getAlgoInfo`
-/// does), then run on the channels the message size allows.
+/// The plan NCCL picks among those the run allows (`NCCL_ALGO`, `NCCL_PROTO`): the least time
+/// by its model at full channels (as `getAlgoInfo` does), then run on the channels the message
+/// size allows. `None` when the run allows none of them (NCCL fails the call).
 pub fn choose(sys: &NcclSystem, s: &Shape) -> Option<Plan> {
-    let all = candidates(sys, s);
+    let all = candidates(sys, s).into_iter().filter(|p| sys.env.allows(p.algo, p.proto));
     let full = |p: &Plan| p.latency_s + s.bytes * p.link_bytes_per_byte / p.full_bus_bytes_per_s;
-    all.into_iter().min_by(|a, b| full(a).total_cmp(&full(b)))
+    all.min_by(|a, b| full(a).total_cmp(&full(b)))
 }
 
 #[cfg(test)]

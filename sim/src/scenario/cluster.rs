@@ -6,6 +6,7 @@ use super::limits;
 use super::reader::{Obj, Result, invalid, show};
 use super::suggest::did_you_mean;
 use crate::hardware::fabric::{self, Fabric};
+use crate::hardware::nccl_env::NcclEnv;
 use crate::hardware::{
     ClusterSpec, DeviceKind, DeviceSpec, FpgaFabric, IntraTopology, LinkSpec, NodeSpec, PeakFlops, Precision, Vendor,
     catalog,
@@ -343,6 +344,12 @@ pub(super) fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
     let mut cluster = ClusterSpec::new(node, nodes);
     if let Some(v) = o.get("fabric") {
         cluster.fabric = Some(parse_fabric(v, &o.key("fabric"))?);
+    }
+    if let Some(no) = o.obj("nccl")? {
+        no.only(keys::NCCL)?;
+        let (algo, proto) = (no.string("algo")?, no.string("proto")?);
+        NcclEnv::parse(algo, None).map_err(|e| invalid(&no.key("algo"), e))?;
+        cluster.nccl = NcclEnv::parse(algo, proto).map_err(|e| invalid(&no.key("proto"), e))?;
     }
     if let Some(v) = o.get("device_overrides") {
         let key = o.key("device_overrides");

@@ -109,7 +109,10 @@ pub const NODE: &[&str] =
     &["name", "preset", "devices", "device", "intra_node", "intra_topology", "nics", "nic", "host_dram_bytes", "pcie"];
 
 /// `cluster`.
-pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "fabric", "device_overrides"];
+pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "fabric", "device_overrides", "nccl"];
+
+/// `cluster.nccl`: the algorithms and protocols NCCL may use (`NCCL_ALGO`, `NCCL_PROTO`).
+pub const NCCL: &[&str] = &["algo", "proto"];
 
 /// `cluster.fabric` (an object): pods of nodes and the level above them.
 pub const FABRIC: &[&str] = &["preset", "pod_nodes", "oversubscription", "rail_optimized", "extra_latency_s"];
@@ -203,6 +206,7 @@ pub const SECTIONS: &[(&str, &[&str])] = &[
     ("workload.transformer.mla", MLA),
     ("cluster", CLUSTER),
     ("cluster.fabric", FABRIC),
+    ("cluster.nccl", NCCL),
     ("node", NODE),
     ("device", DEVICE),
     ("device.peak_flops", PEAK_FLOPS),
