@@ -117,8 +117,11 @@ pub fn gemm_s(device: &sim::hardware::DeviceSpec, precision: sim::hardware::Prec
         backward_bytes: 0.0,
         saved: Saved::default(),
     };
-    let cast =
-        if precision == sim::hardware::Precision::Fp8 { model.fp8_cast_s(batch, m, n, k, false, true) } else { 0.0 };
+    let cast = if precision == sim::hardware::Precision::Fp8 {
+        model.fp8_cast_s(batch, m, n, k, false, sim::cost::InputCast::Own)
+    } else {
+        0.0
+    };
     model.op_s(&op, false) - cast
 }
 

@@ -68,6 +68,16 @@ def torchtitan_h100_scenario(r):
             "plan": plan}
 
 
+def torchtitan_h100_asynctp_scenario(r):
+    """One record of torchtitan's June 2025 async-TP benchmark (data/torchtitan_h100_asynctp.json):
+    the same Grand Teton H100s at 500 W and the same model of torchtitan's FSDP2 and TP as
+    `torchtitan_h100_scenario`, with the loss compiled too (torchtitan/components/loss.py at
+    820504e compiles it under training.compile, as at the H200 table's e7c0cae)."""
+    sc = torchtitan_h100_scenario(r)
+    sc["training"]["framework"]["fused"]["cross_entropy"] = True
+    return sc
+
+
 def torchtitan_h200_scenario(r):
     """One torchtitan H200 record as a scenario: HGX H200 nodes (the `hgx-h200` preset: 700 W
     H200 SXM, NVLink 4, 400 Gb/s per GPU between hosts as the benchmark's CX-7), FSDP2 over all

@@ -90,7 +90,7 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
             let on_chip = dev.fpga.is_some_and(|f| heaviest <= f.sram_bytes);
             let cal = if cl == 0 { calibration } else { None };
             cost::ComputeModel::new(dev, s.training.precision, cal)
-                .with_fp8_casts(s.plan.framework.fp8_casts, s.plan.micro_batches)
+                .with_fp8_plan(&s.plan)
                 .with_op_rates(&s.op_rates)
                 .with_weights_on_chip(on_chip)
         })
@@ -255,7 +255,7 @@ pub fn choose_token_slices(
     let node = &s.cluster.node;
     let model = cost::ComputeModel::new(&node.device, s.training.precision, None)
         .with_op_rates(&s.op_rates)
-        .with_fp8_casts(s.plan.framework.fp8_casts, s.plan.micro_batches);
+        .with_fp8_plan(&s.plan);
     let problem = policy::token_slicing::SliceProblem {
         seq_len: s.plan.seq_len,
         batch: s.training.global_batch / s.plan.dp,

@@ -41,9 +41,8 @@ pub fn layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let w = &s.workload.transformer;
     let plan = &s.plan;
     let sh = s.plan.layer_shape();
-    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None)
-        .with_op_rates(&s.op_rates)
-        .with_fp8_casts(plan.framework.fp8_casts, plan.micro_batches);
+    let model =
+        ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates).with_fp8_plan(plan);
     let (wb, _, _) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let t = plan.tp_mode.weight_shards(plan.tp) as f64;
     let embed_params = w.embedding_parameters_without_head();
@@ -62,9 +61,8 @@ fn all_layer_profiles(s: &Scenario) -> Vec<LayerProfile> {
     let w = &s.workload.transformer;
     let plan = &s.plan;
     let sh = s.plan.layer_shape();
-    let model = ComputeModel::new(&s.cluster.node.device, plan.precision, None)
-        .with_op_rates(&s.op_rates)
-        .with_fp8_casts(plan.framework.fp8_casts, plan.micro_batches);
+    let model =
+        ComputeModel::new(&s.cluster.node.device, plan.precision, None).with_op_rates(&s.op_rates).with_fp8_plan(plan);
     let (wb, gb, ob) = bytes_per_parameter(plan.precision, plan.optimizer, plan.master_weights);
     let per_param = wb + gb + ob;
     if let Some(net) = &s.workload.net {

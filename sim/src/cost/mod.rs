@@ -80,6 +80,10 @@ pub struct ComputeModel {
     /// weight once per step and reuses the fp8 copy over the step's micro-batches
     /// (`is_first_microbatch`), 1 / micro-batches; torchao casts it every call, 1.
     fp8_weight_casts: f64,
+    /// Tensor-parallel ranks over whose sequence shards a column-parallel module's input is
+    /// cast to fp8 before its all-gather (torchao's float8 tensor parallelism,
+    /// `workload::Fusion::fp8_tp_gather`); 1 otherwise.
+    fp8_input_shards: f64,
 }
 
 /// The GEMMs that stay 16-bit under fp8 training, with no cast around them: the attention's
@@ -104,6 +108,25 @@ pub(crate) fn sixteen_bit_gemm(name: &str) -> bool {
 /// parallelism would cast it once per GEMM; trainsim charges one cast.
 pub(crate) fn shares_input_cast(name: &str) -> bool {
     matches!(name, "k_proj" | "v_proj" | "up_proj")
+}
+
+/// The column-parallel GEMMs whose input a module gathers over the tensor-parallel group
+/// under sequence parallelism (and casts first, under torchao's float8 tensor parallelism):
+/// the attention's and the MLP's input projections, fused or the first of each group.
+pub(crate) fn column_parallel_input(name: &str) -> bool {
+    matches!(name, "qkv" | "q_proj" | "fc1" | "gate_proj")
+}
+
+/// Whose fp8 cast a GEMM's input takes ([`ComputeModel::fp8_cast_s`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum InputCast {
+    /// The GEMM casts its own input.
+    Own,
+    /// Another GEMM on the same input cast it ([`shares_input_cast`]).
+    Shared,
+    /// Cast on each of this many sequence shards before an fp8 all-gather (torchao's float8
+    /// tensor parallelism); the GEMM reads the gathered fp8 tensor.
+    Sharded(f64),
 }
 
 /// How well one output tile shape fits a GEMM on `units` SMs: its utilisation (partial edge
@@ -164,7 +187,19 @@ impl ComputeModel {
             fp8: precision == Precision::Fp8 && device.peak_flops.fp8.is_some(),
             fp8_casts: crate::framework::Fp8Casts::Te,
             fp8_weight_casts: 1.0,
+            fp8_input_shards: 1.0,
         }
+    }
+
+    /// The plan's fp8 casts ([`ComputeModel::with_fp8_casts`]) and, under torchao's float8
+    /// tensor parallelism with sequence parallelism, the column-parallel inputs cast on their
+    /// shards.
+    pub fn with_fp8_plan(self, plan: &crate::plan::Plan) -> ComputeModel {
+        let mut m = self.with_fp8_casts(plan.framework.fp8_casts, plan.micro_batches);
+        if plan.fusion.fp8_tp_gather && plan.sequence_parallel && plan.tp > 1 {
+            m.fp8_input_shards = f64::from(plan.tp);
+        }
+        m
     }
 
     /// The framework's casts around fp8 GEMMs (Transformer Engine's unless set), for steps of
@@ -263,7 +298,14 @@ impl ComputeModel {
                     (self.peak_flops, self.gemm_efficiency)
                 };
                 if self.fp8 && !sixteen_bit_gemm(op.name) {
-                    extra_s = self.fp8_cast_s(batch, m, n, k, backward, !shares_input_cast(op.name));
+                    let input = match shares_input_cast(op.name) {
+                        true => InputCast::Shared,
+                        false if self.fp8_input_shards > 1.0 && column_parallel_input(op.name) => {
+                            InputCast::Sharded(self.fp8_input_shards)
+                        }
+                        false => InputCast::Own,
+                    };
+                    extra_s = self.fp8_cast_s(batch, m, n, k, backward, input);
                 }
                 let kernels = if backward { 2.0 } else { 1.0 };
                 let efficiency = self.shape_efficiency(base, peak, batch, m, n, k);
@@ -296,10 +338,26 @@ impl ComputeModel {
     /// gradient. torchao's dynamic casts: forward casts the input and the
     /// weight (an abs-max pass and a cast each); backward casts the output gradient for each
     /// of its two GEMMs (one abs-max, two casts) and the kept 16-bit input and weight again.
-    /// Without `input` the input's casts are another GEMM's ([`shares_input_cast`]).
-    pub fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool, input: bool) -> f64 {
+    /// The input's casts are the GEMM's own, another GEMM's ([`shares_input_cast`]), or made
+    /// on its sequence shards before an fp8 all-gather ([`InputCast::Sharded`]).
+    pub fn fp8_cast_s(&self, batch: f64, m: f64, n: f64, k: f64, backward: bool, input: InputCast) -> f64 {
         use crate::framework::Fp8Casts;
-        let (mk, input_casts) = if input { (m * k, 1.0) } else { (0.0, 0.0) };
+        if let (InputCast::Sharded(shards), Fp8Casts::Torchao) = (input, self.fp8_casts) {
+            // Forward: the shard's cast (an abs-max and a cast of m / shards rows) where the
+            // GEMM would cast all m. Backward: the weight's cast as always, the output gradient's
+            // too, and the gathered fp8 input only copied to the column-major layout the weight
+            // gradient's scaled GEMM reads (torchao's float8 mm: `t().contiguous().t()`), a
+            // read and a write of a byte an element, in place of its re-cast from 16 bits.
+            let own = self.fp8_cast_s(batch, m, n, k, backward, InputCast::Shared);
+            let mk = m * k;
+            let extra = if backward {
+                self.memory_s(2.0 * mk * batch)
+            } else {
+                self.memory_s(kernels::FP8_DYNAMIC_CAST_BYTES_PER_ELEM * mk / shards * batch) + 2.0 * self.launch_s
+            };
+            return own + extra + if backward { self.launch_s } else { 0.0 };
+        }
+        let (mk, input_casts) = if matches!(input, InputCast::Shared) { (0.0, 0.0) } else { (m * k, 1.0) };
         let (bytes, casts) = match (self.fp8_casts, backward) {
             (Fp8Casts::Te, false) => {
                 let w = self.fp8_weight_casts;
@@ -433,7 +491,7 @@ mod tests {
         let (a, b) = (bf16.op_s(&fc1, false), fp8.op_s(&fc1, false));
         // Twice the peak at a smaller share of it (0.64 against 0.72 on H100), plus the casts.
         assert!(b < 0.7 * a && b > 0.5 * a, "fc1: bf16 {a} s, fp8 {b} s");
-        assert!(b > fp8.fp8_cast_s(1.0, m, n, k, false, true), "fc1's fp8 time includes its casts");
+        assert!(b > fp8.fp8_cast_s(1.0, m, n, k, false, InputCast::Own), "fc1's fp8 time includes its casts");
     }
 
     /// torchao's dynamic casts move 5 bytes per element where Transformer Engine's fused
@@ -449,21 +507,31 @@ mod tests {
         let d = 4096.0;
         let elem = te.memory_s(d * d);
         for (backward, te_bytes, ao_bytes) in [(false, 8.0, 10.0), (true, 4.0, 18.0)] {
-            let (a, b) = (te.fp8_cast_s(1.0, d, d, d, backward, true), ao.fp8_cast_s(1.0, d, d, d, backward, true));
+            let (a, b) = (
+                te.fp8_cast_s(1.0, d, d, d, backward, InputCast::Own),
+                ao.fp8_cast_s(1.0, d, d, d, backward, InputCast::Own),
+            );
             assert!((a / elem - te_bytes).abs() < 1e-9, "te backward={backward}: {} bytes", a / elem);
             assert!((b / elem - ao_bytes).abs() < 1e-9, "torchao backward={backward}: {} bytes", b / elem);
         }
         // Over four micro-batches Transformer Engine casts each weight once: forward 4 + 4/4.
         let te4 = ComputeModel::new(&dev, Precision::Fp8, None).with_fp8_casts(crate::framework::Fp8Casts::Te, 4);
-        assert!((te4.fp8_cast_s(1.0, d, d, d, false, true) / elem - 5.0).abs() < 1e-9);
-        assert!((te4.fp8_cast_s(1.0, d, d, d, true, true) / elem - 4.0).abs() < 1e-9);
+        assert!((te4.fp8_cast_s(1.0, d, d, d, false, InputCast::Own) / elem - 5.0).abs() < 1e-9);
+        assert!((te4.fp8_cast_s(1.0, d, d, d, true, InputCast::Own) / elem - 4.0).abs() < 1e-9);
         // A GEMM sharing the previous one's input (the key projection after the query's) casts
         // only its weight forward and its gradient and weight backward: 5 and 13 bytes.
         for (backward, bytes) in [(false, 5.0), (true, 13.0)] {
-            let b = ao.fp8_cast_s(1.0, d, d, d, backward, false);
+            let b = ao.fp8_cast_s(1.0, d, d, d, backward, InputCast::Shared);
             assert!((b / elem - bytes).abs() < 1e-9, "shared input, backward={backward}: {} bytes", b / elem);
         }
         let (q, k) = (gemm("q_proj", d, d, d), gemm("k_proj", d, d, d));
         assert!(ao.op_s(&k, false) < ao.op_s(&q, false), "the key projection shares the query's cast");
+        // Under float8 tensor parallelism over 8 ranks the query projection's input is cast on
+        // its shard (5/8 of a byte an element of the gathered input) and, backward, copied to
+        // column-major fp8 (2 bytes) where it would be cast again (5): 5 + 0.625 and 13 + 2.
+        for (backward, bytes) in [(false, 5.625), (true, 15.0)] {
+            let b = ao.fp8_cast_s(1.0, d, d, d, backward, InputCast::Sharded(8.0));
+            assert!((b / elem - bytes).abs() < 1e-9, "sharded input, backward={backward}: {} bytes", b / elem);
+        }
     }
 }

@@ -82,18 +82,18 @@ pub fn slice_cost_s(s: &Scenario, model: &ComputeModel, b: u32, l: u32, c: u32) 
                     p.host_f += host_op;
                     p.host_b += host_op * (super::launches(&spec, true) + if recompute { 1.0 } else { 0.0 });
                 }
-                LayerOp::Comm { bytes, forward, backward, .. } => {
+                LayerOp::Comm { bytes, forward, backward, forward_bytes, .. } => {
                     if let Some(link) = intra {
                         // The port, or in a mesh the links to the other t - 1 ranks.
                         let bw =
                             s.cluster.node.intra_group_bytes_per_s(plan.tp).unwrap_or(link.effective_bytes_per_s());
-                        let one = 2.0 * (t - 1.0) / t * bytes / bw + 2.0 * (t - 1.0) * link.latency_s;
+                        let one = |bytes: f64| 2.0 * (t - 1.0) / t * bytes / bw + 2.0 * (t - 1.0) * link.latency_s;
                         if forward.is_some() {
-                            p.gpu_f += one;
+                            p.gpu_f += one(forward_bytes.unwrap_or(bytes));
                             p.host_f += host_op;
                         }
                         if backward.is_some() {
-                            p.gpu_b += one;
+                            p.gpu_b += one(bytes);
                             p.host_b += host_op;
                         }
                     }

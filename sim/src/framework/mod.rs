@@ -234,6 +234,18 @@ pub struct Framework {
     /// gather and one reduce-scatter serve them all when the module's input is redistributed
     /// once (torchtitan, Megatron). Off in every profile. See [`TP_GATHERED_INPUT_SOURCE`].
     pub tp_gather_per_projection: bool,
+    /// DTensor's collectives along a dimension other than the first copy their buffer once
+    /// more on the compute stream: under sequence parallelism the all-gather of a
+    /// `[batch, sequence, hidden]` activation along the sequence (`Shard(1)` to `Replicate`)
+    /// gathers into rank-major order and then concatenates the ranks' chunks along the
+    /// sequence, and the reduce-scatter the other way concatenates its input's chunks before
+    /// the collective, each a read and a write of the whole tensor; so does the gather of
+    /// replicated logits along the vocabulary. Megatron keeps activations sequence-first
+    /// (`[sequence, batch, hidden]`), so its gathers need no copy. Not under `tp_comm_overlap`
+    /// (torch.compile's micro-pipelined TP, whose fused all-gather-matmul and
+    /// matmul-reduce-scatter work on the chunks) nor `tp_async_backward` (Megatron's layers). On in `pytorch-fsdp` and `pytorch-ddp`
+    /// (PyTorch's tensor parallelism is DTensor's). See [`TP_LAYOUT_COPIES_SOURCE`].
+    pub tp_layout_copies: bool,
     /// Under tensor parallelism the output layer's vocabulary-sharded logits are all-gathered
     /// to every rank and the loss runs on the whole vocabulary on each (DTensor's
     /// `ColwiseParallel(output_layouts=Replicate())` on the head without `loss_parallel`);
@@ -306,6 +318,8 @@ pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_com
 pub const TP_ASYNC_BACKWARD_SOURCE: &str = "NVIDIA/Megatron-LM core_v0.6.0 megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward: with sequence parallelism the saved (sharded) input is all-gathered with async_op=True before the data-gradient matmul and waited for after it, then the input gradient's _reduce_scatter_base (all_reduce when async_grad_allreduce, without sequence parallelism) is launched with async_op=True before the weight-gradient GEMM and waited for after it (CUDA_DEVICE_MAX_CONNECTIONS=1 keeps the launch order); the same in the 2023 forks (FlagScale, Megatron-DeepSpeed's megatron/core/tensor_parallel/layers.py). NVIDIA/TransformerEngine v1.3 transformer_engine/pytorch/module/linear.py _Linear.backward ('Overlap input AG with dgrad', 'Overlap dgrad-RS/AR with wgrad'; LayerNormLinear likewise), which Megatron-Core's transformer_engine layers run. NVIDIA/Megatron-LM v2.5 (2021) megatron/mpu/layers.py ColumnParallelLinear: copy_to_tensor_model_parallel_region, whose backward all-reduces the input gradient after the layer's backward, on the compute stream";
 
 /// Where `tp_keeps_gathered_input` comes from.
+pub const TP_LAYOUT_COPIES_SOURCE: &str = "pytorch/pytorch torch/distributed/_functional_collectives.py (PyTorch 2.3 and later; the same lines in every version read): all_gather_tensor, 'if gather_dim != 0: ... res = torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)' after all_gather_into_tensor, and reduce_scatter_tensor, 'if scatter_dim != 0: tensor_list = torch.chunk(self, group_size, dim=scatter_dim); self = torch.cat(tensor_list)' before reduce_scatter_tensor; DTensor's Shard(dim) redistributions call them with the shard dimension (torch/distributed/tensor/placement_types.py, Shard._to_replicate_tensor and Partial's reduce-scatter), and torchtitan's sequence parallelism shards dim 1 of [batch, sequence, hidden] (SequenceParallel, PrepareModuleInput(input_layouts=Shard(1)), parallelize_llama.py at 9dec370); Megatron-LM lays activations out [sequence, batch, hidden] and gathers along dim 0 (megatron/core/tensor_parallel/mappings.py _gather_along_first_dim)";
+
 pub const TP_GATHERED_INPUT_SOURCE: &str = "pytorch/torchtitan torchtitan/parallelisms/parallelize_llama.py apply_tp (9dec370, December 2024): attention_norm and ffn_norm SequenceParallel, attention and feed_forward PrepareModuleInput(input_layouts Shard(1), desired_input_layouts Replicate()), wq/wk/wv and w1/w3 ColwiseParallel: the all-gather is a differentiable redistribute at the module's input, whose replicated output the linear layers save for their weight gradients (torch/distributed/tensor/parallel/style.py); Megatron-LM core_v0.6.0 LinearWithGradAccumulationAndAsyncCommunication saves the sharded input and all-gathers it again in backward (also Korthikanti et al. 2022, section 4.2.2), as Transformer Engine 1.3's Linear and LayerNormLinear do";
 
 /// Where `fp32_reduce_bf16_only` comes from.
@@ -485,6 +499,10 @@ pub fn reference_markdown() -> String {
             ),
             ("with sequence parallelism, column-parallel layers keep their gathered input", f.tp_keeps_gathered_input),
             ("with sequence parallelism, each separate projection gathers its own input", f.tp_gather_per_projection),
+            (
+                "sequence-dimension gathers and reduce-scatters copy their buffer (DTensor's concatenation of chunks)",
+                f.tp_layout_copies,
+            ),
             (
                 "the output layer's logits gathered to every tensor-parallel rank, the loss run on each",
                 f.tp_replicate_logits,

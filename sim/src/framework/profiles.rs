@@ -58,6 +58,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_async_backward: false,
             tp_keeps_gathered_input: false,
             tp_gather_per_projection: false,
+            tp_layout_copies: false,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -112,6 +113,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_async_backward: true,
             tp_keeps_gathered_input: false,
             tp_gather_per_projection: false,
+            tp_layout_copies: false,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -180,6 +182,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_async_backward: true,
             tp_keeps_gathered_input: false,
             tp_gather_per_projection: false,
+            tp_layout_copies: false,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -245,6 +248,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_async_backward: false,
             tp_keeps_gathered_input: true,
             tp_gather_per_projection: false,
+            tp_layout_copies: true,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -262,6 +266,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             foreach_optimizer: true,
             sources: vec![
                 ("tp_keeps_gathered_input", TP_GATHERED_INPUT_SOURCE),
+                ("tp_layout_copies", TP_LAYOUT_COPIES_SOURCE),
                 (
                     "gather",
                     "docs.pytorch.org/docs/stable/notes/fsdp.html: implicit forward prefetch (next all-gather on a separate stream); backward_prefetch=BACKWARD_PRE; limit_all_gathers=True default since pytorch#104900 (two all-gathers in flight)",
@@ -301,6 +306,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_async_backward: false,
             tp_keeps_gathered_input: false,
             tp_gather_per_projection: false,
+            tp_layout_copies: false,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -348,6 +354,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_async_backward: false,
             tp_keeps_gathered_input: true,
             tp_gather_per_projection: false,
+            tp_layout_copies: true,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -365,6 +372,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             foreach_optimizer: true,
             sources: vec![
                 ("tp_keeps_gathered_input", TP_GATHERED_INPUT_SOURCE),
+                ("tp_layout_copies", TP_LAYOUT_COPIES_SOURCE),
                 (
                     "grad_reduce",
                     "torch/nn/parallel/distributed.py: autograd hooks all-reduce each bucket as it fills, overlapping backward",

@@ -87,8 +87,9 @@ pub(super) fn emit_block(
                     }
                 }
             }
-            LayerOp::Comm { name, bytes, axis, forward, backward: bwd, root } => {
+            LayerOp::Comm { name, bytes, axis, forward, backward: bwd, root, forward_bytes } => {
                 let kind = if backward { *bwd } else { *forward };
+                let bytes = if backward { bytes } else { forward_bytes.as_ref().unwrap_or(bytes) };
                 if let Some(kind) = kind {
                     let near =
                         (i > 0 && is_gemm(blk.ops.get(walk(i - 1))), i + 1 < n && is_gemm(blk.ops.get(walk(i + 1))));
@@ -163,10 +164,11 @@ pub(super) fn emit_recompute(
                 }
                 last = f + ctx.streams.len() as u32 - 1;
             }
-            LayerOp::Comm { name, bytes, axis, forward: Some(kind), root, .. } => {
+            LayerOp::Comm { name, bytes, axis, forward: Some(kind), root, forward_bytes, .. } => {
                 if selective_only && !blk.rerun[j] {
                     continue;
                 }
+                let bytes = forward_bytes.as_ref().unwrap_or(bytes);
                 let near = (j > 0 && is_gemm(blk.ops.get(j - 1)), is_gemm(blk.ops.get(j + 1)));
                 let label = layer_label(b, layer, j, name, Phase::Recompute, chunk);
                 if !overlap.collective(b, ctx, *kind, *axis, near, (name, *bytes, label), mb) {

@@ -316,3 +316,70 @@ fn a_replicated_embedding_is_whole_on_every_rank_and_sums_nothing() {
     let tied = scenario::parse(&text(true, true, true), &|_| Err("no files".into()));
     assert!(tied.is_err_and(|e| e.to_string().contains("tp_replicate_embedding")));
 }
+
+/// DTensor's sequence-dimension collectives (`tp_layout_copies`, on in `pytorch-fsdp`): each
+/// all-gather of a `[batch, sequence, hidden]` activation is followed, and each reduce-scatter
+/// preceded, by a copy of the whole tensor on the compute stream (a read and a write), in both
+/// passes; torchao's float8 tensor parallelism gathers the forward input in fp8 (half the
+/// bytes, and half the copy); Megatron's layers (`tp_async_backward`) and the overlapped
+/// collectives of `tp_comm_overlap` copy nothing.
+#[test]
+fn sequence_dimension_collectives_copy_their_buffer_under_dtensor() {
+    let (h, s, b, layers) = (1024.0, 1024.0, 2.0, 2u32);
+    let run = |knobs: &str, precision: &str| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": {layers}, "hidden": 1024, "heads": 16, "vocab": 32000}}}},
+                "cluster": {{"node": "dgx-h100", "nodes": 1}},
+                "training": {{"global_batch": 2, "micro_batch": 2, "seq_len": 1024, "precision": "{precision}",
+                              "framework": {{"name": "pytorch-fsdp", "fp8_casts": "torchao" {knobs}}}}},
+                "plan": {{"tp": 8, "sequence_parallel": true}}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let sim = crate::simulate(&s, false);
+        let p = &sim.program;
+        // Bytes of layer 0's copies on device 0, and its gathers' bytes, per phase.
+        let copies = |phase: Phase| -> f64 {
+            p.tasks
+                .iter()
+                .filter(|t| t.kind == super::TaskKind::Compute)
+                .filter(|t| {
+                    let l = &p.labels[t.label as usize];
+                    l.layer == 0 && l.phase == phase && l.op == "tp_layout_copy"
+                })
+                .filter(|t| Program::stream_device(t.stream) == 0)
+                .map(|t| {
+                    let o = &p.ops[t.payload as usize];
+                    if o.backward { o.spec.backward_bytes } else { o.spec.forward_bytes }
+                })
+                .sum()
+        };
+        let gathered = p
+            .tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Collective)
+            .filter(|t| {
+                let l = &p.labels[t.label as usize];
+                l.layer == 0 && l.phase == Phase::Forward && (l.op == "attn_in" || l.op == "mlp_in")
+            })
+            .map(|t| p.collectives[t.payload as usize].bytes)
+            .fold(0.0, f64::max);
+        (copies(Phase::Forward), copies(Phase::Backward), gathered, sim.report.iteration_s)
+    };
+    // bf16: two gathers and two reduce-scatters a layer, each copying 2 x (2 bytes x s b h).
+    let full = 2.0 * s * b * h;
+    let (fwd, bwd, gathered, with) = run("", "bf16");
+    assert_eq!((fwd, bwd, gathered), (4.0 * 2.0 * full, 4.0 * 2.0 * full, full));
+    let (f0, b0, _, without) = run(r#", "tp_layout_copies": false"#, "bf16");
+    assert_eq!((f0, b0), (0.0, 0.0));
+    assert!(with > without, "{with} vs {without}");
+    // fp8 with torchao's casts: the two forward gathers move a byte an element and copy half.
+    let (fwd8, bwd8, gathered8, _) = run("", "fp8");
+    assert_eq!((fwd8, bwd8, gathered8), (2.0 * 2.0 * full / 2.0 + 2.0 * 2.0 * full, 4.0 * 2.0 * full, full / 2.0));
+    // Megatron's layers and the overlapped collectives copy nothing.
+    for knobs in [r#", "tp_async_backward": true"#, r#", "tp_comm_overlap": true"#] {
+        let (f, b, _, _) = run(knobs, "bf16");
+        assert_eq!((f, b), (0.0, 0.0), "{knobs}");
+    }
+    let profile = |name: &str| crate::framework::profile(name).expect("profile").tp_layout_copies;
+    assert!(profile("pytorch-fsdp") && profile("pytorch-ddp") && !profile("megatron-core") && !profile("deepspeed"));
+}

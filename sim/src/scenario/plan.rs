@@ -271,6 +271,9 @@ pub(super) fn parse_plan(
             cp_ring: framework.cp_ring,
             gathered_linear_inputs: framework.tp_keeps_gathered_input && !framework.tp_comm_overlap,
             gather_per_projection: framework.tp_gather_per_projection && !framework.tp_comm_overlap,
+            layout_copies: framework.tp_layout_copies && !framework.tp_comm_overlap && !framework.tp_async_backward,
+            fp8_tp_gather: t.precision == crate::hardware::Precision::Fp8
+                && framework.fp8_casts == crate::framework::Fp8Casts::Torchao,
             replicated_logits: framework.tp_replicate_logits,
             replicated_embedding: framework.tp_replicate_embedding,
             fp8_gemm_inputs: t.precision == crate::hardware::Precision::Fp8

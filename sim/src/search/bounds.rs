@@ -73,11 +73,12 @@ fn block_s(
             // is context parallelism's ring (it runs beside the attention kernel; PyTorch's
             // last wait for it too, a lower bound all the same).
             LayerOp::Comm { axis: Axis::Expert | Axis::Context | Axis::ContextExposed, .. } => continue,
-            LayerOp::Comm { bytes, axis, forward, backward, .. } => {
+            LayerOp::Comm { bytes, axis, forward, backward, forward_bytes, .. } => {
                 let members = axis.dim().map_or(dims.iter().product(), |d| dims.get(d).copied().unwrap_or(1));
                 if members > 1 && egress > 0.0 {
                     let m = members as f64;
-                    let t = (m - 1.0) / m * bytes / egress;
+                    // The smaller of the two passes' buffers: a bound for either.
+                    let t = (m - 1.0) / m * forward_bytes.unwrap_or(*bytes).min(*bytes) / egress;
                     // (emission-order neighbours: the backward walks the block in reverse)
                     let part = |kind: Option<Comm>, before: Option<usize>, after: Option<usize>, stretch: &mut f64| {
                         let tensor = *axis == Axis::Tensor;
@@ -202,7 +203,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
         let dev = s.cluster.device_of(plan.device(0, k, 0));
         classes.push(dev);
         let model = ComputeModel::new(dev, plan.precision, None)
-            .with_fp8_casts(plan.framework.fp8_casts, plan.micro_batches)
+            .with_fp8_plan(plan)
             .with_op_rates(&s.op_rates)
             .with_weights_on_chip(dev.fpga.is_some());
         let straggle = 1.0 + s.options.device_variability(dev) * slowest;

@@ -83,7 +83,7 @@ pub enum RingPart {
 }
 
 fn ring_comm(name: &'static str, bytes: f64, axis: Axis, forward: Option<Comm>, backward: Option<Comm>) -> LayerOp {
-    LayerOp::Comm { name, bytes, axis, root: 0, forward, backward }
+    LayerOp::Comm { name, bytes, axis, root: 0, forward, backward, forward_bytes: None }
 }
 
 /// The ring around one fused attention op `attn` (built for all `cp` steps, `RingPart::All`).

@@ -37,7 +37,7 @@ fn comm(
     backward: Option<Comm>,
     root: u32,
 ) -> LayerOp {
-    LayerOp::Comm { name, bytes, axis, forward, backward, root }
+    LayerOp::Comm { name, bytes, axis, forward, backward, root, forward_bytes: None }
 }
 
 /// The ops of a linear layer of `tokens` rows, `h_in` -> `h_out`, whose input it keeps.

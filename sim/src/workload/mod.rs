@@ -207,6 +207,16 @@ pub struct Fusion {
     /// (`framework.tp_gather_per_projection`); with `gathered_linear_inputs` each keeps its own
     /// gathered copy.
     pub gather_per_projection: bool,
+    /// DTensor's gathers and reduce-scatters along a dimension other than the first copy
+    /// their buffer on the compute stream (`framework.tp_layout_copies`): a `tp_layout_copy`
+    /// op beside each sequence-parallel collective and the replicated logits' gather.
+    pub layout_copies: bool,
+    /// Under sequence parallelism with torchao's float8 linears (`training.precision` fp8,
+    /// `framework.fp8_casts` torchao) each column-parallel module's input is cast to fp8 on
+    /// its sequence shard and all-gathered in fp8 (torchao's `PrepareFloat8ModuleInput` and
+    /// `Float8ColwiseParallel`, which torchtitan applies with tensor-wise scaling); its
+    /// gradient's reduce-scatter stays 16-bit.
+    pub fp8_tp_gather: bool,
     /// Under tensor parallelism the logits are all-gathered to every rank and the loss runs on
     /// the whole vocabulary on each (`framework.tp_replicate_logits`).
     pub replicated_logits: bool,
@@ -232,6 +242,8 @@ impl Default for Fusion {
             cp_ring: context_ring::CpRing::TeP2p,
             gathered_linear_inputs: false,
             gather_per_projection: false,
+            layout_copies: false,
+            fp8_tp_gather: false,
             replicated_logits: false,
             replicated_embedding: false,
         }
@@ -388,6 +400,10 @@ pub enum LayerOp {
         backward: Option<Comm>,
         /// Root of a broadcast or reduce: its index along the axis.
         root: u32,
+        /// Bytes the forward collective (and its rerun) moves where that differs from `bytes`:
+        /// torchao's float8 tensor parallelism all-gathers a module's input in fp8, one byte
+        /// an element, where its gradient's reduce-scatter moves the 16-bit gradient.
+        forward_bytes: Option<f64>,
     },
 }
 

@@ -221,7 +221,15 @@ fn expert_ops(groups: f64, rows: f64, (h, f, up): (f64, f64, f64), act: (f64, f6
 
 /// A collective over the tensor group at this point of the layer.
 fn tensor_comm(name: &'static str, bytes: f64, forward: super::Comm, backward: super::Comm) -> LayerOp {
-    LayerOp::Comm { name, bytes, axis: super::Axis::Tensor, root: 0, forward: Some(forward), backward: Some(backward) }
+    LayerOp::Comm {
+        name,
+        bytes,
+        axis: super::Axis::Tensor,
+        root: 0,
+        forward: Some(forward),
+        backward: Some(backward),
+        forward_bytes: None,
+    }
 }
 
 /// The shared experts on `tokens` tokens: a dense gated MLP `shared_ffn` wide, split over `t`.
@@ -283,6 +291,7 @@ pub fn ep_mlp_ops(
         root: 0,
         forward: Some(Comm::AllToAll),
         backward: Some(Comm::AllToAll),
+        forward_bytes: None,
     };
     let tensor = |name, forward, backward| tensor_comm(name, e * rows * h, forward, backward);
     ops.push(a2a("ep_dispatch"));

@@ -102,7 +102,8 @@ pub fn selective(ops: &[LayerOp], modules: RecomputeModules, input_bytes: f64) -
 /// which stops once the last tensor the backward needs is rebuilt
 /// ([`crate::lower`]'s early stop): the ops after it (the residual add) do not run again.
 /// Batched products (materialised attention's scores, grouped expert GEMMs) are other aten
-/// ops, off the list: rerun. Collectives other than reduce-scatters are rerun too.
+/// ops, off the list: rerun. Collectives other than reduce-scatters are rerun too, and the
+/// copies DTensor makes around them, but for a reduce-scatter's input copy.
 fn op_sac(ops: &[LayerOp], input_bytes: f64) -> Vec<Selective> {
     let end = early_stop_end(ops);
     let mut mm = 0;
@@ -117,6 +118,16 @@ fn op_sac(ops: &[LayerOp], input_bytes: f64) -> Vec<Selective> {
                         (mm % 2 == 1).then(|| gemm_output_bytes(op).unwrap_or(0.0))
                     }
                     super::OpClass::Attention { .. } => Some(attention_output_bytes(s)),
+                    // DTensor's copy into a reduce-scatter's input (`tp_layout_copy`) feeds
+                    // only the saved reduce-scatter: nothing to rebuild.
+                    _ if s.name == "tp_layout_copy"
+                        && matches!(
+                            ops.get(j + 1),
+                            Some(LayerOp::Comm { forward: Some(super::Comm::ReduceScatter), .. })
+                        ) =>
+                    {
+                        Some(0.0)
+                    }
                     _ => None,
                 },
                 LayerOp::Comm { forward, .. } => (*forward == Some(super::Comm::ReduceScatter)).then_some(0.0),

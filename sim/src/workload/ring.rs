@@ -31,7 +31,7 @@ fn gemm(name: &'static str, batch: f64, m: f64, n: f64, k: f64, e: f64, saved: S
 }
 
 fn ring(name: &'static str, bytes: f64, forward: Option<Comm>, backward: Option<Comm>) -> LayerOp {
-    LayerOp::Comm { name, bytes, axis: Axis::Tensor, forward, backward, root: 0 }
+    LayerOp::Comm { name, bytes, axis: Axis::Tensor, forward, backward, root: 0, forward_bytes: None }
 }
 
 pub fn layer_ops(cfg: &TransformerConfig, shape: LayerShape) -> Vec<LayerOp> {

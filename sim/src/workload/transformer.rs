@@ -403,6 +403,10 @@ impl TransformerConfig {
         let gemm = |name, m: f64, n: f64, k: f64, saved: Saved| LayerOp::Compute(gemm_op(name, 1.0, m, n, k, e, saved));
         // Megatron's f (into a column-parallel GEMM) and g (out of a row-parallel one).
         let sp = shape.sequence_parallel;
+        // Under torchao's float8 tensor parallelism a column-parallel module's input is cast to
+        // fp8 on its sequence shard and all-gathered in fp8 (`fusion.fp8_tp_gather`).
+        let fp8_gather = sp && shape.fusion.fp8_tp_gather;
+        let gathered = if fp8_gather { sbh } else { e * sbh };
         let f_op = |name| LayerOp::Comm {
             name,
             bytes: e * sbh,
@@ -410,6 +414,7 @@ impl TransformerConfig {
             root: 0,
             forward: if sp { Some(Comm::AllGather) } else { None },
             backward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
+            forward_bytes: fp8_gather.then_some(gathered),
         };
         let g_op = |name| LayerOp::Comm {
             name,
@@ -418,11 +423,27 @@ impl TransformerConfig {
             root: 0,
             forward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
             backward: if sp { Some(Comm::AllGather) } else { None },
+            forward_bytes: None,
         };
         let tp = shape.tp > 1;
+        // DTensor copies each sequence-dimension gather's output and reduce-scatter's input
+        // (`fusion.layout_copies`): after the gather, before the reduce-scatter.
+        let copies = tp && sp && shape.fusion.layout_copies;
+        let gather = |ops: &mut Vec<LayerOp>, name| {
+            ops.push(f_op(name));
+            if copies {
+                ops.push(layout_copy(gathered, e * sbh));
+            }
+        };
+        let scatter = |ops: &mut Vec<LayerOp>, name| {
+            if copies {
+                ops.push(layout_copy(e * sbh, e * sbh));
+            }
+            ops.push(g_op(name));
+        };
         ops.push(norm("ln1"));
         if tp {
-            ops.push(f_op("attn_in"));
+            gather(&mut ops, "attn_in");
         }
         let qw = self.q_width();
         let vw = self.v_width();
@@ -442,9 +463,9 @@ impl TransformerConfig {
             // are kept).
             None if per_projection => {
                 ops.push(gemm("q_proj", tokens, qw / t, h, ln_out));
-                ops.push(f_op("k_in"));
+                gather(&mut ops, "k_in");
                 ops.push(gemm("k_proj", tokens, kv / t, h, own_in));
-                ops.push(f_op("v_in"));
+                gather(&mut ops, "v_in");
                 ops.push(gemm("v_proj", tokens, kv / t, h, own_in));
             }
             None => {
@@ -588,7 +609,7 @@ impl TransformerConfig {
         }
         ops.push(gemm("out_proj", tokens, h, vw / t, Saved { sharded_bytes: e * s * b * vw / t, ..Saved::default() }));
         if tp {
-            ops.push(g_op("attn_out"));
+            scatter(&mut ops, "attn_out");
         }
         ops.extend(residual(self.dropout, shape.fusion.bias_dropout_add, sbh * rep, e));
         ops.push(norm("ln2"));
@@ -596,7 +617,7 @@ impl TransformerConfig {
         // gather and scatter them over the tensor group themselves); see `moe::ep_mlp_ops`.
         let ep_layer = shape.ep > 1 && self.is_moe_layer(l);
         if tp && !ep_layer {
-            ops.push(f_op("mlp_in"));
+            gather(&mut ops, "mlp_in");
         }
         let up = self.mlp_matrices() - 1.0;
         match self.moe {
@@ -616,7 +637,7 @@ impl TransformerConfig {
                     // The gate's GEMM then the up projection's (torchtitan's `w1`, `w3`).
                     ops.push(gemm("gate_proj", tokens, f / t, h, ln_out));
                     if per_projection {
-                        ops.push(f_op("up_in"));
+                        gather(&mut ops, "up_in");
                         ops.push(gemm("up_proj", tokens, f / t, h, own_in));
                     } else {
                         ops.push(gemm("up_proj", tokens, f / t, h, Saved::default()));
@@ -639,7 +660,7 @@ impl TransformerConfig {
             }
         }
         if tp && !ep_layer {
-            ops.push(g_op("mlp_out"));
+            scatter(&mut ops, "mlp_out");
         }
         ops.extend(residual(self.dropout, shape.fusion.bias_dropout_add, sbh * rep, e));
         ops
@@ -685,6 +706,10 @@ impl TransformerConfig {
         let sp = shape.sequence_parallel;
         let replicated = shape.fusion.replicated_embedding;
         if shape.tp > 1 && matches!(self.input, Input::Tokens { .. }) && (sp || !replicated) {
+            if sp && shape.fusion.layout_copies {
+                // The reduce-scatter's input (forward) and the gathered gradient (backward).
+                ops.push(layout_copy(if replicated { 0.0 } else { e * s * b * h }, e * s * b * h));
+            }
             ops.push(LayerOp::Comm {
                 name: "embed_out",
                 bytes: e * s * b * h,
@@ -696,6 +721,7 @@ impl TransformerConfig {
                     (false, false) => Some(Comm::AllReduce),
                 },
                 backward: if sp { Some(Comm::AllGather) } else { None },
+                forward_bytes: None,
             });
         }
         ops
@@ -728,7 +754,11 @@ impl TransformerConfig {
                 root: 0,
                 forward: if sp { Some(Comm::AllGather) } else { None },
                 backward: Some(if sp { Comm::ReduceScatter } else { Comm::AllReduce }),
+                forward_bytes: None,
             });
+            if sp && shape.fusion.layout_copies {
+                ops.push(layout_copy(e * rows * h, e * rows * h));
+            }
         }
         ops.push(LayerOp::Compute(gemm_op(
             "logits",
@@ -751,7 +781,12 @@ impl TransformerConfig {
                 root: 0,
                 forward: Some(Comm::AllGather),
                 backward: None,
+                forward_bytes: None,
             });
+            if shape.fusion.layout_copies {
+                // Gathered along the vocabulary, the last dimension.
+                ops.push(layout_copy(e * rows * c, 0.0));
+            }
         }
         let logits = if replicated { rows * c } else { self.logits(shape) };
         ops.push(LayerOp::Compute(loss_op(shape.fusion.cross_entropy, shape.fusion.unfused_loss, logits, e)));
@@ -831,4 +866,21 @@ fn residual(dropout: bool, fused: bool, elems: f64, e: f64) -> Vec<LayerOp> {
         3.0 * elems * e + if dropout { elems } else { 0.0 },
         Saved { replicated_bytes: if dropout { elems } else { 0.0 }, ..Saved::default() },
     ))]
+}
+
+/// DTensor's concatenation of a tensor-parallel collective's chunks along a dimension other
+/// than the first (`fusion.layout_copies`, `framework.tp_layout_copies`): a read and a write
+/// of the whole tensor on the compute stream, `forward` bytes of it in the forward pass and
+/// `backward` in the backward (0 where that pass's collective runs along the first dimension,
+/// or there is none).
+fn layout_copy(forward: f64, backward: f64) -> LayerOp {
+    LayerOp::Compute(OpSpec {
+        name: "tp_layout_copy",
+        class: OpClass::Memory,
+        forward_flops: 0.0,
+        forward_bytes: 2.0 * forward,
+        backward_flops: 0.0,
+        backward_bytes: 2.0 * backward,
+        saved: Saved::default(),
+    })
 }
