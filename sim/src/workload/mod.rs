@@ -16,6 +16,7 @@ mod ops;
 pub mod recompute;
 pub mod ring;
 pub mod transformer;
+mod transformer_ends;
 
 pub use ops::gemm_op;
 pub use transformer::TransformerConfig;
