@@ -342,6 +342,15 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
             Value::Object(f)
         }
     });
+    // NCCL_ALGO / NCCL_PROTO, valid or leaving a collective nothing (refused as NCCL fails it).
+    opt(&mut cluster, r, 0.08, "nccl", |r| {
+        let mut n = Map::new();
+        opt(&mut n, r, 0.7, "algo", |r| {
+            json!(*r.pick(&["ring", "^NVLS", "Tree", "nvls", "ring,tree", "PAT", "^ring,tree,nvls"]))
+        });
+        opt(&mut n, r, 0.5, "proto", |r| json!(*r.pick(&["Simple", "^LL128", "LL", "LL,LL128", "^simple"])));
+        Value::Object(n)
+    });
     if r.chance(0.04) && devices > 1 {
         let first = r.int(0, devices - 1);
         let last = r.int(first, devices - 1);
@@ -406,6 +415,7 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.2, "tp_gather_per_projection", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "tp_replicate_logits", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "tp_replicate_embedding", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "tp_layout_copies", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "grad_reduce_dtype", |r| json!(*r.pick(&["params", "fp32"])));
         opt(&mut f, r, 0.2, "gather_copy_out", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "gather_per_tensor", |r| json!(r.chance(0.5)));
