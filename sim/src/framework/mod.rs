@@ -246,6 +246,15 @@ pub struct Framework {
     /// matmul-reduce-scatter work on the chunks) nor `tp_async_backward` (Megatron's layers). On in `pytorch-fsdp` and `pytorch-ddp`
     /// (PyTorch's tensor parallelism is DTensor's). See [`TP_LAYOUT_COPIES_SOURCE`].
     pub tp_layout_copies: bool,
+    /// Under `tp_comm_overlap`, the overlap is PyTorch's micro-pipelined tensor parallelism
+    /// (torch.compile's `_micro_pipeline_tp`, torchtitan's async TP) rather than Transformer
+    /// Engine's userbuffers: a gather is fused with the GEMMs that consume it and a
+    /// reduce-scatter with the one GEMM that produces it (`fused_all_gather_matmul`,
+    /// `fused_matmul_reduce_scatter`), so the input gradient of separate projections (q, k and
+    /// v; gate and up), a sum of their GEMMs' outputs, is reduce-scattered unfused after them,
+    /// exposed; and the gathered input is kept for the weight gradients (no re-gather). On in
+    /// `pytorch-fsdp` and `pytorch-ddp`. See [`TP_MICRO_PIPELINE_SOURCE`].
+    pub tp_micro_pipeline: bool,
     /// Under tensor parallelism the output layer's vocabulary-sharded logits are all-gathered
     /// to every rank and the loss runs on the whole vocabulary on each (DTensor's
     /// `ColwiseParallel(output_layouts=Replicate())` on the head without `loss_parallel`);
@@ -318,6 +327,8 @@ pub const GATHER_COPY_OUT_SOURCE: &str = "pytorch/pytorch torch/distributed/_com
 pub const TP_ASYNC_BACKWARD_SOURCE: &str = "NVIDIA/Megatron-LM core_v0.6.0 megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward: with sequence parallelism the saved (sharded) input is all-gathered with async_op=True before the data-gradient matmul and waited for after it, then the input gradient's _reduce_scatter_base (all_reduce when async_grad_allreduce, without sequence parallelism) is launched with async_op=True before the weight-gradient GEMM and waited for after it (CUDA_DEVICE_MAX_CONNECTIONS=1 keeps the launch order); the same in the 2023 forks (FlagScale, Megatron-DeepSpeed's megatron/core/tensor_parallel/layers.py). NVIDIA/TransformerEngine v1.3 transformer_engine/pytorch/module/linear.py _Linear.backward ('Overlap input AG with dgrad', 'Overlap dgrad-RS/AR with wgrad'; LayerNormLinear likewise), which Megatron-Core's transformer_engine layers run. NVIDIA/Megatron-LM v2.5 (2021) megatron/mpu/layers.py ColumnParallelLinear: copy_to_tensor_model_parallel_region, whose backward all-reduces the input gradient after the layer's backward, on the compute stream";
 
 /// Where `tp_keeps_gathered_input` comes from.
+pub const TP_MICRO_PIPELINE_SOURCE: &str = "pytorch/pytorch torch/_inductor/fx_passes/micro_pipeline_tp.py: fuse_all_gather_matmul fuses an all-gather with the matmuls that take its result as their left operand; fuse_matmul_reduce_scatter fuses a reduce-scatter only when _find_producer_matmul finds an aten.mm or aten._scaled_mm (optionally between reshapes) producing its input, so a reduce-scatter of a sum of matmuls stays a plain functional collective; torch/distributed/_symmetric_memory/__init__.py _fused_all_gather_matmul_impl and _fused_matmul_reduce_scatter_impl (pipelined over the ranks' chunks, copy-engine transfers); torchtitan parallelize_llama.py (9dec370, 820504e): separate wq, wk, wv and w1, w3 modules, async TP through torch._inductor.config._micro_pipeline_tp; the PyTorch team's account (dev-discuss.pytorch.org, '[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch', 2024) reports up to 20-29% forward but about 8% end-to-end speedups";
+
 pub const TP_LAYOUT_COPIES_SOURCE: &str = "pytorch/pytorch torch/distributed/_functional_collectives.py (PyTorch 2.3 and later; the same lines in every version read): all_gather_tensor, 'if gather_dim != 0: ... res = torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)' after all_gather_into_tensor, and reduce_scatter_tensor, 'if scatter_dim != 0: tensor_list = torch.chunk(self, group_size, dim=scatter_dim); self = torch.cat(tensor_list)' before reduce_scatter_tensor; DTensor's Shard(dim) redistributions call them with the shard dimension (torch/distributed/tensor/placement_types.py, Shard._to_replicate_tensor and Partial's reduce-scatter), and torchtitan's sequence parallelism shards dim 1 of [batch, sequence, hidden] (SequenceParallel, PrepareModuleInput(input_layouts=Shard(1)), parallelize_llama.py at 9dec370); Megatron-LM lays activations out [sequence, batch, hidden] and gathers along dim 0 (megatron/core/tensor_parallel/mappings.py _gather_along_first_dim)";
 
 pub const TP_GATHERED_INPUT_SOURCE: &str = "pytorch/torchtitan torchtitan/parallelisms/parallelize_llama.py apply_tp (9dec370, December 2024): attention_norm and ffn_norm SequenceParallel, attention and feed_forward PrepareModuleInput(input_layouts Shard(1), desired_input_layouts Replicate()), wq/wk/wv and w1/w3 ColwiseParallel: the all-gather is a differentiable redistribute at the module's input, whose replicated output the linear layers save for their weight gradients (torch/distributed/tensor/parallel/style.py); Megatron-LM core_v0.6.0 LinearWithGradAccumulationAndAsyncCommunication saves the sharded input and all-gathers it again in backward (also Korthikanti et al. 2022, section 4.2.2), as Transformer Engine 1.3's Linear and LayerNormLinear do";
@@ -502,6 +513,10 @@ pub fn reference_markdown() -> String {
             (
                 "sequence-dimension gathers and reduce-scatters copy their buffer (DTensor's concatenation of chunks)",
                 f.tp_layout_copies,
+            ),
+            (
+                "TP overlap is PyTorch's micro-pipelined TP (a reduce-scatter fused only with the one GEMM that produces it)",
+                f.tp_micro_pipeline,
             ),
             (
                 "the output layer's logits gathered to every tensor-parallel rank, the loss run on each",

@@ -59,6 +59,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_keeps_gathered_input: false,
             tp_gather_per_projection: false,
             tp_layout_copies: false,
+            tp_micro_pipeline: false,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -114,6 +115,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_keeps_gathered_input: false,
             tp_gather_per_projection: false,
             tp_layout_copies: false,
+            tp_micro_pipeline: false,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -183,6 +185,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_keeps_gathered_input: false,
             tp_gather_per_projection: false,
             tp_layout_copies: false,
+            tp_micro_pipeline: false,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -249,6 +252,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_keeps_gathered_input: true,
             tp_gather_per_projection: false,
             tp_layout_copies: true,
+            tp_micro_pipeline: true,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -267,6 +271,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             sources: vec![
                 ("tp_keeps_gathered_input", TP_GATHERED_INPUT_SOURCE),
                 ("tp_layout_copies", TP_LAYOUT_COPIES_SOURCE),
+                ("tp_micro_pipeline", TP_MICRO_PIPELINE_SOURCE),
                 (
                     "gather",
                     "docs.pytorch.org/docs/stable/notes/fsdp.html: implicit forward prefetch (next all-gather on a separate stream); backward_prefetch=BACKWARD_PRE; limit_all_gathers=True default since pytorch#104900 (two all-gathers in flight)",
@@ -307,6 +312,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_keeps_gathered_input: false,
             tp_gather_per_projection: false,
             tp_layout_copies: false,
+            tp_micro_pipeline: false,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -355,6 +361,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             tp_keeps_gathered_input: true,
             tp_gather_per_projection: false,
             tp_layout_copies: true,
+            tp_micro_pipeline: true,
             tp_replicate_logits: false,
             tp_replicate_embedding: false,
             ep_comm_overlap: false,
@@ -373,6 +380,7 @@ pub fn profile(name: &str) -> Option<Framework> {
             sources: vec![
                 ("tp_keeps_gathered_input", TP_GATHERED_INPUT_SOURCE),
                 ("tp_layout_copies", TP_LAYOUT_COPIES_SOURCE),
+                ("tp_micro_pipeline", TP_MICRO_PIPELINE_SOURCE),
                 (
                     "grad_reduce",
                     "torch/nn/parallel/distributed.py: autograd hooks all-reduce each bucket as it fills, overlapping backward",

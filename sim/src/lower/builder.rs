@@ -418,6 +418,12 @@ pub(super) struct StepCtx {
     /// Fraction of the device's compute units a GEMM keeps while a pipelined reduce-scatter
     /// overlaps it (`TpOverlap`).
     pub(super) tp_sm_share: f64,
+    /// The overlap is PyTorch's micro-pipelined TP (`framework.tp_micro_pipeline` under
+    /// `Plan::tp_overlap`): the gathered input is kept (no re-gather in backward), and with
+    /// separate projections (`summed_input_grads`) the attention's and the MLP's input
+    /// gradients, sums of several GEMMs, are reduce-scattered unfused, on the compute stream.
+    pub(super) micro_pipeline: bool,
+    pub(super) summed_input_grads: bool,
     /// The replica and stage being lowered, the expert-parallel group's index (replica / ep)
     /// and, per lowered tensor rank, its expert-parallel group's devices (empty when ep = 1).
     pub(super) replica: u32,

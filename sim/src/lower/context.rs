@@ -260,6 +260,8 @@ impl Stage {
             tp_streams,
             tp_async_streams,
             tp_sm_share,
+            micro_pipeline: plan.tp_overlap() && plan.framework.tp_micro_pipeline,
+            summed_input_grads: plan.tp_overlap() && plan.framework.tp_micro_pipeline && !plan.fusion.projections,
             replica: r,
             stage,
             ep_group: r / plan.ep,

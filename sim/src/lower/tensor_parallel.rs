@@ -92,6 +92,16 @@ pub(super) struct TpOverlap {
 /// input projections and the output layer), whose backward reduces the input gradient.
 const COLUMN_INPUTS: [&str; 3] = ["attn_in", "mlp_in", "head_in"];
 
+/// The collectives into a block's input projections, whose backward reduces the sum of the
+/// projections' input gradients where the projections are separate GEMMs.
+const SUMMED_INPUTS: [&str; 2] = ["attn_in", "mlp_in"];
+
+/// Whether `op` is a block input's collective whose backward reduce-scatter PyTorch's
+/// micro-pipelined TP leaves unfused (`StepCtx::summed_input_grads`).
+fn unfused_summed(ctx: &StepCtx, op: Option<&LayerOp>) -> bool {
+    ctx.summed_input_grads && matches!(op, Some(LayerOp::Comm { name, .. }) if SUMMED_INPUTS.contains(name))
+}
+
 /// Chunks of a pipelined reduce-scatter (Transformer Engine's default `num_splits`).
 pub(crate) const PIPELINE_SPLITS: f64 = 4.0;
 
@@ -115,7 +125,10 @@ impl TpOverlap {
     /// layer's input collective feeds, whose backward reduces the input gradient, where the
     /// framework runs that beside the GEMMs ([`TpOverlap::column_backward`]).
     pub(super) fn splits(&self, ctx: &StepCtx, op: &LayerOp, next: Option<&LayerOp>) -> bool {
-        if ctx.tp_streams.is_empty() && ctx.tp_async_streams.is_empty() || !is_gemm(Some(op)) {
+        if ctx.tp_streams.is_empty() && ctx.tp_async_streams.is_empty()
+            || !is_gemm(Some(op))
+            || unfused_summed(ctx, next)
+        {
             return false;
         }
         matches!(
@@ -177,6 +190,13 @@ impl TpOverlap {
         // (Megatron-Core's `gather_from_sequence_parallel_region` in the alltoall token
         // dispatcher) are plain collectives, not Transformer Engine userbuffers.
         if ctx.tp_streams.is_empty() || axis != Axis::Tensor || name.starts_with("ep_") {
+            return false;
+        }
+        // PyTorch's micro-pipelined TP fuses a reduce-scatter only with the one GEMM producing
+        // its input: the sum of separate projections' input gradients goes unfused.
+        let backward = b.p.labels[label as usize].phase == Phase::Backward;
+        if backward && kind == CollectiveKind::ReduceScatter && ctx.summed_input_grads && SUMMED_INPUTS.contains(&name)
+        {
             return false;
         }
         match kind {
@@ -243,7 +263,8 @@ impl TpOverlap {
                 }
             }
         }
-        if kind == CollectiveKind::ReduceScatter {
+        // PyTorch's micro-pipelined TP keeps the gathered input: nothing to gather again.
+        if kind == CollectiveKind::ReduceScatter && !(bulk && ctx.micro_pipeline) {
             let id = b.collective_id(CollectiveKind::AllGather, &ctx.group, bytes);
             let gather = b.task(TaskKind::Collective, id, label, mb, side);
             for (x, &tail) in self.tails.iter().enumerate() {

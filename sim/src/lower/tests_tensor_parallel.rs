@@ -383,3 +383,55 @@ fn sequence_dimension_collectives_copy_their_buffer_under_dtensor() {
     let profile = |name: &str| crate::framework::profile(name).expect("profile").tp_layout_copies;
     assert!(profile("pytorch-fsdp") && profile("pytorch-ddp") && !profile("megatron-core") && !profile("deepspeed"));
 }
+
+/// PyTorch's micro-pipelined TP (`tp_micro_pipeline`, under `tp_comm_overlap`) fuses a
+/// reduce-scatter only with the one GEMM producing its input: with separate projections the
+/// backward's two input-gradient reduce-scatters of a layer run on the compute stream, where
+/// Transformer Engine's overlap runs them beside the weight-gradient GEMM; with a fused
+/// projection they stay beside it, and the kept gathered input is not gathered again.
+#[test]
+fn micro_pipelined_tp_leaves_summed_input_gradients_unfused() {
+    let run = |knobs: &str| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": 2, "hidden": 1024, "heads": 16, "kv_heads": 8,
+                    "vocab": 32000, "mlp": "swiglu", "norm": "rmsnorm", "rotary": true}}}},
+                "cluster": {{"node": "dgx-h100", "nodes": 1}},
+                "training": {{"global_batch": 1, "micro_batch": 1, "seq_len": 1024,
+                              "framework": {{"name": "pytorch-fsdp", "tp_comm_overlap": true {knobs}}}}},
+                "plan": {{"tp": 8, "sequence_parallel": true}}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let sim = crate::simulate(&s, false);
+        let p = &sim.program;
+        // Layer 0's backward collectives on device 0: (kind, on the compute stream).
+        let mut out: Vec<(super::CollectiveKind, bool)> = p
+            .tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::Collective)
+            .filter(|t| {
+                let l = &p.labels[t.label as usize];
+                l.layer == 0 && l.phase == Phase::Backward
+            })
+            .filter(|t| p.collectives[t.payload as usize].members.contains(&0))
+            .map(|t| (p.collectives[t.payload as usize].kind, Program::stream_kind(t.stream) == StreamKind::Compute))
+            .collect();
+        out.sort_by_key(|&(k, c)| (format!("{k:?}"), c));
+        out
+    };
+    use super::CollectiveKind::{AllGather, ReduceScatter};
+    let separate = r#", "fused": {"projections": false}"#;
+    // PyTorch's: the two input-gradient reduce-scatters on the compute stream; the two
+    // output-gradient gathers fused beside their GEMMs.
+    let torch = run(separate);
+    assert_eq!(torch, vec![(AllGather, false), (AllGather, false), (ReduceScatter, true), (ReduceScatter, true)]);
+    // Transformer Engine's: beside the weight-gradient GEMMs, each after a re-gather of the
+    // kept shard.
+    let te = run(&format!(r#"{separate}, "tp_micro_pipeline": false"#));
+    assert_eq!(te.iter().filter(|c| c.1).count(), 0, "{te:?}");
+    assert_eq!(te.iter().filter(|c| c.0 == AllGather).count(), 4, "{te:?}");
+    // Fused projections under PyTorch's: beside the GEMM, with no re-gather.
+    let fused = run(r#", "fused": {"projections": true}"#);
+    assert_eq!(fused, vec![(AllGather, false), (AllGather, false), (ReduceScatter, false), (ReduceScatter, false)]);
+    let profile = |name: &str| crate::framework::profile(name).expect("profile").tp_micro_pipeline;
+    assert!(profile("pytorch-fsdp") && !profile("megatron-core"));
+}

@@ -25,6 +25,7 @@ pub struct FrameworkSpec {
     tp_keeps_gathered_input: Option<bool>,
     tp_gather_per_projection: Option<bool>,
     tp_layout_copies: Option<bool>,
+    tp_micro_pipeline: Option<bool>,
     tp_replicate_logits: Option<bool>,
     tp_replicate_embedding: Option<bool>,
     ep_comm_overlap: Option<bool>,
@@ -125,6 +126,7 @@ pub fn parse(o: &Obj) -> Result<Option<FrameworkSpec>> {
         tp_keeps_gathered_input: f.boolean("tp_keeps_gathered_input")?,
         tp_gather_per_projection: f.boolean("tp_gather_per_projection")?,
         tp_layout_copies: f.boolean("tp_layout_copies")?,
+        tp_micro_pipeline: f.boolean("tp_micro_pipeline")?,
         tp_replicate_logits: f.boolean("tp_replicate_logits")?,
         tp_replicate_embedding: f.boolean("tp_replicate_embedding")?,
         ep_comm_overlap: f.boolean("ep_comm_overlap")?,
@@ -215,6 +217,7 @@ pub fn resolve(spec: Option<&FrameworkSpec>, traits: PlanTraits, defaults: &mut 
     set(&mut f.tp_keeps_gathered_input, s.tp_keeps_gathered_input);
     set(&mut f.tp_gather_per_projection, s.tp_gather_per_projection);
     set(&mut f.tp_layout_copies, s.tp_layout_copies);
+    set(&mut f.tp_micro_pipeline, s.tp_micro_pipeline);
     set(&mut f.tp_replicate_logits, s.tp_replicate_logits);
     set(&mut f.tp_replicate_embedding, s.tp_replicate_embedding);
     set(&mut f.ep_comm_overlap, s.ep_comm_overlap);

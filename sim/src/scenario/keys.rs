@@ -136,6 +136,7 @@ pub const FRAMEWORK: &[&str] = &[
     "tp_keeps_gathered_input",
     "tp_gather_per_projection",
     "tp_layout_copies",
+    "tp_micro_pipeline",
     "tp_replicate_logits",
     "tp_replicate_embedding",
     "ep_comm_overlap",

@@ -269,7 +269,8 @@ pub(super) fn parse_plan(
             gqa: framework.fused.gqa,
             unfused_loss: framework.unfused_loss,
             cp_ring: framework.cp_ring,
-            gathered_linear_inputs: framework.tp_keeps_gathered_input && !framework.tp_comm_overlap,
+            gathered_linear_inputs: framework.tp_keeps_gathered_input
+                && (!framework.tp_comm_overlap || framework.tp_micro_pipeline),
             gather_per_projection: framework.tp_gather_per_projection && !framework.tp_comm_overlap,
             layout_copies: framework.tp_layout_copies && !framework.tp_comm_overlap && !framework.tp_async_backward,
             fp8_tp_gather: t.precision == crate::hardware::Precision::Fp8
