@@ -416,6 +416,7 @@ pub fn valid(r: &mut R, cat: &Catalog) -> Scenario {
         opt(&mut f, r, 0.2, "tp_replicate_logits", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "tp_replicate_embedding", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "tp_layout_copies", |r| json!(r.chance(0.5)));
+        opt(&mut f, r, 0.2, "tp_micro_pipeline", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.3, "grad_reduce_dtype", |r| json!(*r.pick(&["params", "fp32"])));
         opt(&mut f, r, 0.2, "gather_copy_out", |r| json!(r.chance(0.5)));
         opt(&mut f, r, 0.2, "gather_per_tensor", |r| json!(r.chance(0.5)));
