@@ -96,10 +96,10 @@ const COLUMN_INPUTS: [&str; 3] = ["attn_in", "mlp_in", "head_in"];
 /// projections' input gradients where the projections are separate GEMMs.
 const SUMMED_INPUTS: [&str; 2] = ["attn_in", "mlp_in"];
 
-/// Whether `op` is a block input's collective whose backward reduce-scatter PyTorch's
+/// Whether collective `name` is a block input's whose backward reduce-scatter PyTorch's
 /// micro-pipelined TP leaves unfused (`StepCtx::summed_input_grads`).
-fn unfused_summed(ctx: &StepCtx, op: Option<&LayerOp>) -> bool {
-    ctx.summed_input_grads && matches!(op, Some(LayerOp::Comm { name, .. }) if SUMMED_INPUTS.contains(name))
+fn unfused_summed(ctx: &StepCtx, name: &str) -> bool {
+    ctx.summed_input_grads && SUMMED_INPUTS.contains(&name)
 }
 
 /// Chunks of a pipelined reduce-scatter (Transformer Engine's default `num_splits`).
@@ -127,7 +127,7 @@ impl TpOverlap {
     pub(super) fn splits(&self, ctx: &StepCtx, op: &LayerOp, next: Option<&LayerOp>) -> bool {
         if ctx.tp_streams.is_empty() && ctx.tp_async_streams.is_empty()
             || !is_gemm(Some(op))
-            || unfused_summed(ctx, next)
+            || matches!(next, Some(LayerOp::Comm { name, .. }) if unfused_summed(ctx, name))
         {
             return false;
         }
@@ -195,8 +195,7 @@ impl TpOverlap {
         // PyTorch's micro-pipelined TP fuses a reduce-scatter only with the one GEMM producing
         // its input: the sum of separate projections' input gradients goes unfused.
         let backward = b.p.labels[label as usize].phase == Phase::Backward;
-        if backward && kind == CollectiveKind::ReduceScatter && ctx.summed_input_grads && SUMMED_INPUTS.contains(&name)
-        {
+        if backward && kind == CollectiveKind::ReduceScatter && unfused_summed(ctx, name) {
             return false;
         }
         match kind {
