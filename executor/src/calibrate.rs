@@ -222,6 +222,7 @@ fn gemm_op(batch: f64, m: f64, n: f64, k: f64) -> OpInstance {
         class: 0,
         sm_share: 1.0,
         part: sim::lower::OpPart::Whole,
+        rows: 1.0,
     }
 }
 
@@ -242,6 +243,7 @@ fn stream_op(bytes: f64) -> OpInstance {
         class: 0,
         sm_share: 1.0,
         part: sim::lower::OpPart::Whole,
+        rows: 1.0,
     }
 }
 

@@ -166,6 +166,7 @@ fn device_op(backward: bool) -> OpInstance {
         class: 0,
         sm_share: 1.0,
         part: crate::lower::OpPart::Whole,
+        rows: 1.0,
     }
 }
 

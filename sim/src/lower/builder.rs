@@ -185,6 +185,7 @@ impl Builder {
             class: self.class,
             sm_share: 1.0,
             part: OpPart::Whole,
+            rows: 1.0,
         });
         (self.p.ops.len() - 1) as u32
     }
@@ -260,6 +261,13 @@ impl Builder {
     /// A copy of op `op` that runs on `share` of the device's compute units (one per op).
     pub(super) fn narrowed(&mut self, op: u32, share: f64) -> u32 {
         self.derived(op, 0, |o| o.sm_share = share)
+    }
+
+    /// A copy of op `op` that computes `rows` of its rows (`OpInstance::rows`): a GEMM's
+    /// chunks under a fused tensor-parallel collective, one rank's (at most half) or the
+    /// others' (one per op and kind; an op's chunks all come from one group's size).
+    pub(super) fn rows_of(&mut self, op: u32, rows: f64) -> u32 {
+        self.derived(op, if rows > 0.5 { 4 } else { 5 }, |o| o.rows = rows)
     }
 
     /// A copy of op `op` changed by `edit`, made once per op and `kind` of change.

@@ -48,7 +48,7 @@ pub(super) fn emit_block(
                     let (d, w) = (b.part_of(op, OpPart::DataGrad), b.part_of(op, OpPart::WeightGrad));
                     let dgrad = emit_group_compute(b, ctx, d, label, mb);
                     let wgrad = emit_group_compute(b, ctx, w, label, mb);
-                    overlap.after_split(b, (dgrad, wgrad));
+                    overlap.after_split(b, ctx, (dgrad, wgrad));
                     if transient_of(blk, j, backward) > 0.0 {
                         for x in 0..t {
                             let di = Program::stream_device(ctx.streams[x as usize]);
@@ -58,7 +58,7 @@ pub(super) fn emit_block(
                     dgrad
                 } else {
                     let f = emit_group_compute(b, ctx, op, label, mb);
-                    overlap.after_compute(b, f);
+                    overlap.after_compute(b, ctx, f, is_gemm(next));
                     f
                 };
                 // The op's last tasks (the weight-gradient product's where it was split).
@@ -152,7 +152,7 @@ pub(super) fn emit_recompute(
                 let label = layer_label(b, layer, j, spec.name, Phase::Recompute, chunk);
                 overlap.before_compute(b, ctx);
                 let f = emit_group_compute(b, ctx, blk.fwd[j], label, mb);
-                overlap.after_compute(b, f);
+                overlap.after_compute(b, ctx, f, is_gemm(blk.ops.get(j + 1)));
                 if first == NONE {
                     first = f;
                     if alloc > 0.0 {

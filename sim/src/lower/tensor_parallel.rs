@@ -4,10 +4,11 @@
 //! them ([`TpOverlap`]).
 
 use super::builder::{Builder, StepCtx};
+use super::compute::emit_group_compute;
 use super::context_parallel::{Beside, cp_collective};
 use super::program::*;
-use crate::report::timeline::Phase;
-use crate::workload::{Axis, LayerOp, OpClass};
+use crate::report::timeline::{Label, Phase};
+use crate::workload::{Axis, LayerOp, OpClass, OpSpec};
 
 /// A collective of `bytes` among the group's devices along `axis` (the whole group, or each
 /// line of the tensor-parallel grid along one dimension, rooted at `root`), on their compute
@@ -74,6 +75,23 @@ pub(super) fn collective_on_compute(
 /// for ring_exchange and 16 otherwise, `set_sm_margin` off for ring_exchange, `num_splits`
 /// tp for ring_exchange and 4 for pipeline). Not modelled: the lower efficiency of the
 /// chunked GEMMs.
+///
+/// PyTorch's micro-pipelined TP (`StepCtx::micro_pipeline`) runs its fused ops differently
+/// (`torch/distributed/_symmetric_memory/__init__.py`): the transfers are copy-engine reads of
+/// the peers' symmetric-memory buffers, which take no SM, and the GEMM is cut into one chunk
+/// of rows per rank (`OpInstance::rows`):
+///
+/// - all-gather-matmul (`_pipelined_all_gather_and_consume`): each rank first copies its shard
+///   into its symmetric buffer on the compute stream (`tp_symm_copy`), then computes its own
+///   chunk while the peers' shards arrive, each chunk after its shard; every GEMM reading the
+///   gathered input is fused in (torchtitan's separate q, k, v and w1, w3). So the GEMMs but
+///   one rank's chunk of each run beside the gather, and that chunk after it. In backward the
+///   consumer is the row-parallel layer's data gradient; its weight gradient reads the whole
+///   gathered gradient, after the gather.
+/// - matmul-reduce-scatter (`_pipelined_produce_and_all2all`): the chunk for the first peer
+///   is computed before any transfer, the others beside the transfers, and the partial sums
+///   pulled from the peers are added on the compute stream once all have arrived
+///   (`tp_reduce_partials`).
 #[derive(Default)]
 pub(super) struct TpOverlap {
     /// Per group member, the compute stream's last task before the latest GEMM.
@@ -86,6 +104,16 @@ pub(super) struct TpOverlap {
     /// The first of the group's tasks of the latest op's two backward products, where it was
     /// split ([`TpOverlap::splits`]): (data gradient, weight gradient).
     halves: Option<(u32, u32)>,
+    /// PyTorch's fused all-gather-matmul whose consumer GEMMs are being emitted.
+    fused_gather: Option<FusedGather>,
+}
+
+/// A fused all-gather-matmul under way (see [`TpOverlap`]): the gather's task, the group's
+/// size, and per consumer GEMM so far its group's first task and its whole op.
+struct FusedGather {
+    task: u32,
+    ranks: f64,
+    consumers: Vec<(u32, u32)>,
 }
 
 /// The collectives into a column-parallel GEMM (Megatron's `f`: the attention's and the MLP's
@@ -143,16 +171,36 @@ impl TpOverlap {
     }
 
     /// After a GEMM's backward is emitted as its two products (each group's first task).
-    pub(super) fn after_split(&mut self, b: &mut Builder, (dgrad, wgrad): (u32, u32)) {
-        self.after_compute(b, wgrad);
+    pub(super) fn after_split(&mut self, b: &mut Builder, ctx: &StepCtx, (dgrad, wgrad): (u32, u32)) {
+        self.after_compute(b, ctx, wgrad, false);
         self.halves = Some((dgrad, wgrad));
     }
 
-    /// After a compute op is emitted: the next task on each compute stream waits for the
-    /// all-gather that ran beside it.
-    pub(super) fn after_compute(&mut self, b: &mut Builder, first: u32) {
+    /// After a compute op is emitted (its group's first task `first`; `next_gemm`: the op
+    /// after it is a GEMM): the next task on each compute stream waits for the all-gather
+    /// that ran beside it. A fused all-gather-matmul's consumer runs all but one rank's chunk
+    /// beside the gather, and that chunk after it once the consumers end.
+    pub(super) fn after_compute(&mut self, b: &mut Builder, ctx: &StepCtx, first: u32, next_gemm: bool) {
         self.halves = None;
         self.last_compute = first;
+        if let Some(mut g) = self.fused_gather.take() {
+            let op = b.p.tasks[first as usize].payload;
+            let (gemm, backward) = (is_gemm_op(b, op), b.p.ops[op as usize].backward);
+            if gemm && backward {
+                consume_backward(b, ctx, &g, first, op);
+            } else {
+                if gemm {
+                    let beside = b.rows_of(op, (g.ranks - 1.0) / g.ranks);
+                    set_payload(b, ctx, first, beside);
+                    g.consumers.push((first, op));
+                }
+                if gemm && next_gemm {
+                    self.fused_gather = Some(g);
+                } else {
+                    finish_gather(b, ctx, &g);
+                }
+            }
+        }
         for (s, task) in self.after_next.drain(..) {
             b.held_tp[s as usize].push(task);
         }
@@ -199,6 +247,38 @@ impl TpOverlap {
             return false;
         }
         match kind {
+            CollectiveKind::AllGather if next_gemm && ctx.micro_pipeline => {
+                let ranks = ctx.group.len() as f64;
+                let copy = OpSpec::tp_symm_copy(bytes / ranks);
+                extra_op(b, ctx, &copy, label, mb);
+                let id = b.collective_id(kind, &ctx.group, bytes);
+                let task = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
+                for &s in &ctx.streams {
+                    b.after_stream_tail(s, task);
+                }
+                self.fused_gather = Some(FusedGather { task, ranks, consumers: Vec::new() });
+                true
+            }
+            CollectiveKind::ReduceScatter if prev_gemm && ctx.micro_pipeline => {
+                let ranks = ctx.group.len() as f64;
+                let head = self.last_compute;
+                let op = b.p.tasks[head as usize].payload;
+                let first_chunk = b.rows_of(op, 1.0 / ranks);
+                set_payload(b, ctx, head, first_chunk);
+                let rest = b.rows_of(op, (ranks - 1.0) / ranks);
+                let gemm_label = b.p.tasks[head as usize].label;
+                emit_group_compute(b, ctx, rest, gemm_label, mb);
+                let id = b.collective_id(kind, &ctx.group, bytes);
+                let pulls = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
+                for x in 0..ctx.streams.len() as u32 {
+                    b.p.deps.push((head + x, pulls));
+                }
+                for &s in &ctx.streams {
+                    b.held_tp[s as usize].push(pulls);
+                }
+                extra_op(b, ctx, &OpSpec::tp_reduce_partials(bytes, ranks), label, mb);
+                true
+            }
             CollectiveKind::AllGather if next_gemm => {
                 let id = b.collective_id(kind, &ctx.group, bytes);
                 let task = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
@@ -254,7 +334,8 @@ impl TpOverlap {
         let Some((dgrad, wgrad)) = self.halves.take() else { return false };
         let bulk = !ctx.tp_streams.is_empty();
         let side = if bulk { &ctx.tp_streams } else { &ctx.tp_async_streams };
-        if bulk {
+        // (PyTorch's fused ops move the bytes by copy engine: no SM taken.)
+        if bulk && !ctx.micro_pipeline {
             for x in 0..ctx.streams.len() as u32 {
                 for task in [dgrad + x, wgrad + x] {
                     let op = b.p.tasks[task as usize].payload;
@@ -283,4 +364,56 @@ impl TpOverlap {
         }
         true
     }
+}
+
+/// Whether op `op` of the program is a GEMM.
+fn is_gemm_op(b: &Builder, op: u32) -> bool {
+    matches!(b.p.ops[op as usize].spec.class, OpClass::Gemm { .. })
+}
+
+/// Points the group's tasks from `first` (one per compute stream) at op `op`.
+fn set_payload(b: &mut Builder, ctx: &StepCtx, first: u32, op: u32) {
+    for x in 0..ctx.streams.len() as u32 {
+        b.p.tasks[(first + x) as usize].payload = op;
+    }
+}
+
+/// A memory-bound op of a fused collective (`spec`) on the group's compute streams, labelled
+/// by its own name in the collective's layer and pass.
+fn extra_op(b: &mut Builder, ctx: &StepCtx, spec: &OpSpec, label: u32, mb: u32) {
+    let l = b.p.labels[label as usize].clone();
+    let backward = l.phase == Phase::Backward;
+    let op = b.shared_op(spec, backward);
+    let own = b.label(Label { op: spec.name, ..l });
+    emit_group_compute(b, ctx, op, own, mb);
+}
+
+/// The rank's own chunk of each consumer of a fused all-gather-matmul, after the gather.
+fn finish_gather(b: &mut Builder, ctx: &StepCtx, g: &FusedGather) {
+    for &s in &ctx.streams {
+        b.held_tp[s as usize].push(g.task);
+    }
+    for &(first, op) in &g.consumers {
+        let (label, mb) = (b.p.tasks[first as usize].label, b.p.tasks[first as usize].micro_batch);
+        let own = b.rows_of(op, 1.0 / g.ranks);
+        emit_group_compute(b, ctx, own, label, mb);
+    }
+}
+
+/// A row-parallel layer's backward (op `op`, emitted whole from `first`) as the consumer of
+/// its output gradient's fused all-gather: the data gradient's chunks but the rank's own
+/// beside the gather, that chunk after it, then the weight gradient, which reads the whole
+/// gathered gradient.
+fn consume_backward(b: &mut Builder, ctx: &StepCtx, g: &FusedGather, first: u32, op: u32) {
+    let dgrad = b.part_of(op, OpPart::DataGrad);
+    let beside = b.rows_of(dgrad, (g.ranks - 1.0) / g.ranks);
+    set_payload(b, ctx, first, beside);
+    for &s in &ctx.streams {
+        b.held_tp[s as usize].push(g.task);
+    }
+    let (label, mb) = (b.p.tasks[first as usize].label, b.p.tasks[first as usize].micro_batch);
+    let own = b.rows_of(dgrad, 1.0 / g.ranks);
+    emit_group_compute(b, ctx, own, label, mb);
+    let wgrad = b.part_of(op, OpPart::WeightGrad);
+    emit_group_compute(b, ctx, wgrad, label, mb);
 }

@@ -435,3 +435,93 @@ fn micro_pipelined_tp_leaves_summed_input_gradients_unfused() {
     let profile = |name: &str| crate::framework::profile(name).expect("profile").tp_micro_pipeline;
     assert!(profile("pytorch-fsdp") && !profile("megatron-core"));
 }
+
+/// PyTorch's fused all-gather-matmul and matmul-reduce-scatter (`TpOverlap`, micro-pipelined):
+/// on layer 0 of device 0, each fused gather follows a copy of the shard into symmetric memory
+/// and runs beside all but one rank's chunk of its GEMMs (the q, k and v projections), that
+/// chunk after it; the output projection's first chunk runs before its reduce-scatter's pulls,
+/// the rest beside them, and the partial sums are added after them; in backward the output
+/// projection's weight gradient waits for the whole gathered gradient. No GEMM gives up SMs
+/// (the copy engines move the bytes). Transformer Engine's overlap has none of these ops.
+#[test]
+fn pytorch_fused_collectives_chunk_their_gemms() {
+    let run = |knobs: &str| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": 2, "hidden": 1024, "heads": 16, "kv_heads": 8,
+                    "vocab": 32000, "mlp": "swiglu", "norm": "rmsnorm", "rotary": true}}}},
+                "cluster": {{"node": "dgx-h100", "nodes": 1}},
+                "training": {{"global_batch": 1, "micro_batch": 1, "seq_len": 4096,
+                              "framework": {{"name": "pytorch-fsdp", "tp_comm_overlap": true,
+                                             "fused": {{"projections": false}} {knobs}}}}},
+                "plan": {{"tp": 8, "sequence_parallel": true}}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        crate::simulate(&s, true)
+    };
+    let sim = run("");
+    let t = &sim.timeline;
+    // Layer 0's spans of `op` in `phase` on device 0, in time order: (stream, start, end).
+    let spans = |op: &str, phase: Phase| {
+        let mut v: Vec<(StreamKind, u64, u64)> = t
+            .spans
+            .iter()
+            .filter(|s| s.device == 0)
+            .filter(|s| {
+                let l = &t.labels[s.label as usize];
+                l.layer == 0 && l.phase == phase && l.op == op
+            })
+            .map(|s| (s.stream, s.start_ns, s.end_ns))
+            .collect();
+        v.sort_by_key(|s| s.1);
+        v
+    };
+    let one = |op: &str, phase: Phase| {
+        let v = spans(op, phase);
+        assert_eq!(v.len(), 1, "{op} {phase:?}: {v:?}");
+        v[0]
+    };
+    let gather = one("attn_in", Phase::Forward);
+    assert_eq!(gather.0, StreamKind::TensorParallel);
+    // (One copy before each of the layer's two gathers, one sum after each reduce-scatter.)
+    let copies = spans("tp_symm_copy", Phase::Forward);
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    assert!(copies[0].2 <= gather.1, "the shard is copied before the pulls");
+    for proj in ["q_proj", "k_proj", "v_proj"] {
+        let v = spans(proj, Phase::Forward);
+        assert_eq!(v.len(), 2, "{proj}: {v:?}");
+        assert!(v[0].1 < gather.2, "{proj}'s other ranks' chunks run beside the gather");
+        assert!(v[1].1 >= gather.2, "{proj}'s own chunk waits for the gather");
+    }
+    let pulls = one("attn_out", Phase::Forward);
+    let out = spans("out_proj", Phase::Forward);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(out[0].2 <= pulls.1 && out[1].1 < pulls.2, "first chunk before the pulls, the rest beside");
+    let sums = spans("tp_reduce_partials", Phase::Forward);
+    assert!(sums.len() == 2 && sums[0].1 >= pulls.2, "{sums:?}");
+    let grad_gather = one("attn_out", Phase::Backward);
+    let back = spans("out_proj", Phase::Backward);
+    assert_eq!(back.len(), 3, "{back:?}");
+    assert!(back[0].1 < grad_gather.2 && back[2].1 >= grad_gather.2, "the weight gradient waits for the gather");
+    // The ops' sizes: a shard copied (read and written), the stacked partials read and the
+    // shard written.
+    let p = &sim.program;
+    let comm_bytes = p
+        .tasks
+        .iter()
+        .filter(|task| task.kind == super::TaskKind::Collective && p.labels[task.label as usize].op == "attn_out")
+        .map(|task| p.collectives[task.payload as usize].bytes)
+        .next()
+        .expect("a reduce-scatter");
+    let op_bytes = |name: &str| p.ops.iter().find(|o| o.spec.name == name).expect(name).spec.forward_bytes;
+    assert!((op_bytes("tp_symm_copy") - 2.0 * comm_bytes / 8.0).abs() < 1e-6 * comm_bytes);
+    assert!((op_bytes("tp_reduce_partials") - comm_bytes * 9.0 / 8.0).abs() < 1e-6 * comm_bytes);
+    assert!(p.ops.iter().all(|o| o.sm_share == 1.0), "copy engines take no SM");
+    let chunks: Vec<f64> = p.ops.iter().map(|o| o.rows).filter(|&r| r != 1.0).collect();
+    assert!(!chunks.is_empty() && chunks.iter().all(|&r| r == 1.0 / 8.0 || r == 7.0 / 8.0), "{chunks:?}");
+    // Transformer Engine's userbuffers: none of PyTorch's ops, whole GEMMs.
+    let te = run(r#", "tp_micro_pipeline": false"#);
+    let names: Vec<&str> = te.program.ops.iter().map(|o| o.spec.name).collect();
+    assert!(!names.contains(&"tp_symm_copy") && !names.contains(&"tp_reduce_partials"));
+    assert!(te.program.ops.iter().all(|o| o.rows == 1.0));
+    assert!(te.report.iteration_s < sim.report.iteration_s * 1.5 && sim.report.iteration_s > 0.0);
+}

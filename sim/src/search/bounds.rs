@@ -49,16 +49,17 @@ impl Bounds {
 /// stream, and how many ops they are. A tensor-parallel collective on the stream takes at
 /// least the time each member needs to send `(n-1)/n` of the buffer (whatever the algorithm,
 /// switch reductions included) at `egress` bytes/s. Where the framework overlaps them with
-/// GEMMs (`overlap`: the GEMM's share of the SMs, as the lowering's `TpOverlap` does it), an
-/// all-gather before a GEMM counts nothing, a reduce-scatter after one its last split, and
-/// that GEMM runs on its share of the SMs; the others stay on the stream.
+/// GEMMs (`overlap`: the GEMM's share of the SMs, as the lowering's `TpOverlap` does it, and
+/// whether the overlap is PyTorch's micro-pipelined TP), an all-gather before a GEMM counts
+/// nothing, a reduce-scatter after one its last split, and that GEMM runs on its share of
+/// the SMs (under PyTorch's fused ops, nothing and all of them); the others stay on the stream.
 fn block_s(
     model: &ComputeModel,
     ops: &[LayerOp],
     (recompute, modules): (Recompute, RecomputeModules),
     dims: &[u32],
     egress: f64,
-    overlap: Option<f64>,
+    overlap: Option<(f64, bool)>,
 ) -> Block {
     let (mut f, mut b, mut n, mut fc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
     let selective =
@@ -85,7 +86,10 @@ fn block_s(
                         match (kind, overlap) {
                             (None, _) => 0.0,
                             (Some(Comm::AllGather), Some(_)) if tensor && gemm(after).is_some() => 0.0,
-                            (Some(Comm::ReduceScatter), Some(share)) if tensor && gemm(before).is_some() => {
+                            // PyTorch's fused matmul-reduce-scatter: copy-engine pulls beside the
+                            // GEMM's chunks, all SMs left to them (bounded by 0).
+                            (Some(Comm::ReduceScatter), Some((_, true))) if tensor && gemm(before).is_some() => 0.0,
+                            (Some(Comm::ReduceScatter), Some((share, false))) if tensor && gemm(before).is_some() => {
                                 let g = gemm(before).expect("checked");
                                 *stretch += model.op_s(g, before > Some(i)) * (1.0 / share - 1.0);
                                 t / PIPELINE_SPLITS
@@ -207,7 +211,7 @@ pub fn bounds(s: &Scenario) -> Bounds {
             .with_op_rates(&s.op_rates)
             .with_weights_on_chip(dev.fpga.is_some());
         let straggle = 1.0 + s.options.device_variability(dev) * slowest;
-        let overlap = plan.tp_overlap().then(|| tp_sm_share(dev.compute_units));
+        let overlap = plan.tp_overlap().then(|| (tp_sm_share(dev.compute_units), plan.framework.tp_micro_pipeline));
         let mut layer = block_s(&model, &layer_ops, (time_recompute, plan.recompute_modules), &dims, egress, overlap);
         if let Some(dense) = &dense_ops {
             // Layers of two kinds: every layer at least as fast as the faster kind.

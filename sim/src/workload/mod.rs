@@ -428,6 +428,32 @@ impl OpSpec {
         }
     }
 
+    /// PyTorch's fused all-gather-matmul's copy of a rank's `shard` bytes into its symmetric
+    /// memory buffer, where the other ranks' copy engines read it, before any transfer: one
+    /// copy, read and written once (`_pipelined_all_gather_and_consume`, "copy_shard" into the
+    /// local p2p buffer, then a barrier).
+    pub fn tp_symm_copy(shard: f64) -> OpSpec {
+        OpSpec { name: "tp_symm_copy", ..OpSpec::gather_copy_out(shard) }
+    }
+
+    /// PyTorch's fused matmul-reduce-scatter's last step: the `ranks` partial products of this
+    /// rank's shard, `bytes` in all (one `bytes / ranks` from each rank, pulled into one
+    /// stacked buffer), summed into the shard: read once, the shard written once
+    /// (`_fused_matmul_reduce_scatter_impl`: `torch.sum` over the stacked partials, or
+    /// `reduce_partials` later).
+    pub fn tp_reduce_partials(bytes: f64, ranks: f64) -> OpSpec {
+        let traffic = bytes + bytes / ranks.max(1.0);
+        OpSpec {
+            name: "tp_reduce_partials",
+            class: OpClass::Memory,
+            forward_flops: 0.0,
+            forward_bytes: traffic,
+            backward_flops: 0.0,
+            backward_bytes: traffic,
+            saved: Saved::default(),
+        }
+    }
+
     /// `copies` copies of `bytes` in all (read and written once), one kernel each: out of
     /// ZeRO-3's list all-gathers (`gather_list_copies`) or into its list reduce-scatters
     /// (`reduce_list_copies`) under `framework.gather_per_tensor`.
