@@ -62,9 +62,11 @@ pub(super) fn collective_on_compute(
 /// all-gather with the GEMM that consumes it and each reduce-scatter with the GEMM that
 /// produces it:
 ///
-/// - an all-gather before a GEMM (ring exchange): the GEMM works on the chunk it holds while
-///   the next one arrives, so the whole all-gather runs on the tensor-parallel stream beside
-///   the GEMM and the task after the GEMM waits for it;
+/// - an all-gather before a GEMM (ring exchange, `num_splits` tp): the GEMM works on the
+///   chunk it holds while the next one arrives, so the all-gather runs on the tensor-parallel
+///   stream beside all of the GEMM's chunks of rows but the last, which follows it
+///   (`OpInstance::rows`); in backward the GEMM is a row-parallel layer's data gradient, and
+///   its weight gradient, which reads the whole gathered output gradient, follows too;
 /// - a reduce-scatter after a GEMM (pipelined, `num_splits` 4 by default): each of the GEMM's
 ///   4 chunks is scattered while the next is computed, so 3/4 of the bytes run beside the
 ///   GEMM and the last chunk's 1/4 follows it on the compute stream; meanwhile the GEMM runs
@@ -74,7 +76,7 @@ pub(super) fn collective_on_compute(
 /// Sources: transformer_engine/pytorch/module/base.py `initialize_ub` (default `num_sm` 1
 /// for ring_exchange and 16 otherwise, `set_sm_margin` off for ring_exchange, `num_splits`
 /// tp for ring_exchange and 4 for pipeline). Not modelled: the lower efficiency of the
-/// chunked GEMMs.
+/// chunked GEMMs (each chunk costs its share of the whole GEMM).
 ///
 /// PyTorch's micro-pipelined TP (`StepCtx::micro_pipeline`) runs its fused ops differently
 /// (`torch/distributed/_symmetric_memory/__init__.py`): the transfers are copy-engine reads of
@@ -114,6 +116,9 @@ struct FusedGather {
     task: u32,
     ranks: f64,
     consumers: Vec<(u32, u32)>,
+    /// Only the GEMM right after the gather is fused (Transformer Engine's userbuffers: one
+    /// GEMM per communicator); PyTorch's fuses every GEMM reading the gathered input.
+    one_consumer: bool,
 }
 
 /// The collectives into a column-parallel GEMM (Megatron's `f`: the attention's and the MLP's
@@ -194,7 +199,7 @@ impl TpOverlap {
                     set_payload(b, ctx, first, beside);
                     g.consumers.push((first, op));
                 }
-                if gemm && next_gemm {
+                if gemm && next_gemm && !g.one_consumer {
                     self.fused_gather = Some(g);
                 } else {
                     finish_gather(b, ctx, &g);
@@ -256,7 +261,7 @@ impl TpOverlap {
                 for &s in &ctx.streams {
                     b.after_stream_tail(s, task);
                 }
-                self.fused_gather = Some(FusedGather { task, ranks, consumers: Vec::new() });
+                self.fused_gather = Some(FusedGather { task, ranks, consumers: Vec::new(), one_consumer: false });
                 true
             }
             CollectiveKind::ReduceScatter if prev_gemm && ctx.micro_pipeline => {
@@ -285,7 +290,8 @@ impl TpOverlap {
                 for &s in &ctx.streams {
                     b.after_stream_tail(s, task);
                 }
-                self.after_next.extend(ctx.streams.iter().map(|&s| (s, task)));
+                let ranks = ctx.group.len() as f64;
+                self.fused_gather = Some(FusedGather { task, ranks, consumers: Vec::new(), one_consumer: true });
                 true
             }
             CollectiveKind::ReduceScatter if prev_gemm && self.tails.len() == ctx.streams.len() => {
