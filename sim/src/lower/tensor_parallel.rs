@@ -68,8 +68,9 @@ pub(super) fn collective_on_compute(
 ///   (`OpInstance::rows`); in backward the GEMM is a row-parallel layer's data gradient, and
 ///   its weight gradient, which reads the whole gathered output gradient, follows too;
 /// - a reduce-scatter after a GEMM (pipelined, `num_splits` 4 by default): each of the GEMM's
-///   4 chunks is scattered while the next is computed, so 3/4 of the bytes run beside the
-///   GEMM and the last chunk's 1/4 follows it on the compute stream; meanwhile the GEMM runs
+///   4 chunks is scattered while the next is computed, so the first chunk runs alone, 3/4 of
+///   the bytes run beside the other three and the last chunk's 1/4 follows them on the
+///   compute stream; meanwhile the GEMM runs
 ///   on the SMs the communication kernels leave it (`StepCtx::tp_sm_share`, `num_sm` 16 with
 ///   `set_sm_margin`). Ring exchange uses the copy engines and leaves the GEMM all its SMs.
 ///
@@ -295,18 +296,19 @@ impl TpOverlap {
                 true
             }
             CollectiveKind::ReduceScatter if prev_gemm && self.tails.len() == ctx.streams.len() => {
-                // The GEMM shares its SMs with the reduce-scatter's kernels.
-                for x in 0..ctx.streams.len() as u32 {
-                    let task = (self.last_compute + x) as usize;
-                    let op = b.p.tasks[task].payload;
-                    b.p.tasks[task].payload = b.narrowed(op, ctx.tp_sm_share);
-                }
+                // The GEMM shares its SMs with the reduce-scatter's kernels, and its first
+                // chunk is computed before any of them is scattered.
+                let head = self.last_compute;
+                let narrow = b.narrowed(b.p.tasks[head as usize].payload, ctx.tp_sm_share);
+                let first_chunk = b.rows_of(narrow, 1.0 / PIPELINE_SPLITS);
+                set_payload(b, ctx, head, first_chunk);
+                let rest = b.rows_of(narrow, (PIPELINE_SPLITS - 1.0) / PIPELINE_SPLITS);
+                let gemm_label = b.p.tasks[head as usize].label;
+                emit_group_compute(b, ctx, rest, gemm_label, mb);
                 let id = b.collective_id(kind, &ctx.group, bytes * (PIPELINE_SPLITS - 1.0) / PIPELINE_SPLITS);
                 let beside = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
-                for &tail in &self.tails {
-                    if tail != NONE {
-                        b.p.deps.push((tail, beside));
-                    }
+                for x in 0..ctx.streams.len() as u32 {
+                    b.p.deps.push((head + x, beside));
                 }
                 let last = b.collective_id(kind, &ctx.group, bytes / PIPELINE_SPLITS);
                 let exposed = b.task(TaskKind::Collective, last, label, mb, &ctx.streams);

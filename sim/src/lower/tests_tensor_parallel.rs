@@ -536,6 +536,10 @@ fn pytorch_fused_collectives_chunk_their_gemms() {
             .count()
     };
     assert_eq!((count("q_proj", Phase::Forward), count("k_proj", Phase::Forward)), (2, 1));
+    // Its pipelined reduce-scatter: the first of four chunks, then the rest beside the scatter.
+    assert_eq!(count("out_proj", Phase::Forward), 2);
+    let chunks: Vec<f64> = te.program.ops.iter().map(|o| o.rows).filter(|&r| r != 1.0).collect();
+    assert!(chunks.contains(&0.25) && chunks.contains(&0.75) && chunks.contains(&0.125), "{chunks:?}");
     assert_eq!(count("out_proj", Phase::Backward), 3);
     assert!(te.report.iteration_s < sim.report.iteration_s * 1.5 && sim.report.iteration_s > 0.0);
 }
