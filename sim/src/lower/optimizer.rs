@@ -9,7 +9,7 @@ use super::program::*;
 use crate::cost::memory::{bytes_per_parameter, optimizer_traffic_bytes};
 use crate::plan::{Plan, Tier};
 use crate::report::timeline::{Label, Phase};
-use crate::workload::{OpClass, OpSpec, Saved};
+use crate::workload::OpSpec;
 
 /// The stage's optimizer step, each device's after `last_sync[x]` (its last gradient
 /// reduction; empty without any). Returns, per device, the task after which its updated
@@ -120,15 +120,7 @@ fn optimizer_op(b: &mut Builder, plan: &Plan, host: bool, params: f64, nvme_byte
         (false, true) => "optimizer",
         (false, false) => "optimizer_foreach",
     };
-    let spec = OpSpec {
-        name,
-        class: OpClass::Memory,
-        forward_flops: 0.0,
-        forward_bytes: traffic,
-        backward_flops: 0.0,
-        backward_bytes: traffic,
-        saved: Saved::default(),
-    };
+    let spec = OpSpec::streaming(name, traffic);
     b.p.ops.push(OpInstance {
         spec,
         backward: false,

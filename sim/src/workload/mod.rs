@@ -417,13 +417,19 @@ impl OpSpec {
     /// FSDP2's copy of `bytes` of all-gathered parameters out of the flat buffer (read and
     /// written once), before a unit's forward or backward.
     pub fn gather_copy_out(bytes: f64) -> OpSpec {
+        OpSpec::streaming("gather_copy_out", 2.0 * bytes)
+    }
+
+    /// A memory-bound op `name` that moves `traffic` bytes in either pass and keeps nothing
+    /// for backward (copies, sums, the optimizer step).
+    pub fn streaming(name: &'static str, traffic: f64) -> OpSpec {
         OpSpec {
-            name: "gather_copy_out",
+            name,
             class: OpClass::Memory,
             forward_flops: 0.0,
-            forward_bytes: 2.0 * bytes,
+            forward_bytes: traffic,
             backward_flops: 0.0,
-            backward_bytes: 2.0 * bytes,
+            backward_bytes: traffic,
             saved: Saved::default(),
         }
     }
@@ -442,16 +448,7 @@ impl OpSpec {
     /// (`_fused_matmul_reduce_scatter_impl`: `torch.sum` over the stacked partials, or
     /// `reduce_partials` later).
     pub fn tp_reduce_partials(bytes: f64, ranks: f64) -> OpSpec {
-        let traffic = bytes + bytes / ranks.max(1.0);
-        OpSpec {
-            name: "tp_reduce_partials",
-            class: OpClass::Memory,
-            forward_flops: 0.0,
-            forward_bytes: traffic,
-            backward_flops: 0.0,
-            backward_bytes: traffic,
-            saved: Saved::default(),
-        }
+        OpSpec::streaming("tp_reduce_partials", bytes + bytes / ranks.max(1.0))
     }
 
     /// `copies` copies of `bytes` in all (read and written once), one kernel each: out of
