@@ -384,6 +384,22 @@ fn sequence_dimension_collectives_copy_their_buffer_under_dtensor() {
     assert!(profile("pytorch-fsdp") && profile("pytorch-ddp") && !profile("megatron-core") && !profile("deepspeed"));
 }
 
+/// A small Llama (2 layers, h=1024, 8 key-value heads) on one DGX H100 under `pytorch-fsdp`
+/// with tensor parallelism 8, sequence parallelism and the TP overlap on, `seq_len` tokens,
+/// the framework's further members `knobs` (JSON, each after a comma); every span recorded.
+fn overlapped_llama(seq_len: u32, knobs: &str) -> crate::Simulation {
+    let text = format!(
+        r#"{{"workload": {{"transformer": {{"layers": 2, "hidden": 1024, "heads": 16, "kv_heads": 8,
+                "vocab": 32000, "mlp": "swiglu", "norm": "rmsnorm", "rotary": true}}}},
+            "cluster": {{"node": "dgx-h100", "nodes": 1}},
+            "training": {{"global_batch": 1, "micro_batch": 1, "seq_len": {seq_len},
+                          "framework": {{"name": "pytorch-fsdp", "tp_comm_overlap": true {knobs}}}}},
+            "plan": {{"tp": 8, "sequence_parallel": true}}}}"#
+    );
+    let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+    crate::simulate(&s, true)
+}
+
 /// PyTorch's micro-pipelined TP (`tp_micro_pipeline`, under `tp_comm_overlap`) fuses a
 /// reduce-scatter only with the one GEMM producing its input: with separate projections the
 /// backward's two input-gradient reduce-scatters of a layer run on the compute stream, where
@@ -392,16 +408,7 @@ fn sequence_dimension_collectives_copy_their_buffer_under_dtensor() {
 #[test]
 fn micro_pipelined_tp_leaves_summed_input_gradients_unfused() {
     let run = |knobs: &str| {
-        let text = format!(
-            r#"{{"workload": {{"transformer": {{"layers": 2, "hidden": 1024, "heads": 16, "kv_heads": 8,
-                    "vocab": 32000, "mlp": "swiglu", "norm": "rmsnorm", "rotary": true}}}},
-                "cluster": {{"node": "dgx-h100", "nodes": 1}},
-                "training": {{"global_batch": 1, "micro_batch": 1, "seq_len": 1024,
-                              "framework": {{"name": "pytorch-fsdp", "tp_comm_overlap": true {knobs}}}}},
-                "plan": {{"tp": 8, "sequence_parallel": true}}}}"#
-        );
-        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
-        let sim = crate::simulate(&s, false);
+        let sim = overlapped_llama(1024, knobs);
         let p = &sim.program;
         // Layer 0's backward collectives on device 0: (kind, on the compute stream).
         let mut out: Vec<(super::CollectiveKind, bool)> = p
@@ -445,19 +452,7 @@ fn micro_pipelined_tp_leaves_summed_input_gradients_unfused() {
 /// (the copy engines move the bytes). Transformer Engine's overlap has none of these ops.
 #[test]
 fn pytorch_fused_collectives_chunk_their_gemms() {
-    let run = |knobs: &str| {
-        let text = format!(
-            r#"{{"workload": {{"transformer": {{"layers": 2, "hidden": 1024, "heads": 16, "kv_heads": 8,
-                    "vocab": 32000, "mlp": "swiglu", "norm": "rmsnorm", "rotary": true}}}},
-                "cluster": {{"node": "dgx-h100", "nodes": 1}},
-                "training": {{"global_batch": 1, "micro_batch": 1, "seq_len": 4096,
-                              "framework": {{"name": "pytorch-fsdp", "tp_comm_overlap": true,
-                                             "fused": {{"projections": false}} {knobs}}}}},
-                "plan": {{"tp": 8, "sequence_parallel": true}}}}"#
-        );
-        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
-        crate::simulate(&s, true)
-    };
+    let run = |knobs: &str| overlapped_llama(4096, &format!(r#", "fused": {{"projections": false}} {knobs}"#));
     let sim = run("");
     let t = &sim.timeline;
     // Layer 0's spans of `op` in `phase` on device 0, in time order: (stream, start, end).
