@@ -192,18 +192,22 @@ impl TpOverlap {
         if let Some(mut g) = self.fused_gather.take() {
             let op = b.p.tasks[first as usize].payload;
             let (gemm, backward) = (is_gemm_op(b, op), b.p.ops[op as usize].backward);
-            if gemm && backward {
-                consume_backward(b, ctx, &g, first, op);
+            // In backward the consumer is a row-parallel layer's data gradient; its weight
+            // gradient reads the whole gathered gradient, after the gather.
+            let consumer = if gemm && backward { b.part_of(op, OpPart::DataGrad) } else { op };
+            if gemm {
+                let beside = b.rows_of(consumer, (g.ranks - 1.0) / g.ranks);
+                set_payload(b, ctx, first, beside);
+                g.consumers.push((first, consumer));
+            }
+            if gemm && next_gemm && !g.one_consumer && !backward {
+                self.fused_gather = Some(g);
             } else {
-                if gemm {
-                    let beside = b.rows_of(op, (g.ranks - 1.0) / g.ranks);
-                    set_payload(b, ctx, first, beside);
-                    g.consumers.push((first, op));
-                }
-                if gemm && next_gemm && !g.one_consumer {
-                    self.fused_gather = Some(g);
-                } else {
-                    finish_gather(b, ctx, &g);
+                finish_gather(b, ctx, &g);
+                if gemm && backward {
+                    let (label, mb) = (b.p.tasks[first as usize].label, b.p.tasks[first as usize].micro_batch);
+                    let wgrad = b.part_of(op, OpPart::WeightGrad);
+                    emit_group_compute(b, ctx, wgrad, label, mb);
                 }
             }
         }
@@ -253,63 +257,37 @@ impl TpOverlap {
             return false;
         }
         match kind {
-            CollectiveKind::AllGather if next_gemm && ctx.micro_pipeline => {
+            CollectiveKind::AllGather if next_gemm => {
                 let ranks = ctx.group.len() as f64;
-                let copy = OpSpec::tp_symm_copy(bytes / ranks);
-                extra_op(b, ctx, &copy, label, mb);
+                // PyTorch's copies the rank's shard into symmetric memory first.
+                if ctx.micro_pipeline {
+                    extra_op(b, ctx, &OpSpec::tp_symm_copy(bytes / ranks), label, mb);
+                }
                 let id = b.collective_id(kind, &ctx.group, bytes);
                 let task = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
                 for &s in &ctx.streams {
                     b.after_stream_tail(s, task);
                 }
-                self.fused_gather = Some(FusedGather { task, ranks, consumers: Vec::new(), one_consumer: false });
+                let one_consumer = !ctx.micro_pipeline;
+                self.fused_gather = Some(FusedGather { task, ranks, consumers: Vec::new(), one_consumer });
                 true
             }
             CollectiveKind::ReduceScatter if prev_gemm && ctx.micro_pipeline => {
                 let ranks = ctx.group.len() as f64;
-                let head = self.last_compute;
-                let op = b.p.tasks[head as usize].payload;
-                let first_chunk = b.rows_of(op, 1.0 / ranks);
-                set_payload(b, ctx, head, first_chunk);
-                let rest = b.rows_of(op, (ranks - 1.0) / ranks);
-                let gemm_label = b.p.tasks[head as usize].label;
-                emit_group_compute(b, ctx, rest, gemm_label, mb);
-                let id = b.collective_id(kind, &ctx.group, bytes);
-                let pulls = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
-                for x in 0..ctx.streams.len() as u32 {
-                    b.p.deps.push((head + x, pulls));
-                }
+                let op = b.p.tasks[self.last_compute as usize].payload;
+                let pulls = first_chunk_beside(b, ctx, (self.last_compute, op, ranks), (kind, bytes), (label, mb));
                 for &s in &ctx.streams {
                     b.held_tp[s as usize].push(pulls);
                 }
                 extra_op(b, ctx, &OpSpec::tp_reduce_partials(bytes, ranks), label, mb);
                 true
             }
-            CollectiveKind::AllGather if next_gemm => {
-                let id = b.collective_id(kind, &ctx.group, bytes);
-                let task = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
-                for &s in &ctx.streams {
-                    b.after_stream_tail(s, task);
-                }
-                let ranks = ctx.group.len() as f64;
-                self.fused_gather = Some(FusedGather { task, ranks, consumers: Vec::new(), one_consumer: true });
-                true
-            }
-            CollectiveKind::ReduceScatter if prev_gemm && self.tails.len() == ctx.streams.len() => {
-                // The GEMM shares its SMs with the reduce-scatter's kernels, and its first
-                // chunk is computed before any of them is scattered.
-                let head = self.last_compute;
-                let narrow = b.narrowed(b.p.tasks[head as usize].payload, ctx.tp_sm_share);
-                let first_chunk = b.rows_of(narrow, 1.0 / PIPELINE_SPLITS);
-                set_payload(b, ctx, head, first_chunk);
-                let rest = b.rows_of(narrow, (PIPELINE_SPLITS - 1.0) / PIPELINE_SPLITS);
-                let gemm_label = b.p.tasks[head as usize].label;
-                emit_group_compute(b, ctx, rest, gemm_label, mb);
-                let id = b.collective_id(kind, &ctx.group, bytes * (PIPELINE_SPLITS - 1.0) / PIPELINE_SPLITS);
-                let beside = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
-                for x in 0..ctx.streams.len() as u32 {
-                    b.p.deps.push((head + x, beside));
-                }
+            CollectiveKind::ReduceScatter if prev_gemm => {
+                // The GEMM shares its SMs with the reduce-scatter's kernels.
+                let narrow = b.narrowed(b.p.tasks[self.last_compute as usize].payload, ctx.tp_sm_share);
+                let part = bytes * (PIPELINE_SPLITS - 1.0) / PIPELINE_SPLITS;
+                let beside =
+                    first_chunk_beside(b, ctx, (self.last_compute, narrow, PIPELINE_SPLITS), (kind, part), (label, mb));
                 let last = b.collective_id(kind, &ctx.group, bytes / PIPELINE_SPLITS);
                 let exposed = b.task(TaskKind::Collective, last, label, mb, &ctx.streams);
                 b.p.deps.push((beside, exposed));
@@ -408,20 +386,26 @@ fn finish_gather(b: &mut Builder, ctx: &StepCtx, g: &FusedGather) {
     }
 }
 
-/// A row-parallel layer's backward (op `op`, emitted whole from `first`) as the consumer of
-/// its output gradient's fused all-gather: the data gradient's chunks but the rank's own
-/// beside the gather, that chunk after it, then the weight gradient, which reads the whole
-/// gathered gradient.
-fn consume_backward(b: &mut Builder, ctx: &StepCtx, g: &FusedGather, first: u32, op: u32) {
-    let dgrad = b.part_of(op, OpPart::DataGrad);
-    let beside = b.rows_of(dgrad, (g.ranks - 1.0) / g.ranks);
-    set_payload(b, ctx, first, beside);
-    for &s in &ctx.streams {
-        b.held_tp[s as usize].push(g.task);
+/// The GEMM whose group's tasks start at `head` (op `op`) cut into `chunks` chunks of rows
+/// before a reduce-scatter of `bytes` (kind `kind`) pipelined with it: the first chunk before
+/// anything is scattered, the rest on the compute streams beside the collective, which runs on
+/// the tensor-parallel streams once the first chunk is done. Returns the collective's task.
+fn first_chunk_beside(
+    b: &mut Builder,
+    ctx: &StepCtx,
+    (head, op, chunks): (u32, u32, f64),
+    (kind, bytes): (CollectiveKind, f64),
+    (label, mb): (u32, u32),
+) -> u32 {
+    let first = b.rows_of(op, 1.0 / chunks);
+    set_payload(b, ctx, head, first);
+    let rest = b.rows_of(op, (chunks - 1.0) / chunks);
+    let gemm_label = b.p.tasks[head as usize].label;
+    emit_group_compute(b, ctx, rest, gemm_label, mb);
+    let id = b.collective_id(kind, &ctx.group, bytes);
+    let task = b.task(TaskKind::Collective, id, label, mb, &ctx.tp_streams);
+    for x in 0..ctx.streams.len() as u32 {
+        b.p.deps.push((head + x, task));
     }
-    let (label, mb) = (b.p.tasks[first as usize].label, b.p.tasks[first as usize].micro_batch);
-    let own = b.rows_of(dgrad, 1.0 / g.ranks);
-    emit_group_compute(b, ctx, own, label, mb);
-    let wgrad = b.part_of(op, OpPart::WeightGrad);
-    emit_group_compute(b, ctx, wgrad, label, mb);
+    task
 }
