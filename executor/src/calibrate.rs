@@ -223,6 +223,7 @@ fn gemm_op(batch: f64, m: f64, n: f64, k: f64) -> OpInstance {
         sm_share: 1.0,
         part: sim::lower::OpPart::Whole,
         rows: 1.0,
+        chunks: 1.0,
     }
 }
 
@@ -244,6 +245,7 @@ fn stream_op(bytes: f64) -> OpInstance {
         sm_share: 1.0,
         part: sim::lower::OpPart::Whole,
         rows: 1.0,
+        chunks: 1.0,
     }
 }
 

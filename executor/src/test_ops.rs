@@ -24,5 +24,6 @@ pub(crate) fn op(name: &'static str, class: OpClass, bytes: f64, backward: bool)
         sm_share: 1.0,
         part: sim::lower::OpPart::Whole,
         rows: 1.0,
+        chunks: 1.0,
     }
 }

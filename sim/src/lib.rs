@@ -115,7 +115,11 @@ pub fn op_durations_ns(s: &scenario::Scenario, p: &lower::Program, calibration: 
             let seconds = if o.on_host {
                 host.op_s(&o.spec, o.backward).max(o.nvme_bytes / nvme_bytes_per_s)
             } else {
-                models[o.class as usize].op_s(&o.spec, o.backward) * o.share() * straggle[o.class as usize] / o.sm_share
+                models[o.class as usize].op_rows_s(&o.spec, o.backward, o.rows)
+                    * o.chunks
+                    * o.share()
+                    * straggle[o.class as usize]
+                    / o.sm_share
             };
             duration_ns(seconds)
         })

@@ -281,17 +281,39 @@ impl ComputeModel {
 
     /// Seconds for one op, forward or backward, with the launch of each kernel it runs.
     pub fn op_s(&self, op: &OpSpec, backward: bool) -> f64 {
-        let (flops, mut bytes) =
+        self.op_rows_s(op, backward, 1.0)
+    }
+
+    /// Seconds for `rows` of an op's rows (tokens), forward or backward: a GEMM cut into
+    /// chunks along its rows (PyTorch's and Transformer Engine's fused tensor-parallel
+    /// collectives, `lower::OpInstance::rows`) is a kernel of its own, m x rows by k by n:
+    /// its tiles and waves are the chunk's, it pays its launch and fixed cost in full and
+    /// reads the whole weight; its fp8 casts are the chunk's share of the op's (the weight is
+    /// cast once for every chunk). Any other op takes that share of its time.
+    pub fn op_rows_s(&self, op: &OpSpec, backward: bool, rows: f64) -> f64 {
+        let (mut flops, mut bytes) =
             if backward { (op.backward_flops, op.backward_bytes) } else { (op.forward_flops, op.forward_bytes) };
+        let whole = rows >= 1.0;
+        if !whole && !matches!(op.class, OpClass::Gemm { .. }) {
+            return self.op_rows_s(op, backward, 1.0) * rows;
+        }
         let factor = self.op_factors.iter().find(|(n, _)| n == op.name).map_or(1.0, |(_, f)| *f);
         let mut extra_s = 0.0;
         let compute = match op.class {
             OpClass::Gemm { batch, m, n, k } => {
+                let passes = if backward { 2.0 } else { 1.0 };
+                let elem = bytes_per_elem(op, batch, m, n, k, backward);
                 if self.weights_on_chip {
                     // The weight matrix (k x n) is read from SRAM, not device memory.
-                    let passes = if backward { 2.0 } else { 1.0 };
-                    bytes = (bytes - passes * batch * k * n * bytes_per_elem(op, batch, m, n, k, backward)).max(0.0);
+                    bytes = (bytes - passes * batch * k * n * elem).max(0.0);
                 }
+                if !whole {
+                    // The chunk's rows of the input and output; the weight's bytes stay.
+                    bytes = (bytes - passes * batch * elem * (1.0 - rows) * m * (k + n)).max(0.0);
+                    flops *= rows;
+                }
+                let m_all = m;
+                let m = m * rows.min(1.0);
                 let (peak, base) = if self.fp8 && sixteen_bit_gemm(op.name) {
                     (self.peak16_flops, self.gemm16_efficiency)
                 } else {
@@ -305,7 +327,7 @@ impl ComputeModel {
                         }
                         false => InputCast::Own,
                     };
-                    extra_s = self.fp8_cast_s(batch, m, n, k, backward, input);
+                    extra_s = self.fp8_cast_s(batch, m_all, n, k, backward, input) * rows.min(1.0);
                 }
                 let kernels = if backward { 2.0 } else { 1.0 };
                 let efficiency = self.shape_efficiency(base, peak, batch, m, n, k);
@@ -460,6 +482,29 @@ mod tests {
         assert!((ratio - 1.0 / power.compute_speed()).abs() < 1e-9, "{ratio}");
         assert!(ratio > 1.1, "{ratio}");
         assert_eq!(capped.op_s(&copy, false), rated.op_s(&copy, false));
+    }
+
+    /// A GEMM cut into eight chunks of rows (a fused tensor-parallel all-gather's) is eight
+    /// kernels: on an H100 the 16,384 x 1,792 x 4,096 product fills 6.8 waves of 128 x 256
+    /// tiles, each 2,048-row chunk 0.85 of one, so the chunks together take longer than the
+    /// whole, and each pays a launch; a memory-bound op takes its share of the time.
+    #[test]
+    fn a_gemm_chunk_of_rows_has_its_own_waves_and_launch() {
+        let dev = catalog::device("h100-sxm").expect("preset");
+        let model = ComputeModel::new(&dev, Precision::Bf16, None);
+        let op = gemm("fc1", 16384.0, 1792.0, 4096.0);
+        for backward in [false, true] {
+            let whole = model.op_s(&op, backward);
+            assert_eq!(model.op_rows_s(&op, backward, 1.0), whole);
+            let chunks = 8.0 * model.op_rows_s(&op, backward, 0.125);
+            assert!(chunks > 1.08 * whole && chunks < 1.3 * whole, "backward {backward}: {chunks} vs {whole}");
+        }
+        // Launch-bound: a tiny GEMM's chunks each pay the whole launch and fixed cost.
+        let tiny = gemm("fc1", 64.0, 64.0, 64.0);
+        assert!(8.0 * model.op_rows_s(&tiny, false, 0.125) > 4.0 * model.op_s(&tiny, false));
+        let copy = OpSpec { class: OpClass::Memory, forward_flops: 0.0, ..gemm("residual", 8192.0, 8192.0, 8192.0) };
+        let share = model.op_rows_s(&copy, false, 0.25) / model.op_s(&copy, false);
+        assert!((share - 0.25).abs() < 1e-12, "{share}");
     }
 
     #[test]

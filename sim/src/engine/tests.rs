@@ -167,6 +167,7 @@ fn device_op(backward: bool) -> OpInstance {
         sm_share: 1.0,
         part: crate::lower::OpPart::Whole,
         rows: 1.0,
+        chunks: 1.0,
     }
 }
 

@@ -186,6 +186,7 @@ impl Builder {
             sm_share: 1.0,
             part: OpPart::Whole,
             rows: 1.0,
+            chunks: 1.0,
         });
         (self.p.ops.len() - 1) as u32
     }
@@ -263,11 +264,18 @@ impl Builder {
         self.derived(op, 0, |o| o.sm_share = share)
     }
 
-    /// A copy of op `op` that computes `rows` of its rows (`OpInstance::rows`): a GEMM's
-    /// chunks under a fused tensor-parallel collective, one rank's (at most half) or the
-    /// others' (one per op and kind; an op's chunks all come from one group's size).
-    pub(super) fn rows_of(&mut self, op: u32, rows: f64) -> u32 {
-        self.derived(op, if rows > 0.5 { 4 } else { 5 }, |o| o.rows = rows)
+    /// A copy of op `op` that runs `chunks` kernels of `rows` of its rows each, up to
+    /// `streams` of them at once (`OpInstance::rows`): a GEMM's chunks under a fused
+    /// tensor-parallel collective, one (a rank's own) or several (the others'; one copy per
+    /// op and kind: an op's chunks all come from one group's size). Kernels that run at once
+    /// share out their tiles as one kernel of all their rows would: the copy runs
+    /// `chunks / s` kernels of `s x rows` each, s = min(streams, chunks).
+    pub(super) fn rows_of(&mut self, op: u32, rows: f64, chunks: f64, streams: f64) -> u32 {
+        let at_once = streams.min(chunks).max(1.0);
+        self.derived(op, if chunks > 1.0 { 4 } else { 5 }, |o| {
+            o.rows = rows * at_once;
+            o.chunks = chunks / at_once;
+        })
     }
 
     /// A copy of op `op` changed by `edit`, made once per op and `kind` of change.

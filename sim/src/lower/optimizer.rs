@@ -130,6 +130,7 @@ fn optimizer_op(b: &mut Builder, plan: &Plan, host: bool, params: f64, nvme_byte
         sm_share: 1.0,
         part: OpPart::Whole,
         rows: 1.0,
+        chunks: 1.0,
     });
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Optimizer, chunk });
     ((b.p.ops.len() - 1) as u32, label)

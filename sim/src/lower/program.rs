@@ -58,10 +58,15 @@ pub struct OpInstance {
     pub sm_share: f64,
     /// The part of the op it runs: all of it, or one product of a GEMM's backward.
     pub part: OpPart,
-    /// The share of the op's rows (tokens) the instance computes: 1 but for a GEMM cut into
-    /// chunks along its rows, one per rank of a fused tensor-parallel collective (PyTorch's
-    /// micro-pipelined TP, `TpOverlap`). Its time is that share of the whole op's.
+    /// The share of the op's rows (tokens) each of the instance's kernels computes: 1 but for
+    /// a GEMM cut into chunks along its rows, one per rank of a fused tensor-parallel
+    /// collective or per split of a pipelined one (`TpOverlap`): a kernel of that many rows,
+    /// its own tiles and waves (`cost::ComputeModel::op_rows_s`).
     pub rows: f64,
+    /// The kernels of `rows` each the instance runs one after the other (1 but for the chunks
+    /// of a fused collective's GEMM that run beside it; a fraction where the last runs fewer
+    /// chunks at once than the others, `Builder::rows_of`): `rows x chunks` of the op's rows.
+    pub chunks: f64,
 }
 
 /// The part of an op a task runs: all of it, or one of the two products of a GEMM's backward
@@ -77,19 +82,21 @@ pub enum OpPart {
 }
 
 impl OpInstance {
-    /// The share of the op's time the instance takes.
+    /// The share of its rows' time the instance takes: a part of a GEMM's backward half
+    /// (`cost::ComputeModel::op_rows_s` gives the rows' time).
     pub fn share(&self) -> f64 {
-        self.rows * if self.part == OpPart::Whole { 1.0 } else { 0.5 }
+        if self.part == OpPart::Whole { 1.0 } else { 0.5 }
     }
 
     /// The product the instance runs, as `(batch, m, n, k, backward)` of `Y = X . W` with X
     /// m x k and W k x n (backward: dX and dW both): the spec's for the whole op, the one
     /// product for a part (dX = dY . W^T is m x n by n x k; dW = X^T . dY is k x m by m x n).
     /// `None` for an op that is not a product. A chunk of the rows ([`OpInstance::rows`])
-    /// has that share of m (the weight gradient's contraction over the chunk's tokens).
+    /// has that share of m (the weight gradient's contraction over the chunk's tokens); an
+    /// instance of several chunks is replayed as one kernel of all their rows.
     pub fn gemm(&self) -> Option<(f64, f64, f64, f64, bool)> {
         let (b, m, n, k) = self.spec.class.gemm_shape()?;
-        let m = m * self.rows;
+        let m = m * self.rows * self.chunks;
         Some(match self.part {
             OpPart::Whole => (b, m, n, k, self.backward),
             OpPart::DataGrad => (b, m, k, n, false),

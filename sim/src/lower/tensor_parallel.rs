@@ -76,13 +76,15 @@ pub(super) fn collective_on_compute(
 ///
 /// Sources: transformer_engine/pytorch/module/base.py `initialize_ub` (default `num_sm` 1
 /// for ring_exchange and 16 otherwise, `set_sm_margin` off for ring_exchange, `num_splits`
-/// tp for ring_exchange and 4 for pipeline). Not modelled: the lower efficiency of the
-/// chunked GEMMs (each chunk costs its share of the whole GEMM).
+/// tp for ring_exchange and 4 for pipeline). Each chunk is a GEMM of its own rows, its tiles
+/// and waves its own (`OpInstance::rows`), issued round-robin on up to three compute streams
+/// ([`TE_CHUNK_STREAMS`]), so that up to three run at once.
 ///
 /// PyTorch's micro-pipelined TP (`StepCtx::micro_pipeline`) runs its fused ops differently
 /// (`torch/distributed/_symmetric_memory/__init__.py`): the transfers are copy-engine reads of
 /// the peers' symmetric-memory buffers, which take no SM, and the GEMM is cut into one chunk
-/// of rows per rank (`OpInstance::rows`):
+/// of rows per rank (`OpInstance::rows`), the chunks alternating between two streams so that
+/// two run at once ([`TORCH_CHUNK_STREAMS`]):
 ///
 /// - all-gather-matmul (`_pipelined_all_gather_and_consume`): each rank first copies its shard
 ///   into its symmetric buffer on the compute stream (`tp_symm_copy`), then computes its own
@@ -138,6 +140,23 @@ fn unfused_summed(ctx: &StepCtx, name: &str) -> bool {
 
 /// Chunks of a pipelined reduce-scatter (Transformer Engine's default `num_splits`).
 pub(crate) const PIPELINE_SPLITS: f64 = 4.0;
+
+/// Compute streams Transformer Engine's userbuffers issue a GEMM's chunks on, round-robin
+/// (`NVTE_COMM_OVERLAP_MAX_STREAMS`, transformer_engine/common/include/transformer_engine/
+/// comm_gemm_overlap.h; `_stream_compute[i % _stream_compute.size()]` in
+/// comm_gemm_overlap.cpp's `split_overlap_ag` and `split_overlap_rs`).
+const TE_CHUNK_STREAMS: f64 = 3.0;
+
+/// Streams PyTorch's fused ops alternate a GEMM's chunks between (the current stream and its
+/// backend stream, "computation/computation overlapping, greatly reducing quantization
+/// inefficiency": `_pipelined_multi_all_gather_and_consume` and
+/// `_pipelined_produce_and_all2all` in torch/distributed/_symmetric_memory/__init__.py).
+const TORCH_CHUNK_STREAMS: f64 = 2.0;
+
+/// The streams a GEMM's chunks run on under the group's tensor-parallel overlap.
+fn chunk_streams(ctx: &StepCtx) -> f64 {
+    if ctx.micro_pipeline { TORCH_CHUNK_STREAMS } else { TE_CHUNK_STREAMS }
+}
 
 /// Whether block op `op` is a GEMM (the ops tensor-parallel communication overlaps).
 pub(super) fn is_gemm(op: Option<&LayerOp>) -> bool {
@@ -196,7 +215,7 @@ impl TpOverlap {
             // gradient reads the whole gathered gradient, after the gather.
             let consumer = if gemm && backward { b.part_of(op, OpPart::DataGrad) } else { op };
             if gemm {
-                let beside = b.rows_of(consumer, (g.ranks - 1.0) / g.ranks);
+                let beside = b.rows_of(consumer, 1.0 / g.ranks, g.ranks - 1.0, chunk_streams(ctx));
                 set_payload(b, ctx, first, beside);
                 g.consumers.push((first, consumer));
             }
@@ -381,7 +400,7 @@ fn finish_gather(b: &mut Builder, ctx: &StepCtx, g: &FusedGather) {
     }
     for &(first, op) in &g.consumers {
         let (label, mb) = (b.p.tasks[first as usize].label, b.p.tasks[first as usize].micro_batch);
-        let own = b.rows_of(op, 1.0 / g.ranks);
+        let own = b.rows_of(op, 1.0 / g.ranks, 1.0, 1.0);
         emit_group_compute(b, ctx, own, label, mb);
     }
 }
@@ -397,9 +416,9 @@ fn first_chunk_beside(
     (kind, bytes): (CollectiveKind, f64),
     (label, mb): (u32, u32),
 ) -> u32 {
-    let first = b.rows_of(op, 1.0 / chunks);
+    let first = b.rows_of(op, 1.0 / chunks, 1.0, 1.0);
     set_payload(b, ctx, head, first);
-    let rest = b.rows_of(op, (chunks - 1.0) / chunks);
+    let rest = b.rows_of(op, 1.0 / chunks, chunks - 1.0, chunk_streams(ctx));
     let gemm_label = b.p.tasks[head as usize].label;
     emit_group_compute(b, ctx, rest, gemm_label, mb);
     let id = b.collective_id(kind, &ctx.group, bytes);
