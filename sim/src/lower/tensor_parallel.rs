@@ -145,13 +145,13 @@ pub(crate) const PIPELINE_SPLITS: f64 = 4.0;
 /// (`NVTE_COMM_OVERLAP_MAX_STREAMS`, transformer_engine/common/include/transformer_engine/
 /// comm_gemm_overlap.h; `_stream_compute[i % _stream_compute.size()]` in
 /// comm_gemm_overlap.cpp's `split_overlap_ag` and `split_overlap_rs`).
-const TE_CHUNK_STREAMS: f64 = 3.0;
+pub(crate) const TE_CHUNK_STREAMS: f64 = 3.0;
 
 /// Streams PyTorch's fused ops alternate a GEMM's chunks between (the current stream and its
 /// backend stream, "computation/computation overlapping, greatly reducing quantization
 /// inefficiency": `_pipelined_multi_all_gather_and_consume` and
 /// `_pipelined_produce_and_all2all` in torch/distributed/_symmetric_memory/__init__.py).
-const TORCH_CHUNK_STREAMS: f64 = 2.0;
+pub(crate) const TORCH_CHUNK_STREAMS: f64 = 2.0;
 
 /// The streams a GEMM's chunks run on under the group's tensor-parallel overlap.
 fn chunk_streams(ctx: &StepCtx) -> f64 {

@@ -23,7 +23,7 @@
 
 use crate::cost::ComputeModel;
 use crate::cost::memory::state_bytes_per_parameter;
-use crate::lower::{PIPELINE_SPLITS, tp_sm_share};
+use crate::lower::{PIPELINE_SPLITS, TE_CHUNK_STREAMS, TORCH_CHUNK_STREAMS, tp_sm_share};
 use crate::plan::{PartitionPolicy, Recompute, RecomputeModules, Tier};
 use crate::scenario::{Scenario, expected_max_std_normal};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
@@ -59,7 +59,7 @@ fn op_floor_s(model: &ComputeModel, spec: &crate::workload::OpSpec, backward: bo
     let mut best = whole;
     for parts in [tp as f64, PIPELINE_SPLITS] {
         let others = parts - 1.0;
-        for streams in [1.0f64, 2.0, 3.0] {
+        for streams in [1.0, TORCH_CHUNK_STREAMS, TE_CHUNK_STREAMS] {
             let at_once = streams.min(others).max(1.0);
             let chunked = model.op_rows_s(spec, backward, at_once / parts) * (others / at_once)
                 + model.op_rows_s(spec, backward, 1.0 / parts);
