@@ -80,6 +80,40 @@ fn hybrid_zero_1_gathers_the_update_in_the_group() {
     assert!(!collectives(&h, "grad_allreduce_shard").is_empty());
 }
 
+/// Hybrid sharding with ZeRO-Offload (PyTorch FSDP's `HYBRID_SHARD` with `CPUOffload`):
+/// each device copies its reduced shard to the host only after the shard's all-reduce across
+/// the shard groups, an eighth of the gradients where plain ZeRO-3 over 16 copies a
+/// sixteenth, and each node's host holds twice the optimizer states.
+#[test]
+fn hybrid_sharding_offloads_the_all_reduced_shard() {
+    let offload = |plan: &str| fsdp(plan, r#""symmetry": false"#);
+    let h = offload(r#"{"dp": 16, "zero_stage": 3, "dp_shard": 8, "offload": "zero-offload"}"#);
+    let flat = offload(r#"{"dp": 16, "zero_stage": 3, "offload": "zero-offload"}"#);
+    let p = &h.program;
+    let label = |t: u32| p.labels[p.tasks[t as usize].label as usize].op;
+    let copies: Vec<u32> = (0..p.tasks.len() as u32)
+        .filter(|&t| p.tasks[t as usize].kind == super::TaskKind::HostCopy && label(t) == "grad_to_host")
+        .collect();
+    assert!(!copies.is_empty(), "no gradient copy to the host");
+    for &c in &copies {
+        assert!(
+            p.deps.iter().any(|&(a, b)| b == c && label(a) == "grad_allreduce_shard"),
+            "copy {c} does not wait for its shard's all-reduce"
+        );
+    }
+    let down = |sim: &crate::Simulation| {
+        let p = &sim.program;
+        p.tasks
+            .iter()
+            .filter(|t| t.kind == super::TaskKind::HostCopy && p.labels[t.label as usize].op == "grad_to_host")
+            .map(|t| p.host_copies[t.payload as usize].bytes)
+            .sum::<f64>()
+    };
+    assert!((down(&h) / down(&flat) - 2.0).abs() < 1e-9, "{} vs {}", down(&h), down(&flat));
+    let ratio = h.report.host_memory_bytes / flat.report.host_memory_bytes;
+    assert!((ratio - 2.0).abs() < 0.01, "host memory x{ratio}");
+}
+
 /// With `recompute_layers` 1 on two stages of 4 layers, each stage reruns one layer per
 /// micro-batch: the rerun FLOPs a quarter of full recomputation's, the peak between none's and
 /// full's; the first layer of each stage is the one that reruns.

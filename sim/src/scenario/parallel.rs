@@ -7,7 +7,7 @@
 use super::reader::{self, Obj, Result, invalid};
 use super::training::Training;
 use crate::hardware::kernels::Attention;
-use crate::plan::{Offload, Tier};
+use crate::plan::Offload;
 use crate::workload::{TpMode, Workload};
 
 /// `plan.ep`: expert parallelism (Megatron-Core's layout: `ep` consecutive data-parallel
@@ -80,8 +80,8 @@ pub(super) fn parse_ep(
     if zero_stage >= 3 {
         return refuse(&format!("zero_stage {zero_stage}"));
     }
-    if offload.optimizer != Tier::Device || offload.params != Tier::Device || offload.dynamic.is_some() {
-        return refuse("offload");
+    if offload.dynamic.is_some() {
+        return refuse("Gemini's dynamic placement");
     }
     if token_slices {
         return refuse("token slicing");
@@ -234,8 +234,8 @@ pub(super) fn parse_dp_shard(
     if ring {
         return refuse("ring self-attention");
     }
-    if offload.optimizer != Tier::Device || offload.params != Tier::Device || offload.dynamic.is_some() {
-        return refuse("offload");
+    if offload.dynamic.is_some() {
+        return refuse("Gemini's dynamic placement");
     }
     Ok(Some(s))
 }

@@ -425,7 +425,8 @@ fn recompute_layers_are_checked() {
 }
 
 /// `plan.dp_shard` divides the data-parallel group, needs ZeRO, shards over at least two
-/// replicas, and equal to the group is the same as absent.
+/// replicas, takes ZeRO-Offload but not Gemini's dynamic placement, and equal to the group is
+/// the same as absent.
 #[test]
 fn dp_shard_is_checked() {
     let with = |shard: u32, zero: u8| {
@@ -442,9 +443,13 @@ fn dp_shard_is_checked() {
     assert!(e.contains("plan.dp_shard") && e.contains("shards nothing"), "{e}");
     let e = error(|v| {
         with(4, 2)(v);
-        v["plan"]["offload"] = json!("zero-offload");
+        v["plan"]["offload"] = json!("gemini");
     });
-    assert!(e.contains("plan.dp_shard") && e.contains("offload"), "{e}");
+    assert!(e.contains("plan.dp_shard") && e.contains("Gemini's dynamic placement"), "{e}");
+    let mut v = base();
+    with(4, 2)(&mut v);
+    v["plan"]["offload"] = json!("zero-offload");
+    parse(&v.to_string(), &|_| Err("no files".into())).expect("hybrid sharding with ZeRO-Offload");
     let mut v = base();
     with(4, 2)(&mut v);
     let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
