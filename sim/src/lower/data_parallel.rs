@@ -85,7 +85,7 @@ fn replicate_all_reduce(
     plan: &Plan,
     (r, stage, x): (u32, u32, u32),
     bytes: f64,
-    stream: StreamKind,
+    (stream, name): (StreamKind, &'static str),
 ) -> u32 {
     let s = stream.index() as u32;
     let group = [stage, x + plan.tp * (r % plan.shard_degree()), s];
@@ -94,7 +94,7 @@ fn replicate_all_reduce(
     // would otherwise queue one group's all-reduces on another's stream ahead of the
     // reduce-scatters they wait for.
     let own = Program::stream_index(b.dev_index[plan.device(r, stage, x) as usize], stream);
-    let label = b.label(Label { op: "grad_allreduce_shard", layer: -1, phase: Phase::Sync, chunk: stage });
+    let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
     let members = plan.replicate_members(r, stage, x);
     b.shared_collective(
         Shared::Replicate,
@@ -154,7 +154,8 @@ fn grad_sync(
                 b.p.deps.push((done, task));
                 if plan.hybrid_shard() {
                     let shard = bytes / plan.shard_degree() as f64;
-                    let all_reduce = replicate_all_reduce(b, plan, (r, stage, x), shard, stream);
+                    let all_reduce =
+                        replicate_all_reduce(b, plan, (r, stage, x), shard, (stream, "grad_allreduce_shard"));
                     b.p.deps.push((task, all_reduce));
                     all_reduce
                 } else {
@@ -177,11 +178,24 @@ fn grad_sync(
 fn expert_grad_sync(b: &mut Builder, plan: &Plan, r: u32, stage: u32, bytes: f64, after: u32) -> Vec<u32> {
     let kind = if plan.zero_stage >= 1 { CollectiveKind::ReduceScatter } else { CollectiveKind::AllReduce };
     let t = b.ranks;
+    let stream = super::expert_parallel::EXPERT_SYNC_STREAM;
     (0..t)
         .map(|x| {
-            let task =
-                super::expert_parallel::edp_collective(b, plan, r, stage, x, kind, (bytes, 1), "expert_grad_sync");
-            b.p.deps.push((after + x - (t - 1), task));
+            let mut task = after + x - (t - 1);
+            if plan.expert_shard_degree() > 1 {
+                let reduce =
+                    super::expert_parallel::edp_collective(b, plan, r, stage, x, kind, (bytes, 1), "expert_grad_sync");
+                b.p.deps.push((task, reduce));
+                task = reduce;
+            }
+            if plan.hybrid_shard() {
+                // The reduced expert shard with the same shard of every other shard group.
+                let shard = bytes / plan.expert_shard_degree().max(1) as f64;
+                let name = "expert_grad_allreduce_shard";
+                let all_reduce = replicate_all_reduce(b, plan, (r, stage, x), shard, (stream, name));
+                b.p.deps.push((task, all_reduce));
+                task = all_reduce;
+            }
             task
         })
         .collect()
@@ -356,10 +370,11 @@ pub(super) fn gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, 
 }
 
 /// ZeRO-1 under expert data parallelism: the all-gather of the routed experts' updated
-/// shards over the replicas holding the same experts, in buckets (nothing when dp = ep).
+/// shards over the replicas holding the same experts, in buckets (nothing when no other replica
+/// of the shard group holds them: dp = ep, or dp_shard = ep under hybrid sharding).
 fn expert_gather_updated_params(b: &mut Builder, lw: &Lowering, st: &Stage, opt_tasks: &[u32]) {
     let plan = lw.plan;
-    if plan.ep <= 1 || plan.replicas() <= plan.ep || st.expert_params <= 0.0 {
+    if plan.ep <= 1 || plan.expert_shard_degree() <= 1 || st.expert_params <= 0.0 {
         return;
     }
     let total = st.expert_params * lw.wb;
@@ -436,7 +451,7 @@ impl ParamPrefetch {
         let mut chunks = HashMap::new();
         if overlapped_param_gather(lw) {
             let grad = lw.plan.framework.grad_reduce_bytes(lw.gb);
-            let experts_gathered = lw.plan.ep > 1 && lw.plan.replicas() > lw.plan.ep;
+            let experts_gathered = lw.plan.ep > 1 && lw.plan.expert_shard_degree() > 1;
             for &c in &st.my_chunks {
                 let first = st.order.iter().find(|s| s.chunk == c && s.pass == Pass::Forward);
                 if let Some(first) = first {

@@ -16,6 +16,9 @@
 //! same experts (replica r's peers are the replicas ≡ r modulo ep), in buckets of their own
 //! on [`EXPERT_SYNC_STREAM`], created by the first replica of each such group and found by the
 //! others by sequence number, as `data_parallel::dp_collective` does for the whole group.
+//! Under hybrid sharding those collectives span the replicas of the shard group that hold the
+//! same experts (`Plan::expert_shard_members`), and each reduced expert shard is then
+//! all-reduced with the same shard of the other groups, as the dense shards are.
 
 use super::builder::{Builder, Shared, StepCtx};
 use super::program::*;
@@ -42,17 +45,28 @@ pub(super) fn edp_collective(
     (bytes, calls): (f64, u64),
     name: &'static str,
 ) -> u32 {
-    let group = [r % plan.ep, stage, x];
+    // (Under hybrid sharding each shard group's replicas of an expert are a group of their own,
+    // and each member joins where its own walk reaches the collective, as the dense ones do:
+    // its reductions and the all-reduces of their shards then queue in its own order.)
+    let group = [r % plan.ep + plan.ep * (r / plan.shard_degree()), stage, x];
+    let own = Program::stream_index(b.dev_index[plan.device(r, stage, x) as usize], EXPERT_SYNC_STREAM);
     if let Some(task) = b.shared_next(Shared::ExpertData, group, [r, stage, x, 0]) {
+        if plan.hybrid_shard() {
+            b.join(task, own);
+        }
         return task;
     }
     let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
-    let members = plan.expert_sync_members(r, stage, x);
-    let streams: Vec<u32> = members
-        .iter()
-        .filter(|&&d| b.dev_index[d as usize] != NONE)
-        .map(|&d| Program::stream_index(b.dev_index[d as usize], EXPERT_SYNC_STREAM))
-        .collect();
+    let members = plan.expert_shard_members(r, stage, x);
+    let streams: Vec<u32> = if plan.hybrid_shard() {
+        vec![own]
+    } else {
+        members
+            .iter()
+            .filter(|&&d| b.dev_index[d as usize] != NONE)
+            .map(|&d| Program::stream_index(b.dev_index[d as usize], EXPERT_SYNC_STREAM))
+            .collect()
+    };
     let id = b.collective_calls_id(kind, &members, bytes, calls);
     let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
     b.share(Shared::ExpertData, group, task);

@@ -140,3 +140,52 @@ fn recompute_layers_reruns_the_first_layers_of_each_chunk() {
         .collect();
     assert_eq!(layers.into_iter().collect::<Vec<_>>(), vec![0, 4], "the first layer of each stage");
 }
+
+/// Hybrid sharding with expert parallelism (ep 4 inside shard groups of 8, on two nodes):
+/// the routed experts' gradients are reduce-scattered over the two replicas of the shard group
+/// that hold the same experts, each reduced shard then all-reduced with its twin in the other
+/// group, and ZeRO-1 gathers the updated experts over the same two; plain ZeRO-1 over 16
+/// reduces and gathers them over four. With dp_shard = ep no replica of the group shares an
+/// expert: nothing is reduce-scattered, only the all-reduce across the groups remains.
+#[test]
+fn hybrid_sharding_splits_the_experts_over_their_replicas_in_the_group() {
+    let run = |plan: &str, symmetry: bool| {
+        let text = format!(
+            r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
+                   "moe": {{"experts": 16, "top_k": 2, "expert_ffn": 2048}}}}}},
+                "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
+                "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512,
+                              "framework": {{"name": "megatron-core"}}}},
+                "plan": {plan}, "simulation": {{"symmetry": {symmetry}}}}}"#
+        );
+        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let (_, expert) = crate::cost::memory::state_bytes_per_parameter(&s.plan);
+        (crate::simulate(&s, true), expert)
+    };
+    let moe = |plan: &str| run(plan, false);
+    let sizes = |sim: &crate::Simulation, op: &str| {
+        let mut v: Vec<usize> = collectives(sim, op).iter().map(|(m, _)| m.len()).collect();
+        v.dedup();
+        v
+    };
+    let (hybrid, expert) = moe(r#"{"dp": 16, "ep": 4, "zero_stage": 1, "dp_shard": 8}"#);
+    let (flat, flat_expert) = moe(r#"{"dp": 16, "ep": 4, "zero_stage": 1}"#);
+    assert_eq!(sizes(&hybrid, "expert_grad_sync"), [2]);
+    assert_eq!(sizes(&hybrid, "expert_grad_allreduce_shard"), [2]);
+    assert_eq!(sizes(&hybrid, "expert_param_allgather"), [2]);
+    assert_eq!(sizes(&flat, "expert_grad_sync"), [4]);
+    assert!(collectives(&flat, "expert_grad_allreduce_shard").is_empty());
+    // Each reduced shard is half the bucket (two replicas), and the all-reduce moves it.
+    let total = |sim: &crate::Simulation, op: &str| collectives(sim, op).iter().map(|(_, b)| b).sum::<f64>();
+    let (rs, ar) = (total(&hybrid, "expert_grad_sync"), total(&hybrid, "expert_grad_allreduce_shard"));
+    assert!(rs > 0.0 && (ar / rs - 0.5).abs() < 1e-9, "{ar} vs {rs}");
+    // ZeRO-1 splits the experts' optimizer states over two replicas, not four.
+    assert!(expert > flat_expert, "{expert} vs {flat_expert}");
+    let (whole, _) = moe(r#"{"dp": 16, "ep": 8, "zero_stage": 1, "dp_shard": 8}"#);
+    assert!(collectives(&whole, "expert_grad_sync").is_empty());
+    assert_eq!(sizes(&whole, "expert_grad_allreduce_shard"), [2]);
+    assert!(hybrid.report.iteration_s > 0.0 && whole.report.iteration_s > 0.0);
+    // One replica lowered for all gives the same step.
+    let (folded, _) = run(r#"{"dp": 16, "ep": 4, "zero_stage": 1, "dp_shard": 8}"#, true);
+    assert_eq!(folded.report.iteration_s, hybrid.report.iteration_s);
+}

@@ -563,6 +563,23 @@ impl Plan {
         (r % self.ep..self.replicas()).step_by(self.ep as usize).map(|q| self.device(q, stage, x)).collect()
     }
 
+    /// The devices that split ZeRO's state of the routed experts replica `r`'s tensor rank `x`
+    /// of `stage` holds: those holding the same experts in its shard group under hybrid
+    /// sharding (`dp_shard / ep` of them; `ep` divides `dp_shard`), all of them otherwise.
+    pub fn expert_shard_members(&self, r: u32, stage: u32, x: u32) -> Vec<u32> {
+        if !self.hybrid_shard() {
+            return self.expert_sync_members(r, stage, x);
+        }
+        let s = self.shard_degree();
+        let base = r / s * s;
+        (base + r % self.ep..base + s).step_by(self.ep as usize).map(|q| self.device(q, stage, x)).collect()
+    }
+
+    /// Replicas the routed experts' ZeRO state is split over ([`Plan::expert_shard_members`]).
+    pub fn expert_shard_degree(&self) -> u32 {
+        self.shard_degree() / self.ep.max(1)
+    }
+
     /// The pipeline units of one replica, in order: the micro-batches, or (token slicing)
     /// each sub-batch's slices. `auto` slicing must be resolved before this is called.
     pub fn units(&self) -> Vec<Unit> {

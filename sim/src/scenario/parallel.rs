@@ -228,8 +228,13 @@ pub(super) fn parse_dp_shard(
             format!("{s}: {why} is not modelled with hybrid sharding yet; allowed: dp_shard = {replicas}"),
         ))
     };
-    if ep > 1 {
-        return refuse("expert parallelism");
+    if ep > 1 && !s.is_multiple_of(ep) {
+        return Err(invalid(
+            &key,
+            format!(
+                "{s}: each shard group must hold whole expert-parallel groups (ep = {ep} consecutive replicas); allowed: a multiple of {ep} dividing {group}"
+            ),
+        ));
     }
     if ring {
         return refuse("ring self-attention");

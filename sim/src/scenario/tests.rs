@@ -450,6 +450,14 @@ fn dp_shard_is_checked() {
     with(4, 2)(&mut v);
     v["plan"]["offload"] = json!("zero-offload");
     parse(&v.to_string(), &|_| Err("no files".into())).expect("hybrid sharding with ZeRO-Offload");
+    // Expert parallelism: whole expert-parallel groups in each shard group.
+    let e = error(|v| {
+        with(2, 1)(v);
+        v["plan"]["ep"] = json!(4);
+        v["workload"] = json!({"transformer": {"layers": 2, "hidden": 256, "heads": 4, "vocab": 1000,
+            "moe": {"experts": 8, "top_k": 2, "expert_ffn": 512}}});
+    });
+    assert!(e.contains("plan.dp_shard") && e.contains("a multiple of 4"), "{e}");
     let mut v = base();
     with(4, 2)(&mut v);
     let s = parse(&v.to_string(), &|_| Err("no files".into())).expect("valid");
