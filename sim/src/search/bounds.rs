@@ -399,7 +399,7 @@ mod floor_tests {
     use super::op_floor_s;
     use crate::cost::ComputeModel;
     use crate::hardware::{Precision, catalog};
-    use crate::workload::{OpClass, OpSpec, Saved};
+    use crate::workload::{Saved, gemm_op};
 
     /// A 512 x 4,608 x 4,096 GEMM on an H100 runs faster as Transformer Engine's
     /// ring-exchange chunks over four ranks (three of 128 rows at once, then the rank's own)
@@ -409,18 +409,7 @@ mod floor_tests {
     fn a_chunked_gemm_can_undercut_the_whole_and_the_bound_follows() {
         let dev = catalog::device("h100-sxm").expect("preset");
         let model = ComputeModel::new(&dev, Precision::Bf16, None);
-        let (m, n, k) = (512.0, 4608.0, 4096.0);
-        let flops = 2.0 * m * n * k;
-        let bytes = 2.0 * (m * k + k * n + m * n);
-        let op = OpSpec {
-            name: "fc1",
-            class: OpClass::Gemm { batch: 1.0, m, n, k },
-            forward_flops: flops,
-            forward_bytes: bytes,
-            backward_flops: 2.0 * flops,
-            backward_bytes: 2.0 * bytes,
-            saved: Saved::default(),
-        };
+        let op = gemm_op("fc1", 1.0, 512.0, 4608.0, 4096.0, 2.0, Saved::default());
         let whole = model.op_s(&op, false);
         let chunks = model.op_rows_s(&op, false, 0.75) + model.op_rows_s(&op, false, 0.25);
         assert!(chunks < 0.9 * whole, "{chunks} vs {whole}");
