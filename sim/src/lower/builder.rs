@@ -265,16 +265,15 @@ impl Builder {
     }
 
     /// A copy of op `op` that runs `chunks` kernels of `rows` of its rows each, up to
-    /// `streams` of them at once (`OpInstance::rows`): a GEMM's chunks under a fused
-    /// tensor-parallel collective, one (a rank's own) or several (the others'; one copy per
-    /// op and kind: an op's chunks all come from one group's size). Kernels that run at once
-    /// share out their tiles as one kernel of all their rows would: the copy runs
-    /// `chunks / s` kernels of `s x rows` each, s = min(streams, chunks).
+    /// `streams` of them at once (`OpInstance::rows`, as [`super::chunk_kernels`] counts
+    /// them): a GEMM's chunks under a fused tensor-parallel collective, one (a rank's own) or
+    /// several (the others'; one copy per op and kind: an op's chunks all come from one
+    /// group's size).
     pub(super) fn rows_of(&mut self, op: u32, rows: f64, chunks: f64, streams: f64) -> u32 {
-        let at_once = streams.min(chunks).max(1.0);
+        let (rows, kernels) = super::chunk_kernels(rows, chunks, streams);
         self.derived(op, if chunks > 1.0 { 4 } else { 5 }, |o| {
-            o.rows = rows * at_once;
-            o.chunks = chunks / at_once;
+            o.rows = rows;
+            o.chunks = kernels;
         })
     }
 

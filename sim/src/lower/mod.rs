@@ -48,7 +48,7 @@ mod tensor_parallel;
 mod walk;
 pub(crate) use context::tp_sm_share;
 pub use program::*;
-pub(crate) use tensor_parallel::{PIPELINE_SPLITS, TE_CHUNK_STREAMS, TORCH_CHUNK_STREAMS};
+pub(crate) use tensor_parallel::{PIPELINE_SPLITS, TE_CHUNK_STREAMS, TORCH_CHUNK_STREAMS, chunk_kernels};
 
 use crate::plan::{Plan, Tier};
 use crate::scenario::Scenario;

@@ -153,6 +153,15 @@ pub(crate) const TE_CHUNK_STREAMS: f64 = 3.0;
 /// `_pipelined_produce_and_all2all` in torch/distributed/_symmetric_memory/__init__.py).
 pub(crate) const TORCH_CHUNK_STREAMS: f64 = 2.0;
 
+/// `chunks` kernels of `rows` of a GEMM's rows each, up to `streams` at once, as kernels run
+/// one after the other: (rows per kernel, kernels). Kernels that run at once share out their
+/// tiles as one kernel of all their rows would, so `s = min(streams, chunks)` of them count as
+/// one of `s x rows`, `chunks / s` times (a fraction where the last runs fewer).
+pub(crate) fn chunk_kernels(rows: f64, chunks: f64, streams: f64) -> (f64, f64) {
+    let at_once = streams.min(chunks).max(1.0);
+    (rows * at_once, chunks / at_once)
+}
+
 /// The streams a GEMM's chunks run on under the group's tensor-parallel overlap.
 fn chunk_streams(ctx: &StepCtx) -> f64 {
     if ctx.micro_pipeline { TORCH_CHUNK_STREAMS } else { TE_CHUNK_STREAMS }

@@ -23,7 +23,7 @@
 
 use crate::cost::ComputeModel;
 use crate::cost::memory::state_bytes_per_parameter;
-use crate::lower::{PIPELINE_SPLITS, TE_CHUNK_STREAMS, TORCH_CHUNK_STREAMS, tp_sm_share};
+use crate::lower::{PIPELINE_SPLITS, TE_CHUNK_STREAMS, TORCH_CHUNK_STREAMS, chunk_kernels, tp_sm_share};
 use crate::plan::{PartitionPolicy, Recompute, RecomputeModules, Tier};
 use crate::scenario::{Scenario, expected_max_std_normal};
 use crate::schedule::{self, ScheduleKind, ScheduleShape};
@@ -58,11 +58,10 @@ fn op_floor_s(model: &ComputeModel, spec: &crate::workload::OpSpec, backward: bo
     }
     let mut best = whole;
     for parts in [tp as f64, PIPELINE_SPLITS] {
-        let others = parts - 1.0;
         for streams in [1.0, TORCH_CHUNK_STREAMS, TE_CHUNK_STREAMS] {
-            let at_once = streams.min(others).max(1.0);
-            let chunked = model.op_rows_s(spec, backward, at_once / parts) * (others / at_once)
-                + model.op_rows_s(spec, backward, 1.0 / parts);
+            let (rows, kernels) = chunk_kernels(1.0 / parts, parts - 1.0, streams);
+            let chunked =
+                model.op_rows_s(spec, backward, rows) * kernels + model.op_rows_s(spec, backward, 1.0 / parts);
             best = best.min(chunked);
         }
     }
@@ -86,6 +85,8 @@ fn block_s(
     overlap: Option<(f64, bool)>,
 ) -> Block {
     let (mut f, mut b, mut n, mut fc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    // The group a GEMM's chunks are cut for, where the framework overlaps its collectives.
+    let tp: Option<u32> = overlap.map(|_| dims.iter().product());
     let selective =
         (recompute == Recompute::Selective).then(|| crate::workload::recompute::selective(ops, modules, 0.0));
     let gemm = |i: Option<usize>| {
@@ -115,7 +116,6 @@ fn block_s(
                             (Some(Comm::ReduceScatter), Some((_, true))) if tensor && gemm(before).is_some() => 0.0,
                             (Some(Comm::ReduceScatter), Some((share, false))) if tensor && gemm(before).is_some() => {
                                 let g = gemm(before).expect("checked");
-                                let tp = Some(dims.iter().product());
                                 *stretch += op_floor_s(model, g, before > Some(i), tp) * (1.0 / share - 1.0);
                                 t / PIPELINE_SPLITS
                             }
@@ -133,9 +133,9 @@ fn block_s(
                 continue;
             }
         };
-        let fwd = op_floor_s(model, spec, false, overlap.map(|_| dims.iter().product()));
+        let fwd = op_floor_s(model, spec, false, tp);
         f += fwd;
-        b += op_floor_s(model, spec, true, overlap.map(|_| dims.iter().product()));
+        b += op_floor_s(model, spec, true, tp);
         n += 2.0;
         let again = match recompute {
             Recompute::Full => true,
