@@ -1,16 +1,21 @@
 //! Built-in devices, links and nodes, with the sources of their numbers.
 //!
 //! Rates are per direction and dense (no 2:4 sparsity): where a datasheet gives tensor rates
-//! "with sparsity" (H100, H200, Blackwell), the catalog stores half. Memory sizes that NVIDIA
-//! sells as "16/32/40/80 GB" of HBM are binary gibibytes on the card, as are B200's 180 GB and
-//! GB200's 186 GB (nvidia-smi shows 179.1 and 185.0 GiB) and MI300X's 192 GB (ROCm lists 192
-//! GiB); H200's 141 GB is decimal.
+//! "with sparsity" (H100, H200, Blackwell), the catalog stores half. A GPU's memory is what it
+//! shows software (nvidia-smi's total, CUDA's `totalGlobalMem`) where that was read: H100 SXM
+//! 81,559 MiB (79.6 GiB) and H200 143,771 MiB (140.4 GiB) on the cards trainsim ran on
+//! (`traces/2026-11-27-cuda-h100/` and `-h200/machine.txt`), B200 183,359 MiB (179.1 GiB) and
+//! GB200 189,471 MiB (185.0 GiB) as published (below). Elsewhere the size sold: "16/32/40/80
+//! GB" of HBM are binary gibibytes on the card (A100 80 GB shows 81,920 MiB), as is MI300X's
+//! 192 GB (ROCm lists 192 GiB). H200's "141 GB" is neither 141e9 bytes (131.3 GiB) nor 141
+//! GiB: until session 37 the catalog took 141e9, 9 GiB short of what the card holds.
 //! Numbers marked "default" are starting points that a calibration profile replaces; they
 //! come from common knowledge of the device class, never from a scenario's result.
 
 use super::*;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
 const GB: f64 = 1e9;
 const T: f64 = 1e12;
 
@@ -158,7 +163,7 @@ pub fn devices() -> Vec<DeviceSpec> {
         gpu("a100-sxm-80gb", 19.5, 312.0, Some(312.0), None, 80.0 * GIB, 2039.0, 108, 0.78, &a100),
         DeviceSpec {
             fp8_gemm_efficiency: Some(0.64),
-            ..gpu("h100-sxm", 66.9, 989.4, Some(989.4), Some(1978.9), 80.0 * GIB, 3350.0, 132, 0.72, &h100)
+            ..gpu("h100-sxm", 66.9, 989.4, Some(989.4), Some(1978.9), 81_559.0 * MIB, 3350.0, 132, 0.72, &h100)
         },
         DeviceSpec {
             fp8_gemm_efficiency: Some(0.66),
@@ -168,7 +173,7 @@ pub fn devices() -> Vec<DeviceSpec> {
                 989.4,
                 Some(989.4),
                 Some(1978.9),
-                141.0 * GB,
+                143_771.0 * MIB,
                 4800.0,
                 132,
                 0.72,
@@ -177,7 +182,8 @@ pub fn devices() -> Vec<DeviceSpec> {
         },
         // H200 NVL, the PCIe card (600 W): NVIDIA's H200 product page, NVL column, tensor rates
         // "with sparsity" halved: bf16/fp16 1,671 -> 835.5, fp8 3,341 -> 1,670.5; fp32 60;
-        // 141 GB at 4.8 TB/s as the SXM part. 15% below the SXM part's peak at the lower power.
+        // 141 GB at 4.8 TB/s as the SXM part (taken to show the SXM part's 143,771 MiB: assumed,
+        // not read off an NVL card). 15% below the SXM part's peak at the lower power.
         DeviceSpec {
             fp8_gemm_efficiency: Some(0.66),
             ..gpu(
@@ -186,7 +192,7 @@ pub fn devices() -> Vec<DeviceSpec> {
                 835.5,
                 Some(835.5),
                 Some(1670.5),
-                141.0 * GB,
+                143_771.0 * MIB,
                 4800.0,
                 132,
                 0.72,
@@ -197,7 +203,7 @@ pub fn devices() -> Vec<DeviceSpec> {
         // Specifications", HGX B200 column, tensor rates with sparsity halved: fp16/bf16 4.5 ->
         // 2.25 PFLOP/s dense, fp8 9 -> 4.5; fp32 75 TFLOP/s; 180 GB at 7.7 TB/s (the DGX B200
         // page's 64 TB/s for eight would be 8). 180 GB is what a GPU shows (nvidia-smi: 183,359
-        // MiB = 179.1 GiB) of its 192 GB of HBM3e; binary, as the H100's 80 GB. 148 SMs (CUDA
+        // MiB = 179.1 GiB) of its 192 GB of HBM3e; the catalog takes that total. 148 SMs (CUDA
         // device query on HGX B200).
         DeviceSpec {
             fp8_gemm_efficiency: Some(0.71),
@@ -207,7 +213,7 @@ pub fn devices() -> Vec<DeviceSpec> {
                 2250.0,
                 Some(2250.0),
                 Some(4500.0),
-                180.0 * GIB,
+                183_359.0 * MIB,
                 7700.0,
                 148,
                 0.72,
@@ -226,7 +232,7 @@ pub fn devices() -> Vec<DeviceSpec> {
                 2500.0,
                 Some(2500.0),
                 Some(5000.0),
-                186.0 * GIB,
+                189_471.0 * MIB,
                 8000.0,
                 148,
                 0.68,

@@ -8,6 +8,19 @@ use crate::engine::collective::expand;
 use crate::lower::{Collective, CollectiveKind};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// A GPU holds what software sees on it: nvidia-smi's total on the H100 SXM and the H200 that
+/// trainsim ran on (`traces/2026-11-27-cuda-h100/` and `-h200/machine.txt`: 81,559 and 143,771
+/// MiB). The H200's "141 GB" is not 141e9 bytes: taking it so left 9 GiB of every H200 out of
+/// the question "does it fit".
+#[test]
+fn gpu_memory_is_what_the_card_shows() {
+    eq(dev("h100-sxm").hbm_bytes, 81_559.0 * MIB);
+    eq(dev("h200").hbm_bytes, 143_771.0 * MIB);
+    assert!(dev("h200").hbm_bytes / GIB > 140.0 && dev("h100-sxm").hbm_bytes / GIB < 80.0);
+    eq(dev("a100-sxm-80gb").hbm_bytes, 81_920.0 * MIB);
+}
 
 fn dev(name: &str) -> DeviceSpec {
     catalog::device(name).unwrap_or_else(|| panic!("device preset {name}"))
@@ -27,9 +40,9 @@ fn eq(a: f64, b: f64) {
 fn new_devices_read_back_as_cited() {
     // (name, fp32, bf16 = fp16, fp8 in TFLOP/s; memory bytes; bandwidth GB/s; compute units)
     let cases: [(&str, f64, f64, f64, f64, f64, u32); 4] = [
-        ("b200", 75.0, 2250.0, 4500.0, 180.0 * GIB, 7700.0, 148),
-        ("gb200", 80.0, 2500.0, 5000.0, 186.0 * GIB, 8000.0, 148),
-        ("h200-nvl", 60.0, 835.5, 1670.5, 141e9, 4800.0, 132),
+        ("b200", 75.0, 2250.0, 4500.0, 183_359.0 * MIB, 7700.0, 148),
+        ("gb200", 80.0, 2500.0, 5000.0, 189_471.0 * MIB, 8000.0, 148),
+        ("h200-nvl", 60.0, 835.5, 1670.5, 143_771.0 * MIB, 4800.0, 132),
         ("mi300x", 163.4, 1307.4, 2614.9, 192.0 * GIB, 5300.0, 304),
     ];
     for (name, fp32, bf16, fp8, hbm, bw, cu) in cases {
