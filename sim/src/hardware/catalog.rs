@@ -8,8 +8,9 @@
 //! GB200 189,471 MiB (185.0 GiB) as published (below). Elsewhere the size sold: "16/32/40/80
 //! GB" of HBM are taken as binary gibibytes (A100 80 GB shows 81,920 MiB; a V100 16 GB shows
 //! a little less, 16,130 MiB through PyTorch in a public log, left at 16 GiB: no experiment
-//! here would change its fit), as is MI300X's 192 GB (ROCm lists 192 GiB). H200's "141 GB" is neither 141e9 bytes (131.3 GiB) nor 141
-//! GiB: until session 37 the catalog took 141e9, 9 GiB short of what the card holds.
+//! here would change its fit), as is MI300X's 192 GB (ROCm lists 192 GiB). H200's "141 GB"
+//! is neither 141e9 bytes (131.3 GiB) nor 141 GiB: until session 37 the catalog took 141e9,
+//! 9 GiB short of what the card holds.
 //! Numbers marked "default" are starting points that a calibration profile replaces; they
 //! come from common knowledge of the device class, never from a scenario's result.
 
