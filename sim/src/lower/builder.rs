@@ -396,6 +396,45 @@ impl Builder {
         task
     }
 
+    /// The group's next shared gradient reduction or parameter gather (data-parallel or
+    /// expert-data-parallel) for `member`, whose own stream is `own`: when another member
+    /// created it, found, and joined on `own` where members join one by one (`joined`: on the
+    /// compute stream, or under hybrid sharding, each member's collectives queue in its own
+    /// walk's order); else created among `members()` (`calls` back-to-back calls of `bytes`
+    /// each, labelled `label`), on `own` alone where members join one by one, else on every
+    /// lowered member's `stream` at once, and recorded for the others.
+    pub(super) fn shared_sync(
+        &mut self,
+        shared: Shared,
+        (group, member): ([u32; 3], [u32; 4]),
+        (own, joined): (u32, bool),
+        (kind, members, stream): (CollectiveKind, impl FnOnce() -> Vec<u32>, StreamKind),
+        (bytes, calls): (f64, u64),
+        label: Label,
+    ) -> u32 {
+        if let Some(task) = self.shared_next(shared, group, member) {
+            if joined {
+                self.join(task, own);
+            }
+            return task;
+        }
+        let label = self.label(label);
+        let members = members();
+        let streams: Vec<u32> = if joined {
+            vec![own]
+        } else {
+            members
+                .iter()
+                .filter(|&&d| self.dev_index[d as usize] != NONE)
+                .map(|&d| Program::stream_index(self.dev_index[d as usize], stream))
+                .collect()
+        };
+        let id = self.collective_calls_id(kind, &members, bytes, calls);
+        let task = self.task(TaskKind::Collective, id, label, NONE, &streams);
+        self.share(shared, group, task);
+        task
+    }
+
     /// `task` starts no earlier than the end of stream `s`'s last task so far (a collective
     /// beside compute starts where the compute stream stands).
     pub(super) fn after_stream_tail(&mut self, s: u32, task: u32) {

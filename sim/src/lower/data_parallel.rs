@@ -53,27 +53,14 @@ pub(super) fn dp_collective(
     // own walk's order.
     let on_compute = stream == StreamKind::Compute || plan.hybrid_shard();
     let own = Program::stream_index(b.dev_index[plan.device(r, stage, x) as usize], stream);
-    if let Some(task) = b.shared_next(Shared::Data, group, [r, stage, x, s]) {
-        if on_compute {
-            b.join(task, own);
-        }
-        return task;
-    }
-    let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
-    let members = plan.shard_members(r, stage, x);
-    let streams: Vec<u32> = if on_compute {
-        vec![own]
-    } else {
-        members
-            .iter()
-            .filter(|&&d| b.dev_index[d as usize] != NONE)
-            .map(|&d| Program::stream_index(b.dev_index[d as usize], stream))
-            .collect()
-    };
-    let id = b.collective_calls_id(kind, &members, bytes, calls);
-    let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
-    b.share(Shared::Data, group, task);
-    task
+    b.shared_sync(
+        Shared::Data,
+        (group, [r, stage, x, s]),
+        (own, on_compute),
+        (kind, || plan.shard_members(r, stage, x), stream),
+        (bytes, calls),
+        Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage },
+    )
 }
 
 /// Under hybrid sharding, the all-reduce of replica `r`'s reduced shard of a bucket (`bytes`

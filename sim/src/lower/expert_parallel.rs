@@ -50,27 +50,14 @@ pub(super) fn edp_collective(
     // its reductions and the all-reduces of their shards then queue in its own order.)
     let group = [r % plan.ep + plan.ep * (r / plan.shard_degree()), stage, x];
     let own = Program::stream_index(b.dev_index[plan.device(r, stage, x) as usize], EXPERT_SYNC_STREAM);
-    if let Some(task) = b.shared_next(Shared::ExpertData, group, [r, stage, x, 0]) {
-        if plan.hybrid_shard() {
-            b.join(task, own);
-        }
-        return task;
-    }
-    let label = b.label(Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage });
-    let members = plan.expert_shard_members(r, stage, x);
-    let streams: Vec<u32> = if plan.hybrid_shard() {
-        vec![own]
-    } else {
-        members
-            .iter()
-            .filter(|&&d| b.dev_index[d as usize] != NONE)
-            .map(|&d| Program::stream_index(b.dev_index[d as usize], EXPERT_SYNC_STREAM))
-            .collect()
-    };
-    let id = b.collective_calls_id(kind, &members, bytes, calls);
-    let task = b.task(TaskKind::Collective, id, label, NONE, &streams);
-    b.share(Shared::ExpertData, group, task);
-    task
+    b.shared_sync(
+        Shared::ExpertData,
+        (group, [r, stage, x, 0]),
+        (own, plan.hybrid_shard()),
+        (kind, || plan.expert_shard_members(r, stage, x), EXPERT_SYNC_STREAM),
+        (bytes, calls),
+        Label { op: name, layer: -1, phase: Phase::Sync, chunk: stage },
+    )
 }
 
 /// The expert-parallel collective of `bytes` (each member's send buffer) for every tensor
