@@ -22,7 +22,9 @@ pub struct Args {
     /// (alltoall; its size is each rank's whole send buffer, as nccl-tests' alltoall_perf).
     #[arg(long, default_value = "all_reduce")]
     op: String,
-    /// Node preset (trainsim presets lists them).
+    /// Node preset (trainsim presets lists them), or a JSON file holding a node as a scenario's
+    /// `cluster.node` gives one (a preset's name, or an object: a preset's values overridden, or
+    /// all given; docs/scenario.md).
     #[arg(long, default_value = "dgx-a100-80gb")]
     node: String,
     /// Nodes the collective spans.
@@ -95,12 +97,27 @@ fn parse_size(key: &str, s: &str) -> Result<u64, String> {
     }
 }
 
+/// `--node`: a preset's name, or a JSON file (a name ending in `.json`, or a file that exists)
+/// holding a node as `cluster.node` takes one.
+fn node_arg(arg: &str) -> Result<sim::hardware::NodeSpec, String> {
+    if let Some(node) = catalog::node_preset(arg) {
+        return Ok(node);
+    }
+    let path = std::path::Path::new(arg);
+    if arg.ends_with(".json") || path.is_file() {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("--node: cannot read {arg}: {e}"))?;
+        return sim::scenario::parse_node(&text).map_err(|e| format!("--node {arg}: {}: {}", e.path, e.message));
+    }
+    let names: Vec<String> = catalog::nodes().into_iter().map(|n| n.name).collect();
+    Err(format!(
+        "--node: unknown node preset {arg:?}; expected one of {}, or a JSON file holding a node",
+        names.join(", ")
+    ))
+}
+
 pub fn run(a: &Args) -> Result<(), String> {
     let kind = parse_op(&a.op)?;
-    let mut node = catalog::node_preset(&a.node).ok_or_else(|| {
-        let names: Vec<String> = catalog::nodes().into_iter().map(|n| n.name).collect();
-        format!("--node: unknown node preset {:?}; expected one of {}", a.node, names.join(", "))
-    })?;
+    let mut node = node_arg(&a.node)?;
     if let Some(n) = a.nics {
         if n == 0 || n > node.devices {
             return Err(format!("--nics: {n} is outside 1 to {} (one per GPU at most)", node.devices));
@@ -118,7 +135,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     let gpus = a.gpus.unwrap_or(node.devices);
     if gpus == 0 || gpus > node.devices {
-        return Err(format!("--gpus: {gpus} is outside 1 to {} (GPUs of a {} node)", node.devices, a.node));
+        return Err(format!("--gpus: {gpus} is outside 1 to {} (GPUs of a {} node)", node.devices, node.name));
     }
     if a.nodes * gpus < 2 {
         return Err("--nodes x --gpus: a collective needs at least 2 ranks".into());

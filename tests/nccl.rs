@@ -432,3 +432,41 @@ fn nccl_algo_and_proto_restrict_the_choice() {
         sim::scenario::parse(&text(serde_json::json!({"algo": "tree", "proto": "LL9"})), &crate::util::no_files);
     assert!(refused.expect_err("refused").to_string().contains("cluster.nccl.proto"));
 }
+
+/// `--node` takes a JSON file holding a node as a scenario's `cluster.node` does: a preset's
+/// name gives the preset's results, an object's values are the ones simulated, and a bad file
+/// is refused with the option and the key named.
+#[test]
+fn a_node_file_is_simulated_as_it_describes() {
+    let dir = crate::util::TempDir::new("nccl-node");
+    let busbw = |node: &str| {
+        let r = nccl_test(&["--node", node, "--op", "all_gather", "--min-bytes", "1G", "--max-bytes", "1G"]);
+        f(&r[0], "busbw_GBps")
+    };
+    let preset = busbw("dgx-h100");
+    let named = dir.write("named.json", r#""dgx-h100""#);
+    assert_eq!(busbw(named.to_str().unwrap()), preset);
+    let full = dir.write("full.json", r#"{"preset": "dgx-h100"}"#);
+    assert_eq!(busbw(full.to_str().unwrap()), preset);
+    // NVLink at half the rate: the large gather, bound by it, at about half the bus bandwidth.
+    let half = dir.write(
+        "half.json",
+        r#"{"preset": "dgx-h100", "intra_node": {"preset": "nvlink4", "bandwidth_bytes_per_s": 225e9}}"#,
+    );
+    let ratio = busbw(half.to_str().unwrap()) / preset;
+    assert!((0.4..0.6).contains(&ratio), "half the NVLink rate: {ratio} of the preset's bus bandwidth");
+    for (name, text, key) in [
+        ("zero-nics.json", r#"{"preset": "dgx-h100", "nics": 0}"#, "node.nics"),
+        ("unknown-key.json", r#"{"preset": "dgx-h100", "gpus": 4}"#, "gpus"),
+        ("broken.json", "{", "not valid JSON"),
+    ] {
+        let path = dir.write(name, text);
+        let out = bin().args(["nccl-test", "--node"]).arg(&path).output().expect("runs");
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--node") && err.contains(key) && !err.contains("panicked"), "{name}: {err}");
+    }
+    let out = bin().args(["nccl-test", "--node", "no-such-node.json"]).output().expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}

@@ -201,7 +201,7 @@ fn parse_device(v: &Value, path: &str) -> Result<DeviceSpec> {
     Ok(d)
 }
 
-fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
+pub(super) fn parse_node(v: &Value, path: &str) -> Result<NodeSpec> {
     if let Value::String(name) = v {
         return catalog::node_preset(name).ok_or_else(|| {
             let names: Vec<String> = catalog::nodes().into_iter().map(|n| n.name).collect();

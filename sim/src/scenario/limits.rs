@@ -8,7 +8,7 @@
 
 use super::reader::{Result, invalid};
 use super::{Scenario, Training};
-use crate::hardware::{ClusterSpec, DeviceSpec, LinkSpec, Precision};
+use crate::hardware::{ClusterSpec, DeviceSpec, LinkSpec, NodeSpec, Precision};
 use crate::workload::Workload;
 
 /// Devices in a cluster (`cluster.nodes` x the node's devices).
@@ -113,11 +113,21 @@ fn check_training(t: &Training) -> Result<()> {
     Ok(())
 }
 
+/// The limits on a node's links and NIC count (`path` names the node: `cluster.node`, or
+/// `node` where `nccl-test --node` reads one from a file).
+pub fn check_node_links(n: &NodeSpec, path: &str) -> Result<()> {
+    if n.nics > MAX_NICS {
+        return Err(invalid(&format!("{path}.nics"), format!("{}; allowed: 1 to {MAX_NICS}", n.nics)));
+    }
+    if let Some(l) = &n.intra_node {
+        check_link(l, &format!("{path}.intra_node"))?;
+    }
+    check_link(&n.host.pcie, &format!("{path}.pcie"))
+}
+
 fn check_cluster(c: &ClusterSpec, precision: Precision) -> Result<()> {
     device_count(c.nodes, c.node.devices, "cluster.nodes")?;
-    if c.node.nics > MAX_NICS {
-        return Err(invalid("cluster.node.nics", format!("{}; allowed: 1 to {MAX_NICS}", c.node.nics)));
-    }
+    check_node_links(&c.node, "cluster.node")?;
     if c.overrides.len() > MAX_OVERRIDES {
         return Err(invalid(
             "cluster.device_overrides",
@@ -128,11 +138,7 @@ fn check_cluster(c: &ClusterSpec, precision: Precision) -> Result<()> {
     for (i, o) in c.overrides.iter().enumerate() {
         check_device(&o.device, precision, &format!("cluster.device_overrides[{i}].device"))?;
     }
-    if let Some(l) = &c.node.intra_node {
-        check_link(l, "cluster.node.intra_node")?;
-    }
     check_link(&c.node.nic, "cluster.inter_node")?;
-    check_link(&c.node.host.pcie, "cluster.node.pcie")?;
     if c.node.host.dram_bytes > MAX_BYTES {
         return Err(invalid(
             "cluster.node.host_dram_bytes",
@@ -210,7 +216,7 @@ fn check_device(d: &DeviceSpec, precision: Precision, path: &str) -> Result<()> 
     Ok(())
 }
 
-fn check_link(l: &LinkSpec, path: &str) -> Result<()> {
+pub(super) fn check_link(l: &LinkSpec, path: &str) -> Result<()> {
     let bw = l.effective_bytes_per_s();
     if out_of(bw, MIN_BYTES_PER_S, MAX_BYTES_PER_S) {
         return Err(invalid(

@@ -180,6 +180,18 @@ impl Scenario {
     }
 }
 
+/// A node as `cluster.node` takes it (a preset's name, or an object: a preset's values
+/// overridden, or all given), from JSON text, held to a scenario node's limits on its links,
+/// NICs and devices: what `trainsim nccl-test --node FILE` reads.
+pub fn parse_node(text: &str) -> Result<crate::hardware::NodeSpec> {
+    let v: Value = serde_json::from_str(text).map_err(|e| invalid("(file)", format!("not valid JSON: {e}")))?;
+    let node = cluster::parse_node(&v, "node")?;
+    limits::device_count(1, node.devices, "node.devices")?;
+    limits::check_node_links(&node, "node")?;
+    limits::check_link(&node.nic, "node.nic")?;
+    Ok(node)
+}
+
 /// Parse and validate a scenario from its JSON text. `load` reads a file named in it.
 pub fn parse(text: &str, load: &dyn Fn(&str) -> std::result::Result<String, String>) -> Result<Scenario> {
     let v: Value = serde_json::from_str(text).map_err(|e| invalid("(file)", format!("not valid JSON: {e}")))?;
