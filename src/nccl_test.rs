@@ -137,14 +137,17 @@ pub fn run(a: &Args) -> Result<(), String> {
     if gpus == 0 || gpus > node.devices {
         return Err(format!("--gpus: {gpus} is outside 1 to {} (GPUs of a {} node)", node.devices, node.name));
     }
-    if a.nodes * gpus < 2 {
+    // A node from a file may hold up to a scenario's 2^20 devices: the product is checked
+    // before it is used (it overflowed a u32 before the limit).
+    let ranks = sim::scenario::limits::device_count(a.nodes, gpus, "--nodes x --gpus")
+        .map_err(|e| format!("{}: {}", e.path, e.message))?;
+    if ranks < 2 {
         return Err("--nodes x --gpus: a collective needs at least 2 ranks".into());
     }
-    if kind == CollectiveKind::AllToAll && a.nodes * gpus > MAX_ALL_TO_ALL_RANKS {
+    if kind == CollectiveKind::AllToAll && ranks > MAX_ALL_TO_ALL_RANKS {
         return Err(format!(
-            "--nodes x --gpus: {} ranks; all_to_all simulates a flow per pair of GPUs, so its cost grows with the \
-             square of the ranks: at most {MAX_ALL_TO_ALL_RANKS}",
-            a.nodes * gpus
+            "--nodes x --gpus: {ranks} ranks; all_to_all simulates a flow per pair of GPUs, so its cost grows with the \
+             square of the ranks: at most {MAX_ALL_TO_ALL_RANKS}"
         ));
     }
     let network = NetworkKind::parse(&a.network)
@@ -170,7 +173,6 @@ pub fn run(a: &Args) -> Result<(), String> {
             _ => break,
         }
     }
-    let ranks = a.nodes * gpus;
     if a.json {
         let results: Vec<serde_json::Value> = rows
             .iter()

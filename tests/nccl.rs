@@ -466,6 +466,13 @@ fn a_node_file_is_simulated_as_it_describes() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("--node") && err.contains(key) && !err.contains("panicked"), "{name}: {err}");
     }
+    // A node of 2^20 GPUs (a scenario's limit) on 4,096 nodes: the rank count, 2^32, is refused
+    // by name (it once wrapped to 0 and was refused as fewer than 2 ranks).
+    let huge = dir.write("huge.json", r#"{"preset": "dgx-h100", "devices": 1048576}"#);
+    let out = bin().args(["nccl-test", "--nodes", "4096", "--node"]).arg(&huge).output().expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--nodes x --gpus") && err.contains("4294967296"), "{err}");
     let out = bin().args(["nccl-test", "--node", "no-such-node.json"]).output().expect("runs");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
