@@ -11,6 +11,12 @@ use std::path::{Path, PathBuf};
 
 pub const SCENARIO_FILE: &str = "scenario.json";
 
+/// The node file an `nccl-test` run of a case reads (`--node`): the scenario's `cluster.node`.
+pub const NODE_FILE: &str = "node.json";
+
+/// How often a case also times one collective with `nccl-test` on its scenario's node.
+const NCCL_TEST_FRACTION: f64 = 0.25;
+
 #[derive(Clone, Debug)]
 pub struct Case {
     pub id: u64,
@@ -19,7 +25,7 @@ pub struct Case {
     pub text: Vec<u8>,
     pub files: Vec<(String, Vec<u8>)>,
     pub tags: Vec<String>,
-    /// Arguments of each run (the scenario file last).
+    /// Arguments of each run (the scenario file last; `nccl-test` reads [`NODE_FILE`] instead).
     pub runs: Vec<Vec<String>>,
     /// A file of a corpus: run where it lies (its side files beside it), not in a temp folder.
     pub corpus_dir: Option<PathBuf>,
@@ -89,7 +95,26 @@ pub fn build(seed: u64, id: u64, cat: &Catalog, mix: Mix) -> Case {
         let runs = vec![args.iter().map(|s| s.to_string()).collect()];
         return Case { id, kind, text: without_plan(&text), files: base.files, tags, runs, corpus_dir: None };
     }
-    Case { id, kind, text, files: base.files, tags, runs, corpus_dir: None }
+    let mut files = base.files;
+    // Drawn last, so that the draws above (and so every other command's input) are those of a
+    // case without it.
+    if r.chance(NCCL_TEST_FRACTION) {
+        let ops = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"];
+        let op = ops[r.int(0, ops.len() as u64 - 1) as usize];
+        let nodes = r.int(1, 8).to_string();
+        // The node as the (possibly mutated) scenario gives it, else as the valid one did.
+        let node = serde_json::from_slice::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("cluster")?.get("node").cloned())
+            .or_else(|| base.value.get("cluster")?.get("node").cloned())
+            .unwrap_or(serde_json::Value::Null);
+        files.push((NODE_FILE.to_string(), serde_json::to_vec_pretty(&node).unwrap_or_default()));
+        let args = ["nccl-test", "--json", "--node", NODE_FILE, "--nodes", &nodes, "--op", op];
+        let sizes = ["--min-bytes", "8", "--max-bytes", "64M", "--step-factor", "64"];
+        runs.push(args.iter().chain(sizes.iter()).map(|s| s.to_string()).collect());
+        tags.push("nccl-test".to_string());
+    }
+    Case { id, kind, text, files, tags, runs, corpus_dir: None }
 }
 
 /// Cases for the scenario files (`*.json`) under `root`, numbered from `first`: every

@@ -145,7 +145,7 @@ fn clear_error(stderr: &str) -> Result<(), &'static str> {
 }
 
 /// Classify one run of `command` (`simulate`, `train-run`, `partition`, `slices`,
-/// `capacity`).
+/// `capacity`, `search`, `nccl-test`).
 pub fn classify(command: &str, o: &Outcome, ctx: &Context) -> Verdict {
     let stderr = o.stderr_text();
     if o.timed_out {

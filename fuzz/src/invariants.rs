@@ -268,6 +268,29 @@ fn slices(r: &Value, ctx: &Context) -> Check {
     Ok(())
 }
 
+/// `nccl-test`: every size took a positive, finite time, and its bus bandwidth is its
+/// algorithm bandwidth times nccl-tests' factor for the collective (at most 2(n-1)/n < 2).
+fn nccl_test(r: &Value) -> Check {
+    let results = r.get("results").and_then(Value::as_array).ok_or("no results")?;
+    if results.is_empty() {
+        return fail("no results");
+    }
+    for x in results {
+        let t = f(x, "time_us").ok_or("time_us is null (NaN or infinite?)")?;
+        if !(t > 0.0 && t.is_finite()) {
+            return fail("time_us <= 0");
+        }
+        let (alg, bus) = (f(x, "algbw_GBps").unwrap_or(-1.0), f(x, "busbw_GBps").unwrap_or(-1.0));
+        if !(alg >= 0.0 && bus >= 0.0) {
+            return fail("negative or missing algbw_GBps or busbw_GBps");
+        }
+        if bus > 2.0 * alg * (1.0 + REL) + 1e-12 {
+            return fail("busbw_GBps above twice algbw_GBps");
+        }
+    }
+    Ok(())
+}
+
 /// A searched plan's degrees: dp x cp x tp x pp devices (missing keys count 1).
 fn plan_devices(plan: &Value) -> u64 {
     ["dp", "cp", "tp", "pp"].iter().map(|k| plan.get(*k).and_then(Value::as_u64).unwrap_or(1)).product()
@@ -340,6 +363,7 @@ pub fn check(command: &str, report: &Value, ctx: &Context) -> Check {
         "partition" => partition(report, ctx),
         "slices" => slices(report, ctx),
         "search" => search(report),
+        "nccl-test" => nccl_test(report),
         _ => Ok(()),
     }
 }
@@ -356,6 +380,21 @@ mod tests {
             r[k] = v.clone();
         }
         r
+    }
+
+    #[test]
+    fn nccl_test_results_need_a_positive_time_and_a_bus_bandwidth_within_twice_the_algorithm_s() {
+        let row =
+            |t: f64, alg: f64, bus: f64| json!({"size_bytes": 8, "time_us": t, "algbw_GBps": alg, "busbw_GBps": bus});
+        assert_eq!(check("nccl-test", &json!({"results": [row(12.0, 1.0, 1.75)]}), &Context::default()), Ok(()));
+        for (r, want) in [
+            (json!({"results": []}), "no results"),
+            (json!({"results": [row(0.0, 1.0, 1.0)]}), "time_us <= 0"),
+            (json!({"results": [row(5.0, 1.0, 2.5)]}), "busbw_GBps above twice algbw_GBps"),
+            (json!({"results": [row(5.0, -1.0, 0.0)]}), "negative or missing algbw_GBps or busbw_GBps"),
+        ] {
+            assert_eq!(check("nccl-test", &r, &Context::default()), Err(want.to_string()), "{r}");
+        }
     }
 
     #[test]

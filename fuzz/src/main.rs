@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 #[derive(Parser)]
 #[command(about = "Fuzz trainsim with generated and mutated scenarios through every command")]
 struct Args {
-    /// Number of cases (each runs simulate, train-run, partition, slices, and sometimes capacity)
+    /// Number of cases (each runs simulate, train-run, partition, slices, and sometimes capacity
+    /// and nccl-test on the scenario's node)
     #[arg(long, default_value_t = 300)]
     cases: u64,
     /// Seed: the same seed and case number always give the same input

@@ -6,7 +6,7 @@ use crate::check::Class;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub const COMMANDS: [&str; 6] = ["simulate", "train-run", "partition", "slices", "capacity", "search"];
+pub const COMMANDS: [&str; 7] = ["simulate", "train-run", "partition", "slices", "capacity", "search", "nccl-test"];
 
 /// The smallest input seen for one signature.
 #[derive(Clone, Debug)]
