@@ -134,21 +134,28 @@ fn collective_bytes(sim: &crate::Simulation, op: &str) -> f64 {
         .sum()
 }
 
+/// A small mixture-of-experts model (4 layers of 16 experts, top 2) on two DGX A100 nodes
+/// under Megatron-Core, with `framework` (more keys of the framework object, each after a
+/// comma), `plan` and `simulation` (JSON objects) as given.
+pub(super) fn moe_on_two_nodes(framework: &str, plan: &str, simulation: &str) -> scenario::Scenario {
+    let text = format!(
+        r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
+               "moe": {{"experts": 16, "top_k": 2, "expert_ffn": 2048}}}}}},
+            "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
+            "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512,
+                          "framework": {{"name": "megatron-core"{framework}}}}},
+            "plan": {plan}, "simulation": {simulation}}}"#
+    );
+    scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Under expert parallelism the overlapped gather moves what the post-step one moves: the
 /// dense parameters over the data-parallel group, the routed experts over the replicas that
 /// hold the same experts, and nothing of them when no other replica does (dp = ep).
 #[test]
 fn the_overlapped_gather_leaves_unreplicated_experts_alone() {
     let moe = |plan: &str, overlap: bool| {
-        let text = format!(
-            r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
-                   "moe": {{"experts": 16, "top_k": 2, "expert_ffn": 2048}}}}}},
-                "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
-                "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512,
-                              "framework": {{"name": "megatron-core", "param_gather_overlap": {overlap}}}}},
-                "plan": {plan}}}"#
-        );
-        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let s = moe_on_two_nodes(&format!(r#", "param_gather_overlap": {overlap}"#), plan, "{}");
         crate::simulate(&s, false)
     };
     for plan in [r#"{"dp": 16, "ep": 16, "zero_stage": 1}"#, r#"{"dp": 16, "ep": 4, "zero_stage": 1}"#] {

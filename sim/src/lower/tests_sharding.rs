@@ -150,15 +150,7 @@ fn recompute_layers_reruns_the_first_layers_of_each_chunk() {
 #[test]
 fn hybrid_sharding_splits_the_experts_over_their_replicas_in_the_group() {
     let run = |plan: &str, symmetry: bool| {
-        let text = format!(
-            r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000,
-                   "moe": {{"experts": 16, "top_k": 2, "expert_ffn": 2048}}}}}},
-                "cluster": {{"node": "dgx-a100-80gb", "nodes": 2}},
-                "training": {{"global_batch": 64, "micro_batch": 2, "seq_len": 512,
-                              "framework": {{"name": "megatron-core"}}}},
-                "plan": {plan}, "simulation": {{"symmetry": {symmetry}}}}}"#
-        );
-        let s = scenario::parse(&text, &|_| Err("no files".into())).unwrap_or_else(|e| panic!("{e}"));
+        let s = super::tests_data_parallel::moe_on_two_nodes("", plan, &format!(r#"{{"symmetry": {symmetry}}}"#));
         let (_, expert) = crate::cost::memory::state_bytes_per_parameter(&s.plan);
         (crate::simulate(&s, true), expert)
     };
