@@ -246,10 +246,11 @@ fn block_layer_s(gpu: &Gpu, r: &Value) -> f64 {
 /// How `r`'s Llama block ran: PyTorch 2.11's nn.RMSNorm is one kernel in eager mode too,
 /// torchtitan's own class (December 2024) six; Inductor leaves the complex rotary multiply to
 /// eager kernels ("does not support code generation for complex operators"), so the rotary
-/// embeddings stay unfused under compile too.
+/// embeddings stay unfused under compile too; KempnerForge's real-valued ones (`rope: real`)
+/// it fuses.
 fn block_fusion(r: &Value) -> [bool; 3] {
     let compiled = r["compiled"].as_bool().unwrap_or(false);
-    [compiled || r["norm"] != "torchtitan", compiled, false]
+    [compiled || r["norm"] != "torchtitan", compiled, compiled && r["rope"] == "real"]
 }
 
 /// The scenario of `layers` of `r`'s block on one `gpu` (see [`block_layer_s`]), the Llama
@@ -258,6 +259,10 @@ fn block_fusion(r: &Value) -> [bool; 3] {
 /// `repeat_kv` does (the `pytorch-ddp` profile's `fused.gqa` false).
 fn block_scenario(gpu: &Gpu, r: &Value, layers: u64, [rms_norm, swiglu, rope]: [bool; 3]) -> String {
     let dim = |k: &str| r[k].as_u64().unwrap();
+    // A row of one tensor-parallel rank's share (`tp`, block.py's ShardBlock) is a layer of
+    // that many GPUs without sequence parallelism; `checkpoint` is full recomputation.
+    let tp = r["tp"].as_u64().unwrap_or(1);
+    let recompute = if r["checkpoint"] == true { "full" } else { "none" };
     let mut t = serde_json::json!({"layers": layers, "hidden": dim("hidden"), "heads": dim("heads"),
         "vocab": 50304, "max_positions": dim("seq"), "bias": false, "dropout": false});
     let mut framework = serde_json::json!({"name": "pytorch-ddp"});
@@ -273,10 +278,10 @@ fn block_scenario(gpu: &Gpu, r: &Value, layers: u64, [rms_norm, swiglu, rope]: [
     serde_json::json!({
         "name": "block",
         "workload": {"transformer": t},
-        "cluster": {"node": {"preset": gpu.node, "devices": 1}, "nodes": 1},
+        "cluster": {"node": {"preset": gpu.node, "devices": tp}, "nodes": 1},
         "training": {"global_batch": dim("batch"), "micro_batch": dim("batch"), "seq_len": dim("seq"),
             "precision": "bf16", "optimizer": "adam", "attention": "cudnn", "framework": framework},
-        "plan": {"dp": 1, "tp": 1, "pp": 1}
+        "plan": {"dp": 1, "tp": tp, "pp": 1, "recompute": recompute}
     })
     .to_string()
 }
@@ -285,7 +290,7 @@ fn block_scenario(gpu: &Gpu, r: &Value, layers: u64, [rms_norm, swiglu, rope]: [
 fn layer_s(gpu: &Gpu, r: &Value, fused: [bool; 3]) -> f64 {
     let compute = |layers: u64| {
         let t = &super::util::simulate(&block_scenario(gpu, r, layers, fused)).time_breakdown[0];
-        t.gemm_s + t.attention_s + t.memory_bound_s
+        t.gemm_s + t.attention_s + t.memory_bound_s + t.recompute_s
     };
     (compute(8) - compute(4)) / 4.0
 }
@@ -293,20 +298,26 @@ fn layer_s(gpu: &Gpu, r: &Value, fused: [bool; 3]) -> f64 {
 /// `gpu`'s measured blocks of `section` (`block` or `llama`) against [`block_layer_s`]: prints
 /// each and returns the signed errors in the file's order.
 fn compare_blocks(gpu: &Gpu, section: &str) -> Vec<f64> {
-    let b = gpu.block();
-    let rows = b[section].as_array().expect("block rows");
+    compare_block_rows(gpu, &gpu.block(), section)
+}
+
+/// [`compare_blocks`] over `file`'s `section`.
+fn compare_block_rows(gpu: &Gpu, file: &Value, section: &str) -> Vec<f64> {
+    let rows = file[section].as_array().expect("block rows");
     rows.iter()
         .map(|r| {
             let measured = r["per_layer_s"].as_f64().expect("measured");
             let predicted = block_layer_s(gpu, r);
             let err = (predicted - measured) / measured;
             println!(
-                "{} {section} h{} s{} b{} compiled={}: measured {:.3} ms, predicted {:.3} ms, {:+.1}%",
+                "{} {section} h{} s{} b{} tp={} compiled={} checkpoint={}: measured {:.3} ms, predicted {:.3} ms, {:+.1}%",
                 gpu.name,
                 r["hidden"],
                 r["seq"],
                 r["batch"],
+                r["tp"].as_u64().unwrap_or(1),
                 r["compiled"],
+                r["checkpoint"].as_bool().unwrap_or(false),
                 measured * 1e3,
                 predicted * 1e3,
                 100.0 * err
@@ -738,4 +749,16 @@ fn memory_bound_kernels_beside_streaming_side_kernels() {
         assert!(err < 0.06 && err < err_before, "{gpu}: {err:.3} against {err_before:.3}");
         assert!(side_ratio < 1.5, "{gpu}: {side_ratio:.2}");
     }
+}
+
+/// One tensor-parallel rank's share of KempnerForge's Llama-3 blocks on an H200
+/// (`block.py --only-kempnerforge`, `traces/2026-11-27-cuda-h200/kempnerforge.json`: TP 4 at
+/// 7B, 13B and 70B width, 4,096 tokens, KempnerForge's local batches, eager and compiled, with
+/// and without full checkpointing; 70B whole on one GPU too) against what trainsim charges
+/// such a layer, recomputation included.
+#[test]
+fn kempnerforge_tensor_parallel_blocks_on_an_h200_against_the_model() {
+    let file = repo_json(&std::env::var("TRAINSIM_KF_BLOCKS").unwrap_or("traces/2026-11-27-cuda-h200/kempnerforge.json".into()));
+    let errors = compare_block_rows(&H200, &file, "kempnerforge");
+    assert!(errors.len() >= 7);
 }

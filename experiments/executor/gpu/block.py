@@ -15,7 +15,12 @@
    `--only-sustained`, the bf16 GEMMs and causal attention forward and backward (cuDNN's and
    FlashAttention-2 through SDPA, 8,192 tokens, head dimension 128) alone.
 
-    python3 block.py OUT.json [--seconds S] [--only-titan-norm | --only-sustained]
+    python3 block.py OUT.json [--seconds S] [--only-titan-norm | --only-sustained | --only-kempnerforge]
+
+4. With `--only-kempnerforge`: one tensor-parallel rank's share of KempnerForge's Llama-3 7B,
+   13B and 70B blocks (TP 4, 4,096 tokens, its local batches), eager and compiled, with and
+   without full activation checkpointing, and the memory the device holds outside PyTorch's
+   allocator. `--dry-run` runs those rows at toy sizes on the CPU.
 """
 import json
 import subprocess
@@ -26,6 +31,13 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+# `--dry-run` runs the KempnerForge rows at toy sizes on the CPU, to check the script without a GPU.
+DEVICE = "cpu" if "--dry-run" in sys.argv else "cuda"
+
+
+def max_memory_allocated():
+    return torch.cuda.max_memory_allocated() if DEVICE == "cuda" else 0
 
 
 class Block(nn.Module):
@@ -120,8 +132,9 @@ class LlamaBlock(nn.Module):
 
 def finish(rows, row):
     """Frees the row's tensors' cached memory, restarts the peak count, keeps and prints the row."""
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     rows.append(row)
     print(row, flush=True)
 
@@ -139,6 +152,14 @@ def time_stack(model, x, g, warmup, reps):
             model(x)
     for _ in range(warmup):
         step()
+    if DEVICE == "cpu":  # --dry-run: wall-clock times
+        times, ftimes = [], []
+        for fn, out in [(step, times), (fwd, ftimes)]:
+            for _ in range(reps):
+                s = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - s)
+        return sorted(times)[reps // 2], sorted(ftimes)[reps // 2]
     torch.cuda.synchronize()
     times, ftimes = [], []
     for _ in range(reps):
@@ -194,6 +215,130 @@ def llama_steps(warmup=3, reps=10, compile_budget_s=240.0, only_norm=None):
         except Exception as e:
             row["error"] = repr(e)[:300]
         finish(rows, row)
+    return rows
+
+
+def rope_half(x, cos, sin):
+    """KempnerForge's real-valued rotary embeddings: the head dimension's halves rotated as
+    (x1 cos - x2 sin, x2 cos + x1 sin), in the activations' dtype."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class ShardBlock(nn.Module):
+    """What one rank of a `tp`-way tensor-parallel Llama block computes: its column-parallel
+    q/k/v and gate/up shards (heads/tp query heads, kv_heads/tp key-value heads, ffn/tp), its
+    row-parallel o and down shards, nn.RMSNorm over every token (no sequence parallelism: the
+    norms' share of the step is small) and KempnerForge's real-valued rotary embeddings, the
+    key-value heads repeated before causal SDPA. The collectives are left out."""
+
+    def __init__(self, h, heads, kv_heads, ffn, seq, tp):
+        super().__init__()
+        self.hd = h // heads
+        self.heads, self.kv_heads = heads // tp, kv_heads // tp
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(h, eps=1e-5), nn.RMSNorm(h, eps=1e-5)
+        self.wq = nn.Linear(h, self.heads * self.hd, bias=False)
+        self.wk = nn.Linear(h, self.kv_heads * self.hd, bias=False)
+        self.wv = nn.Linear(h, self.kv_heads * self.hd, bias=False)
+        self.wo = nn.Linear(self.heads * self.hd, h, bias=False)
+        self.w1 = nn.Linear(h, ffn // tp, bias=False)
+        self.w3 = nn.Linear(h, ffn // tp, bias=False)
+        self.w2 = nn.Linear(ffn // tp, h, bias=False)
+        freqs = 1.0 / (500000.0 ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        angles = torch.outer(torch.arange(seq).float(), freqs).view(1, seq, 1, self.hd // 2)
+        self.cos, self.sin = angles.cos().to(DEVICE, torch.bfloat16), angles.sin().to(DEVICE, torch.bfloat16)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        y = self.attention_norm(x)
+        q = rope_half(self.wq(y).view(b, s, self.heads, self.hd), self.cos, self.sin)
+        k = rope_half(self.wk(y).view(b, s, self.kv_heads, self.hd), self.cos, self.sin)
+        v = self.wv(y).view(b, s, self.kv_heads, self.hd)
+        rep = self.heads // self.kv_heads
+        k = k[:, :, :, None, :].expand(b, s, self.kv_heads, rep, self.hd).reshape(b, s, self.heads, self.hd)
+        v = v[:, :, :, None, :].expand(b, s, self.kv_heads, rep, self.hd).reshape(b, s, self.heads, self.hd)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, s, self.heads * self.hd))
+        y = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+class Checkpointed(nn.Module):
+    """A block under full activation checkpointing (non-reentrant), as KempnerForge wraps each."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+
+
+# KempnerForge's Llama-3 shapes (hidden, heads, key-value heads, SwiGLU width) and the local
+# batch its TP 4 runs took (data/kempnerforge_h200.json).
+KEMPNERFORGE = {"70b": (8192, 64, 8, 28672, 2), "13b": (5120, 40, 8, 17920, 4), "7b": (4096, 32, 8, 14336, 4)}
+
+
+def kempnerforge_steps(layers=2, warmup=3, reps=8, seq=4096, compile_budget_s=200.0, cases=None):
+    """One tensor-parallel rank's share of KempnerForge's blocks (ShardBlock), 4,096 tokens a
+    sequence: eager and compiled per block (torch.compile(fullgraph=True), Dynamo reset before
+    each compiled row so that no shape is made dynamic), with and without full activation
+    checkpointing, so that the recomputation's cost is measured beside the step's."""
+    import torch.utils.checkpoint  # noqa: F401
+    cases = cases or [("70b", 4, False, False), ("70b", 4, True, False), ("70b", 4, True, True),
+                      ("70b", 4, False, True), ("13b", 4, False, False), ("13b", 4, True, True),
+                      ("7b", 4, True, True), ("13b", 4, True, False), ("70b", 1, False, False)]
+    rows, t0 = [], time.time()
+    for model_name, tp, compiled, ckpt in cases:
+        h, heads, kv, ffn, batch = KEMPNERFORGE[model_name]
+        row = {"model": "llama", "shape": model_name, "hidden": h, "heads": heads, "kv_heads": kv,
+               "ffn_hidden": ffn, "tp": tp, "seq": seq, "batch": batch, "layers": layers,
+               "compiled": compiled, "checkpoint": ckpt, "norm": "nn", "rope": "real"}
+        if compiled and time.time() - t0 > compile_budget_s:
+            row["error"] = "skipped: compile budget spent"
+            finish(rows, row)
+            continue
+        try:
+            if compiled:
+                torch._dynamo.reset()
+            blocks = []
+            for _ in range(layers):
+                blk = ShardBlock(h, heads, kv, ffn, seq, tp).to(DEVICE, torch.bfloat16)
+                blk = Checkpointed(blk) if ckpt else blk
+                blocks.append(torch.compile(blk, fullgraph=True) if compiled else blk)
+            model = nn.Sequential(*blocks)
+            x = torch.randn(batch, seq, h, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+            g = torch.randn(batch, seq, h, device=DEVICE, dtype=torch.bfloat16)
+            s = time.time()
+            step_s, fwd_s = time_stack(model, x, g, warmup, reps)
+            row.update({"step_s": step_s, "per_layer_s": step_s / layers, "forward_per_layer_s": fwd_s / layers,
+                        "peak_memory_bytes": max_memory_allocated(), "wall_s": time.time() - s})
+            del model, blocks, x, g
+        except Exception as e:
+            row["error"] = repr(e)[:300]
+        finish(rows, row)
+    return rows
+
+
+def overhead():
+    """What the device holds beyond PyTorch's allocator (the CUDA context, cuBLAS's and cuDNN's
+    handles and workspaces): the driver's used memory less the allocator's reserve, after
+    initialisation, after a bf16 GEMM and after a cuDNN SDPA forward and backward."""
+    def reading(what):
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        used, reserved = total - free, torch.cuda.memory_reserved()
+        return {"after": what, "used_bytes": used, "reserved_bytes": reserved, "outside_allocator_bytes": used - reserved}
+    rows = [reading("init")]
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    rows.append(reading("bf16 GEMM"))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(1, 16, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    rows.append(reading("cuDNN SDPA forward and backward"))
+    print(rows, flush=True)
     return rows
 
 
@@ -296,13 +441,18 @@ def main():
     out = sys.argv[1]
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 20.0
     torch.manual_seed(0)
-    res = {"schema": "trainsim-gpu-block/1", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+    res = {"schema": "trainsim-gpu-block/1", "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
            "cuda": torch.version.cuda, "created": time.strftime("%Y-%m-%d"),
            "method": "CUDA-event medians of 10 steps after 3 warm-ups; gradients set to None before each step"}
     sections = [("block", block_steps), ("sustained_bf16", lambda: sustained("bf16", seconds)),
                 ("sustained_fp8", lambda: sustained("fp8", seconds)), ("llama", llama_steps)]
     if "--only-titan-norm" in sys.argv:  # the Llama rows with torchtitan's RMSNorm alone
         sections = [("llama", lambda: llama_steps(only_norm="torchtitan"))]
+    if "--only-kempnerforge" in sys.argv:  # one TP rank's share of KempnerForge's blocks
+        sections = [("kempnerforge", kempnerforge_steps), ("overhead", overhead)]
+    if "--dry-run" in sys.argv:  # toy shapes on the CPU, compiled rows included
+        KEMPNERFORGE.update({"70b": (256, 8, 4, 512, 2), "13b": (192, 8, 4, 384, 2), "7b": (128, 4, 4, 256, 2)})
+        sections = [("kempnerforge", lambda: kempnerforge_steps(seq=64, warmup=1, reps=2))]
     if "--only-sustained" in sys.argv:  # GEMMs and attention held for `seconds` each
         sections = [(f"sustained_{k}", lambda k=k: sustained(k, seconds)) for k in ("bf16", "sdpa_cudnn", "sdpa_flash")]
     for name, fn in sections:
