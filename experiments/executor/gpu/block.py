@@ -264,19 +264,32 @@ class ShardBlock(nn.Module):
 
 
 class Checkpointed(nn.Module):
-    """A block under full activation checkpointing (non-reentrant), as KempnerForge wraps each."""
+    """A block under full activation checkpointing (non-reentrant), as KempnerForge wraps each.
+    `early_stop` False turns off the recomputation's early stop (PyTorch stops recomputing once
+    every tensor the backward needs is back), so that the whole forward is recomputed."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, early_stop=True):
         super().__init__()
-        self.inner = inner
+        self.inner, self.early_stop = inner, early_stop
 
     def forward(self, x):
-        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+        if self.early_stop:
+            return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+        with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+            return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
 
 
 # KempnerForge's Llama-3 shapes (hidden, heads, key-value heads, SwiGLU width) and the local
 # batch its TP 4 runs took (data/kempnerforge_h200.json).
 KEMPNERFORGE = {"70b": (8192, 64, 8, 28672, 2), "13b": (5120, 40, 8, 17920, 4), "7b": (4096, 32, 8, 14336, 4)}
+
+
+# (shape, tp, compiled, checkpointed, early stop): eager checkpointing with PyTorch's early stop
+# and without it, beside the same shapes unchecked, measured together.
+EARLY_STOP_CASES = [("70b", 4, False, True, False), ("70b", 4, False, True, True), ("70b", 4, False, False),
+                    ("13b", 4, False, True, False), ("13b", 4, False, True, True), ("13b", 4, False, False),
+                    ("7b", 4, False, True, False), ("7b", 4, False, True, True), ("7b", 4, False, False),
+                    ("7b", 4, True, False)]
 
 
 def kempnerforge_steps(layers=2, warmup=3, reps=8, seq=4096, compile_budget_s=200.0, cases=None):
@@ -289,11 +302,14 @@ def kempnerforge_steps(layers=2, warmup=3, reps=8, seq=4096, compile_budget_s=20
                       ("70b", 4, False, True), ("13b", 4, False, False), ("13b", 4, True, True),
                       ("7b", 4, True, True), ("13b", 4, True, False), ("70b", 1, False, False)]
     rows, t0 = [], time.time()
-    for model_name, tp, compiled, ckpt in cases:
+    for model_name, tp, compiled, ckpt, *rest in cases:
+        early_stop = rest[0] if rest else True
         h, heads, kv, ffn, batch = KEMPNERFORGE[model_name]
         row = {"model": "llama", "shape": model_name, "hidden": h, "heads": heads, "kv_heads": kv,
                "ffn_hidden": ffn, "tp": tp, "seq": seq, "batch": batch, "layers": layers,
                "compiled": compiled, "checkpoint": ckpt, "norm": "nn", "rope": "real"}
+        if ckpt:
+            row["early_stop"] = early_stop
         if compiled and time.time() - t0 > compile_budget_s:
             row["error"] = "skipped: compile budget spent"
             finish(rows, row)
@@ -304,7 +320,7 @@ def kempnerforge_steps(layers=2, warmup=3, reps=8, seq=4096, compile_budget_s=20
             blocks = []
             for _ in range(layers):
                 blk = ShardBlock(h, heads, kv, ffn, seq, tp).to(DEVICE, torch.bfloat16)
-                blk = Checkpointed(blk) if ckpt else blk
+                blk = Checkpointed(blk, early_stop) if ckpt else blk
                 blocks.append(torch.compile(blk, fullgraph=True) if compiled else blk)
             model = nn.Sequential(*blocks)
             x = torch.randn(batch, seq, h, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
@@ -450,9 +466,14 @@ def main():
         sections = [("llama", lambda: llama_steps(only_norm="torchtitan"))]
     if "--only-kempnerforge" in sys.argv:  # one TP rank's share of KempnerForge's blocks
         sections = [("kempnerforge", kempnerforge_steps), ("overhead", overhead)]
+    if "--only-overhead" in sys.argv:  # in a fresh process
+        sections = [("overhead", overhead)]
+    if "--only-early-stop" in sys.argv:  # eager rows, checkpointing with and without early stop
+        sections = [("early_stop", lambda: kempnerforge_steps(cases=EARLY_STOP_CASES))]
     if "--dry-run" in sys.argv:  # toy shapes on the CPU, compiled rows included
         KEMPNERFORGE.update({"70b": (256, 8, 4, 512, 2), "13b": (192, 8, 4, 384, 2), "7b": (128, 4, 4, 256, 2)})
-        sections = [("kempnerforge", lambda: kempnerforge_steps(seq=64, warmup=1, reps=2))]
+        sections = [("kempnerforge", lambda: kempnerforge_steps(seq=64, warmup=1, reps=2,
+                                                              cases=EARLY_STOP_CASES[:3] + [("7b", 4, True, True)]))]
     if "--only-sustained" in sys.argv:  # GEMMs and attention held for `seconds` each
         sections = [(f"sustained_{k}", lambda k=k: sustained(k, seconds)) for k in ("bf16", "sdpa_cudnn", "sdpa_flash")]
     for name, fn in sections:
