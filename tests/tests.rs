@@ -38,6 +38,8 @@ mod variability;
 mod kernels;
 // The kernel model against trainsim's own microbenchmarks on a real GPU (H200, session 18).
 mod gpu_microbench;
+// Whole blocks' steps on real GPUs against what trainsim charges a layer.
+mod gpu_blocks;
 // Honest answers: allocator headroom, fp8, mixture-of-experts, profiles of other devices, tp across nodes.
 mod honest;
 // Traces (filters, Perfetto protobuf), output paths checked first, replay limits.
