@@ -74,14 +74,21 @@ pub const DEFAULT_GPU_MEMORY_HEADROOM: f64 = 0.10;
 /// (not measured). 10 us is kept between the two: an assumption, not a fit.
 pub const DEFAULT_GPU_HOST_OP_S: f64 = 10e-6;
 
+/// Default device memory a GPU framework holds outside its tensors (see
+/// [`SimOptions::framework_bytes`]): measured on an H200 with driver 580, CUDA 13.0 and PyTorch
+/// 2.11 (`traces/2026-11-27-cuda-h200/overhead.json`, session 38) as the device's used memory
+/// less the caching allocator's reserve: 0.51 GiB once the context exists, 0.67 GiB after the
+/// first cuBLAS call, 0.684 GiB after cuDNN's attention. Other GPUs and versions are assumed
+/// alike; NCCL's communicator buffers, which one GPU could not show, are not included.
+pub const DEFAULT_GPU_FRAMEWORK_BYTES: f64 = 734_855_168.0;
+
 impl SimOptions {
-    /// The framework allowance on `device`: 0.5 GiB on a GPU by default (a PyTorch CUDA context
-    /// with cuBLAS and NCCL workspaces is 0.3-0.6 GiB; allocator fragmentation is not
-    /// included), nothing on FPGAs and CPUs.
+    /// The framework allowance on `device`: [`DEFAULT_GPU_FRAMEWORK_BYTES`] on a GPU unless
+    /// set (allocator fragmentation is the headroom's, not this), nothing on FPGAs and CPUs.
     pub fn framework_bytes(&self, device: &crate::hardware::DeviceSpec) -> f64 {
         match self.framework_overhead_bytes {
             Some(b) => b as f64,
-            None if device.kind == DeviceKind::Gpu => 0.5 * 1024f64.powi(3),
+            None if device.kind == DeviceKind::Gpu => DEFAULT_GPU_FRAMEWORK_BYTES,
             None => 0.0,
         }
     }
