@@ -10,7 +10,11 @@ relative spread of sums of 10 and 100 consecutive launches beside what independe
 would give (the single-launch spread over sqrt(10) and sqrt(100)): a larger one says the
 launches drift together (clock and power), not independently.
 
-    python3 jitter.py OUT.json [--launches N] [--dry-run]
+    python3 jitter.py OUT.json [--launches N] [--dry-run | --steady]
+
+With `--steady`: 10 s of 8192-cubed GEMMs and of cuDNN attention after 10 s of the same load
+(the power limit settled), each launch timed alone; and GEMMs with a ~10 ms single-block spin
+after every 20 (most SMs idle, as while a collective runs), after 5 s.
 """
 import json
 import math
@@ -71,6 +75,35 @@ def times(fn, launches):
     return [events[i].elapsed_time(events[i + 1]) * 1e-3 for i in range(launches)]
 
 
+def steady(fn, warm_s, record_s, gap_every=0, gap_cycles=0):
+    """Per-launch seconds of `fn` over `record_s` after `warm_s` of the same load; with
+    `gap_every`, a single-block spin of `gap_cycles` clock cycles (torch.cuda._sleep: one SM
+    busy, the rest idle, as beside a collective) after every `gap_every` launches."""
+    s = time.time()
+    while time.time() - s < warm_s:
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+    # Launches that fill record_s, from a timed batch.
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(50):
+        fn()
+    e1.record()
+    e1.synchronize()
+    per = e0.elapsed_time(e1) * 1e-3 / 50
+    launches = int(record_s / per)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(launches)]
+    for i, (a, b) in enumerate(events):
+        a.record()
+        fn()
+        b.record()
+        if gap_every and (i + 1) % gap_every == 0:
+            torch.cuda._sleep(gap_cycles)
+    events[-1][1].synchronize()
+    return [a.elapsed_time(b) * 1e-3 for a, b in events]
+
+
 def summary(t):
     n = len(t)
     mean = sum(t) / n
@@ -96,6 +129,18 @@ def main():
            "torch": torch.__version__, "created": time.strftime("%Y-%m-%d"),
            "method": f"{launches} back-to-back launches per kernel after 20 warm-ups, a CUDA event between "
                      "consecutive launches; two passes over the kernels", "kernels": []}
+    if "--steady" in sys.argv:  # the same kernels' spread once the power limit has settled
+        ks = dict((n, f) for n, _, f in [(n, None, f) for n, f in kernels()])
+        cases = [("gemm 8192x8192x8192", 10, 10, 0), ("sdpa fwd+bwd 2x32x4096x128 causal", 10, 10, 0),
+                 ("gemm 8192x8192x8192", 5, 10, 20)]
+        for name, warm, rec, gap in cases:
+            t = steady(ks[name], warm, rec, gap, 20_000_000 if gap else 0)
+            row = {"kernel": name, "steady": True, "warm_s": warm, "gap_every": gap,
+                   "gap_cycles": 20_000_000 if gap else 0, **summary(t), "times_s": [round(x, 9) for x in t]}
+            res["kernels"].append(row)
+            print({k: v for k, v in row.items() if k != "times_s"}, flush=True)
+            json.dump(res, open(out, "w"))
+        return
     for p in range(2):
         for name, fn in kernels():
             t = times(fn, launches)
