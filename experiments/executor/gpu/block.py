@@ -336,6 +336,42 @@ def kempnerforge_steps(layers=2, warmup=3, reps=8, seq=4096, compile_budget_s=20
     return rows
 
 
+def kernel_profile(shape="7b", tp=4, seq=4096, layers=2, steps=2):
+    """The CUDA kernels of one TP rank's ShardBlock step, eager and compiled (torch.profiler):
+    per kernel name, its calls and total time over `steps` steps, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    rows = []
+    h, heads, kv, ffn, batch = KEMPNERFORGE[shape]
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        blocks = [ShardBlock(h, heads, kv, ffn, seq, tp).to(DEVICE, torch.bfloat16) for _ in range(layers)]
+        model = nn.Sequential(*[torch.compile(b, fullgraph=True) if compiled else b for b in blocks])
+        x = torch.randn(batch, seq, h, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn(batch, seq, h, device=DEVICE, dtype=torch.bfloat16)
+
+        def step():
+            for p in model.parameters():
+                p.grad = None
+            x.grad = None
+            model(x).backward(g)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        kernels = [{"name": e.key[:160], "calls": e.count, "total_s": e.device_time_total * 1e-6}
+                   for e in prof.key_averages() if e.device_time_total > 0]
+        kernels.sort(key=lambda k: -k["total_s"])
+        row = {"shape": shape, "tp": tp, "seq": seq, "batch": batch, "layers": layers, "steps": steps,
+               "compiled": compiled, "kernels": kernels[:60], "kernel_count": len(kernels)}
+        print({k: v for k, v in row.items() if k != "kernels"}, [(k["name"][:50], k["calls"], round(k["total_s"] * 1e3, 3)) for k in kernels[:25]], flush=True)
+        rows.append(row)
+        del model, blocks, x, g
+    return rows
+
+
 def overhead():
     """What the device holds beyond PyTorch's allocator (the CUDA context, cuBLAS's and cuDNN's
     handles and workspaces): the driver's used memory less the allocator's reserve, after
@@ -466,6 +502,8 @@ def main():
         sections = [("llama", lambda: llama_steps(only_norm="torchtitan"))]
     if "--only-kempnerforge" in sys.argv:  # one TP rank's share of KempnerForge's blocks
         sections = [("kempnerforge", kempnerforge_steps), ("overhead", overhead)]
+    if "--only-profile" in sys.argv:  # the 7B shard's kernels, eager and compiled
+        sections = [("profile", kernel_profile)]
     if "--only-overhead" in sys.argv:  # in a fresh process
         sections = [("overhead", overhead)]
     if "--only-early-stop" in sys.argv:  # eager rows, checkpointing with and without early stop
