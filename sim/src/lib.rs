@@ -402,6 +402,7 @@ pub fn run_options(s: &scenario::Scenario, record: bool) -> RunOptions {
         record,
         collective_launch_ns: duration_ns(s.cluster.node.device.kernel_launch_s),
         kernel_jitter: s.options.kernel_jitter,
+        kernel_jitter_correlation_s: s.options.kernel_jitter_correlation_s,
         seed: s.options.seed,
     }
 }

@@ -77,7 +77,14 @@ pub fn lone_collective(
         p.streams[s as usize].push(0);
     }
     let launch_ns = (cluster.node.device.kernel_launch_s * 1e9).round() as u64;
-    let opts = RunOptions { network, record: false, collective_launch_ns: launch_ns, kernel_jitter: 0.0, seed: 0 };
+    let opts = RunOptions {
+        network,
+        record: false,
+        collective_launch_ns: launch_ns,
+        kernel_jitter: 0.0,
+        kernel_jitter_correlation_s: 0.0,
+        seed: 0,
+    };
     let r = run(&p, &topo, &[], &HostCosts::default(), opts)?;
     let time_s = r.iteration_ns as f64 * 1e-9;
     let algbw = if time_s > 0.0 { bytes / time_s } else { 0.0 };

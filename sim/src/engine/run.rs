@@ -23,6 +23,9 @@ pub struct RunOptions {
     /// Relative standard deviation of each kernel's time (`simulation.kernel_jitter`; 0:
     /// none) and the seed of its draws (see `engine::jitter`).
     pub kernel_jitter: f64,
+    /// How long a device's kernel speed stays correlated (s; `simulation.kernel_jitter_correlation_s`;
+    /// 0: kernels vary independently).
+    pub kernel_jitter_correlation_s: f64,
     pub seed: u64,
 }
 
@@ -290,7 +293,7 @@ pub fn run(
             p.devices.iter().map(|&d| topo.hbm_bytes_per_s(d)).collect(),
         ),
         settle_queued: false,
-        jitter: super::jitter::Jitter::new(opts.kernel_jitter, opts.seed, nd),
+        jitter: super::jitter::Jitter::new(opts.kernel_jitter, opts.kernel_jitter_correlation_s, opts.seed, nd),
         mem_share: vec![1.0; nd],
         shared: Vec::new(),
         shared_on: vec![Vec::new(); nd],

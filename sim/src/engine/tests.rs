@@ -55,7 +55,14 @@ fn push(p: &mut Program, kind: TaskKind, payload: u32, streams: &[u32], mb: u32)
 }
 
 fn opts() -> RunOptions {
-    RunOptions { network: NetworkKind::MaxMinFair, record: false, collective_launch_ns: 0, kernel_jitter: 0.0, seed: 0 }
+    RunOptions {
+        network: NetworkKind::MaxMinFair,
+        record: false,
+        collective_launch_ns: 0,
+        kernel_jitter: 0.0,
+        kernel_jitter_correlation_s: 0.0,
+        seed: 0,
+    }
 }
 
 fn lone_collective(kind: CollectiveKind, per_node: u32, nodes: u32, bytes: f64, intra: LinkSpec, nic: LinkSpec) -> u64 {

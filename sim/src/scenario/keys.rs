@@ -41,6 +41,7 @@ pub const SIMULATION: &[&str] = &[
     "memory_headroom",
     "device_variability",
     "kernel_jitter",
+    "kernel_jitter_correlation_s",
     "seed",
 ];
 

@@ -28,6 +28,9 @@ pub struct SimOptions {
     /// Relative standard deviation of each kernel's time, launch to launch (0: none); each
     /// collective then waits for its slowest member (`engine::jitter`).
     pub kernel_jitter: f64,
+    /// How long a device's kernel speed stays correlated (s): [`DEFAULT_KERNEL_JITTER_CORRELATION_S`]
+    /// unless set; 0: kernels vary independently (`engine::jitter`).
+    pub kernel_jitter_correlation_s: f64,
     /// Seed of the kernel-time draws: the same seed gives the same run.
     pub seed: u64,
     /// Simulate one replica even where that is not exact (several replicas share a node, so
@@ -53,6 +56,7 @@ impl Default for SimOptions {
             memory_headroom: None,
             device_variability: None,
             kernel_jitter: 0.0,
+            kernel_jitter_correlation_s: DEFAULT_KERNEL_JITTER_CORRELATION_S,
             seed: 0,
             approximate_symmetry: false,
             fold_node_peers: true,
@@ -121,6 +125,15 @@ impl SimOptions {
         }
     }
 }
+
+/// Default correlation time of a device's kernel speed (`simulation.kernel_jitter_correlation_s`):
+/// on an H200 at its settled 700 W limit (`traces/2026-11-27-cuda-h200/jitter-steady.json`,
+/// `jitter.py --steady`, session 38), 8192-cubed GEMMs varied by 1.47% launch to launch with a
+/// lag-1 autocorrelation of 0.94, by 1.32% over 10 launches (16 ms) and 0.74% over 100 (0.16 s),
+/// and half-second windows by 0.51% (`sustained.json`): a speed whose correlation decays as
+/// `exp(-|Δt|/30 ms)` gives 1.35%, 0.80% and 0.49%. The clock under the power limit moves the
+/// compute kernels together; memory-bound kernels varied 0.4-0.5% and independently.
+pub const DEFAULT_KERNEL_JITTER_CORRELATION_S: f64 = 0.03;
 
 /// Default spread of GPU speed within one model: Sinha et al., "Not All GPUs Are Created Equal"
 /// (SC22, arXiv 2208.11035) measured 8% average performance variation (22% at most) between
@@ -210,6 +223,9 @@ pub(super) fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
                 ));
             }
             opts.kernel_jitter = j;
+        }
+        if let Some(t) = o.non_negative("kernel_jitter_correlation_s")? {
+            opts.kernel_jitter_correlation_s = t;
         }
         if let Some(v) = o.get("seed") {
             opts.seed = v.as_u64().ok_or_else(|| {
