@@ -83,6 +83,7 @@ pub fn lone_collective(
         collective_launch_ns: launch_ns,
         kernel_jitter: 0.0,
         kernel_jitter_correlation_s: 0.0,
+        kernel_jitter_draws: false,
         seed: 0,
     };
     let r = run(&p, &topo, &[], &HostCosts::default(), opts)?;

@@ -26,6 +26,9 @@ pub struct RunOptions {
     /// How long a device's kernel speed stays correlated (s; `simulation.kernel_jitter_correlation_s`;
     /// 0: kernels vary independently).
     pub kernel_jitter_correlation_s: f64,
+    /// Draw each wait from `seed` (`simulation.kernel_jitter_draws`); false: every wait is the
+    /// expected one.
+    pub kernel_jitter_draws: bool,
     pub seed: u64,
 }
 
@@ -293,7 +296,12 @@ pub fn run(
             p.devices.iter().map(|&d| topo.hbm_bytes_per_s(d)).collect(),
         ),
         settle_queued: false,
-        jitter: super::jitter::Jitter::new(opts.kernel_jitter, opts.kernel_jitter_correlation_s, opts.seed, nd),
+        jitter: super::jitter::Jitter::new(
+            opts.kernel_jitter,
+            opts.kernel_jitter_correlation_s,
+            opts.kernel_jitter_draws.then_some(opts.seed),
+            nd,
+        ),
         mem_share: vec![1.0; nd],
         shared: Vec::new(),
         shared_on: vec![Vec::new(); nd],
@@ -461,10 +469,10 @@ impl<'a> Engine<'a> {
         match task.kind {
             TaskKind::Compute => {
                 let d = Program::stream_device(task.stream) as usize;
-                if let Some(j) = self.jitter.as_mut() {
-                    j.kernel_done(d, self.op_ns[task.payload as usize]);
-                }
                 let kernel = self.kernel(d, task.payload as usize);
+                if let Some(j) = self.jitter.as_mut() {
+                    j.kernel_done(d, self.op_ns[task.payload as usize], kernel.memory_bound);
+                }
                 let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize], kernel);
                 let end = self.after(now, ns);
                 self.q.push(end, Event { kind: TASK_END, id: t, version: version & VERSION_MASK });

@@ -61,6 +61,7 @@ fn opts() -> RunOptions {
         collective_launch_ns: 0,
         kernel_jitter: 0.0,
         kernel_jitter_correlation_s: 0.0,
+        kernel_jitter_draws: false,
         seed: 0,
     }
 }

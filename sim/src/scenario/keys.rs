@@ -42,6 +42,7 @@ pub const SIMULATION: &[&str] = &[
     "device_variability",
     "kernel_jitter",
     "kernel_jitter_correlation_s",
+    "kernel_jitter_draws",
     "seed",
 ];
 

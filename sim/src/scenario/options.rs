@@ -31,6 +31,9 @@ pub struct SimOptions {
     /// How long a device's kernel speed stays correlated (s): [`DEFAULT_KERNEL_JITTER_CORRELATION_S`]
     /// unless set; 0: kernels vary independently (`engine::jitter`).
     pub kernel_jitter_correlation_s: f64,
+    /// Draw each collective's wait from `seed` (true), or take the expected wait (false, the
+    /// default: deterministic, the same for a folded and a full simulation).
+    pub kernel_jitter_draws: bool,
     /// Seed of the kernel-time draws: the same seed gives the same run.
     pub seed: u64,
     /// Simulate one replica even where that is not exact (several replicas share a node, so
@@ -57,6 +60,7 @@ impl Default for SimOptions {
             device_variability: None,
             kernel_jitter: 0.0,
             kernel_jitter_correlation_s: DEFAULT_KERNEL_JITTER_CORRELATION_S,
+            kernel_jitter_draws: false,
             seed: 0,
             approximate_symmetry: false,
             fold_node_peers: true,
@@ -237,6 +241,9 @@ pub(super) fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
         }
         if let Some(s) = o.boolean("symmetry")? {
             opts.symmetry = s;
+        }
+        if let Some(d) = o.boolean("kernel_jitter_draws")? {
+            opts.kernel_jitter_draws = d;
         }
     }
     Ok(opts)

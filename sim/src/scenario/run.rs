@@ -418,6 +418,8 @@ pub(super) fn share_kernel_jitter(r: &RunSpec, options: &mut super::SimOptions) 
         ));
     }
     options.kernel_jitter = k;
+    // The run's iterations each draw their own waits.
+    options.kernel_jitter_draws = true;
     if options.seed == 0 {
         options.seed = r.seed;
     }

@@ -61,7 +61,10 @@ pub fn short_counts(pp: u32, virtual_stages: u32, m: u32) -> Option<[u32; 3]> {
 /// settle on a line (then the caller simulates it in full).
 pub fn extrapolated(s: &Scenario) -> Option<Estimate> {
     let plan = &s.plan;
-    if s.options.kernel_jitter > 0.0 || plan.token_slices.is_some() || plan.partition_policy.is_some() {
+    if (s.options.kernel_jitter > 0.0 && s.options.kernel_jitter_draws)
+        || plan.token_slices.is_some()
+        || plan.partition_policy.is_some()
+    {
         return None;
     }
     let m = plan.micro_batches;
