@@ -321,6 +321,14 @@ pub fn run(
             TASK_END => {
                 let d = Program::stream_device(p.tasks[ev.id as usize].stream) as usize;
                 if e.sm.end(d, ev.version, VERSION_MASK) {
+                    // A kernel counts towards its device's stretch once it has ended
+                    // (`engine::jitter`): a collective that starts beside it did not wait for it.
+                    let task = p.tasks[ev.id as usize];
+                    if task.kind == TaskKind::Compute && e.jitter.is_some() {
+                        let memory_bound = e.kernel(d, task.payload as usize).memory_bound;
+                        let ns = e.op_ns[task.payload as usize];
+                        e.jitter.as_mut().expect("checked").kernel_done(d, ns, memory_bound);
+                    }
                     e.refresh_memory_share(d, now);
                     e.complete(ev.id, now)
                 }
@@ -470,9 +478,6 @@ impl<'a> Engine<'a> {
             TaskKind::Compute => {
                 let d = Program::stream_device(task.stream) as usize;
                 let kernel = self.kernel(d, task.payload as usize);
-                if let Some(j) = self.jitter.as_mut() {
-                    j.kernel_done(d, self.op_ns[task.payload as usize], kernel.memory_bound);
-                }
                 let (ns, version) = self.sm.start(d, t, now, self.op_ns[task.payload as usize], kernel);
                 let end = self.after(now, ns);
                 self.q.push(end, Event { kind: TASK_END, id: t, version: version & VERSION_MASK });
