@@ -48,8 +48,7 @@ fn draws_are_seeded() {
 
 /// Without draws (the default) each collective waits the expected lateness of its slowest
 /// member: the run is deterministic, about the mean of the drawn runs, and a folded simulation
-/// (one replica and one tensor rank for all) waits within 0.1% of the full one (0.03% here: a
-/// tensor group's ranks do not run quite the same kernels between two collectives).
+/// (one replica and one tensor rank for all) waits exactly as the full one.
 #[test]
 fn expected_waits_are_deterministic_and_fold_exactly() {
     let expected = gpt3(Some(0.03), None);
