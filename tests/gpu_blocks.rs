@@ -1,6 +1,6 @@
 //! Whole transformer blocks' training steps measured on real GPUs (`experiments/executor/gpu/
 //! block.py` through PyTorch 2.11: GPT blocks and torchtitan's Llama 3 block on one H200 and one
-//! H100 SXM, one tensor-parallel rank's share of KempnerForge's Llama-3 blocks on an H200) against
+//! H100 SXM, one tensor-parallel rank's share of KempnerForge's Llama-3 blocks on both) against
 //! what trainsim charges one such layer. The kernels alone are `gpu_microbench`'s.
 
 use super::gpu_microbench::{Gpu, H100, H200};
