@@ -130,7 +130,7 @@ def main():
            "method": f"{launches} back-to-back launches per kernel after 20 warm-ups, a CUDA event between "
                      "consecutive launches; two passes over the kernels", "kernels": []}
     if "--steady" in sys.argv:  # the same kernels' spread once the power limit has settled
-        ks = dict((n, f) for n, _, f in [(n, None, f) for n, f in kernels()])
+        ks = dict(kernels())
         cases = [("gemm 8192x8192x8192", 10, 10, 0), ("sdpa fwd+bwd 2x32x4096x128 causal", 10, 10, 0),
                  ("gemm 8192x8192x8192", 5, 10, 20)]
         for name, warm, rec, gap in cases:

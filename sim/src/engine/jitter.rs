@@ -1,26 +1,30 @@
 //! Per-kernel time variability (`simulation.kernel_jitter`): each synchronisation waits for
 //! the slowest of its members.
 //!
-//! A device's kernels run slower or faster than their nominal times by a relative standard
-//! deviation `cv`, independently across devices. Between two collectives of the same kind a
-//! device runs kernels of nominal times `t_i`, `W = Σ t_i` in all, and arrives late by a normal
-//! draw whose standard deviation depends on how the kernels' speeds move together:
+//! A device's compute-bound kernels run slower or faster than their nominal times by a relative
+//! standard deviation `cv`, independently across devices (memory-bound kernels, which the clock
+//! does not move, only pass time). Between two collectives of the same kind a device runs
+//! kernels of nominal times `t_i`, `W = Σ t_i` in all (`C` of it compute-bound), and arrives
+//! late by a normal variable whose standard deviation depends on how the speeds move together:
 //! - correlated over a time `τ` (`simulation.kernel_jitter_correlation_s`, the default): the
 //!   speed is a stationary process whose correlation decays as `exp(-|Δt|/τ)`, so the stretch's
-//!   mean speed varies by `cv · g(W/τ)` with `g(x)² = 2/x · (1 - (1 - e^-x)/x)`: `cv · W` for
-//!   a stretch much shorter than `τ`, `cv · W · sqrt(2τ/W)` for a much longer one. Measured on
+//!   mean speed varies by `cv · g(W/τ)` with `g(x)² = 2/x · (1 - (1 - e^-x)/x)` and it is late
+//!   by `cv · C · g(W/τ)`: `cv · C` for a stretch much shorter than `τ`, about
+//!   `cv · C · sqrt(2τ/W)` for a much longer one. Measured on
 //!   an H200 at its settled power limit (`traces/2026-11-27-cuda-h200/jitter-steady.json`):
 //!   GEMMs 1.47% launch to launch with a lag-1 autocorrelation of 0.94, 1.32% over 10 launches,
 //!   0.74% over 100 and about 0.5% over half a second, which `τ` = 30 ms reproduces;
-//! - independent (`τ` = 0): `cv · sqrt(Σ t_i²)`.
+//! - independent (`τ` = 0): `cv · sqrt(Σ t_i²)` over the compute-bound kernels.
 //!
-//! A collective over `k` members starts when the latest of them arrives, the largest of `k`
-//! such draws. The engine runs every kernel at its nominal time and delays each collective by
-//! that largest draw (when positive), drawn in one go as `Φ⁻¹(U^(1/k))` (the maximum of `k`
-//! standard normals has distribution function `Φᵏ`) from a seeded generator
+//! A kernel counts once it has ended. A collective over `k` members starts when the latest of
+//! them arrives, the largest of `k` such lateness. The engine runs every kernel at its nominal
+//! time and delays each collective by that largest lateness (when positive): by default its
+//! expectation, `E[max(0, M_k)]` standard deviations (deterministic); with
+//! `simulation.kernel_jitter_draws` a draw, made in one go as `Φ⁻¹(U^(1/k))` (the maximum of
+//! `k` standard normals has distribution function `Φᵏ`) from a seeded generator
 //! (`simulation.seed`): the same seed gives the same run. The `k` members count every member
-//! of the collective, simulated or mirrored, so a folded simulation waits as long, in
-//! distribution, as the full one (their draws differ).
+//! of the collective, simulated or mirrored, so a folded simulation waits exactly as the full
+//! one with expected waits, and as long in distribution with draws.
 
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;

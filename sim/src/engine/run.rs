@@ -20,8 +20,8 @@ pub struct RunOptions {
     pub record: bool,
     /// Fixed cost of starting a collective or transfer (its kernel launch).
     pub collective_launch_ns: u64,
-    /// Relative standard deviation of each kernel's time (`simulation.kernel_jitter`; 0:
-    /// none) and the seed of its draws (see `engine::jitter`).
+    /// Relative standard deviation of a device's compute-bound kernel speed
+    /// (`simulation.kernel_jitter`; 0: none; see `engine::jitter`).
     pub kernel_jitter: f64,
     /// How long a device's kernel speed stays correlated (s; `simulation.kernel_jitter_correlation_s`;
     /// 0: kernels vary independently).

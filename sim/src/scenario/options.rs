@@ -25,7 +25,7 @@ pub struct SimOptions {
     /// Relative standard deviation of a device's speed among devices of one model; `None`:
     /// the device kind's default (see [`SimOptions::device_variability`]).
     pub device_variability: Option<f64>,
-    /// Relative standard deviation of each kernel's time, launch to launch (0: none); each
+    /// Relative standard deviation of a device's compute-bound kernel speed (0: none); each
     /// collective then waits for its slowest member (`engine::jitter`).
     pub kernel_jitter: f64,
     /// How long a device's kernel speed stays correlated (s): [`DEFAULT_KERNEL_JITTER_CORRELATION_S`]
