@@ -20,15 +20,20 @@ fn tp_wait(r: &sim::report::Report) -> f64 {
     r.time_breakdown[0].exposed_tp_comm_s
 }
 
-/// No jitter is the model as before, whatever the seed; with 3% per kernel every
-/// tensor-parallel all-reduce waits for the slowest of the group's 8 ranks: the iteration and
-/// its exposed TP time grow, and by less than a kernel's spread summed over its stretch could
-/// (each wait is under about 3.5 standard deviations of the stretch before it).
+/// No jitter (`kernel_jitter` 0) is the model without waits, whatever the seed; with 3% per
+/// kernel every tensor-parallel all-reduce waits for the slowest of the group's 8 ranks: the
+/// iteration and its exposed TP time grow, and by less than a kernel's spread summed over its
+/// stretch could (each wait is under about 3.5 standard deviations of the stretch before it).
+/// The GPU default (1.47%, measured) is the same as given, and lies between.
 #[test]
 fn collectives_wait_for_their_slowest_member() {
-    let plain = gpt3(None, None);
+    let plain = gpt3(Some(0.0), None);
     assert_eq!(gpt3(Some(0.0), Some(9)).iteration_s, plain.iteration_s);
+    let default = gpt3(None, None);
+    assert_eq!(default.iteration_s, gpt3(Some(0.0147), None).iteration_s);
+    assert!(default.iteration_s > plain.iteration_s);
     let jittery = gpt3(Some(0.03), None);
+    assert!(jittery.iteration_s > default.iteration_s);
     let added = jittery.iteration_s - plain.iteration_s;
     assert!(added > 0.0, "{} s vs {} s", jittery.iteration_s, plain.iteration_s);
     assert!(tp_wait(&jittery) > tp_wait(&plain));

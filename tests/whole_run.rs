@@ -145,12 +145,15 @@ fn bad_run_sections_are_refused_with_their_key() {
 
 /// `run.variability.kernel_jitter` is the engine's per-kernel spread for the run's iterations:
 /// each of the pipeline's collectives waits for its slowest member, so the iteration (and the
-/// run) is longer; the run's seed draws it, the same seed the same run. Given again under
-/// `simulation` with another value it is refused.
+/// run) is longer than without any (`simulation.kernel_jitter` 0; the GPU default is on); the
+/// run's seed draws it, the same seed the same run. Given again under `simulation` with another
+/// value it is refused.
 #[test]
 fn per_kernel_jitter_lengthens_the_run_s_iterations() {
     let dir = TempDir::new("whole-jitter");
-    let plain = train_run(&dir, &whole(json!({"tokens": 1e9})), &[]);
+    let mut calm: Value = serde_json::from_str(&whole(json!({"tokens": 1e9}))).expect("json");
+    calm["simulation"] = json!({"kernel_jitter": 0});
+    let plain = train_run(&dir, &calm.to_string(), &[]);
     let jitter = |seed: u64| whole(json!({"tokens": 1e9, "seed": seed, "variability": {"kernel_jitter": 0.05}}));
     let (a, b) = (train_run(&dir, &jitter(3), &[]), train_run(&dir, &jitter(3), &[]));
     assert!(plain.0 && a.0, "{} {}", plain.2, a.2);

@@ -401,7 +401,7 @@ pub fn run_options(s: &scenario::Scenario, record: bool) -> RunOptions {
         network: s.options.network,
         record,
         collective_launch_ns: duration_ns(s.cluster.node.device.kernel_launch_s),
-        kernel_jitter: s.options.kernel_jitter,
+        kernel_jitter: s.options.kernel_jitter(&s.cluster),
         kernel_jitter_correlation_s: s.options.kernel_jitter_correlation_s,
         kernel_jitter_draws: s.options.kernel_jitter_draws,
         seed: s.options.seed,

@@ -161,11 +161,13 @@ impl Scenario {
         d.mem_efficiency = m.mem_bytes_per_s / d.mem_bandwidth_bytes_per_s;
         d.kernel_launch_s = m.launch_s;
         self.op_rates = m.memory_op_bytes_per_s.clone();
-        if let Some(j) = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter == 0.0) {
-            self.options.kernel_jitter = j.min(1.0);
+        if let Some(j) = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none()) {
+            let j = j.min(1.0);
+            self.options.kernel_jitter = Some(j);
+            self.defaults_applied.retain(|d| !d.starts_with("simulation.kernel_jitter ="));
             self.notes.push(format!(
-                "simulation.kernel_jitter = {:.4} from the profile (the spread of repeated runs of one GEMM on {})",
-                self.options.kernel_jitter, m.device
+                "simulation.kernel_jitter = {j:.4} from the profile (the spread of repeated runs of one GEMM on {})",
+                m.device
             ));
         }
         d.source = format!("{} (calibrated)", d.source);
@@ -254,6 +256,13 @@ fn option_defaults(options: &SimOptions, cluster: &ClusterSpec, defaults: &mut V
         defaults.push(format!(
             "simulation.device_variability = {} (GPU speed spread; every step waits for the slowest device)",
             options::DEFAULT_GPU_DEVICE_VARIABILITY
+        ));
+    }
+    if options.kernel_jitter.is_none() && cluster.has_kind(DeviceKind::Gpu) && cluster.device_count() > 1 {
+        defaults.push(format!(
+            "simulation.kernel_jitter = {} (GPU kernel speed drift, correlated over {} s; each collective waits for its slowest member)",
+            options::DEFAULT_GPU_KERNEL_JITTER,
+            options.kernel_jitter_correlation_s
         ));
     }
 }

@@ -26,8 +26,9 @@ pub struct SimOptions {
     /// the device kind's default (see [`SimOptions::device_variability`]).
     pub device_variability: Option<f64>,
     /// Relative standard deviation of a device's compute-bound kernel speed (0: none); each
-    /// collective then waits for its slowest member (`engine::jitter`).
-    pub kernel_jitter: f64,
+    /// collective then waits for its slowest member (`engine::jitter`). `None`: the
+    /// cluster's default (see [`SimOptions::kernel_jitter`]).
+    pub kernel_jitter: Option<f64>,
     /// How long a device's kernel speed stays correlated (s): [`DEFAULT_KERNEL_JITTER_CORRELATION_S`]
     /// unless set; 0: kernels vary independently (`engine::jitter`).
     pub kernel_jitter_correlation_s: f64,
@@ -58,7 +59,7 @@ impl Default for SimOptions {
             host_op_s: None,
             memory_headroom: None,
             device_variability: None,
-            kernel_jitter: 0.0,
+            kernel_jitter: None,
             kernel_jitter_correlation_s: DEFAULT_KERNEL_JITTER_CORRELATION_S,
             kernel_jitter_draws: false,
             seed: 0,
@@ -139,6 +140,15 @@ impl SimOptions {
 /// compute kernels together; memory-bound kernels varied 0.4-0.5% and independently.
 pub const DEFAULT_KERNEL_JITTER_CORRELATION_S: f64 = 0.03;
 
+/// Default spread of a GPU's compute-bound kernel speed (`simulation.kernel_jitter`): on an
+/// H200 at its settled 700 W limit (`traces/2026-11-27-cuda-h200/jitter-steady.json`,
+/// `experiments/executor/gpu/jitter.py --steady`, session 38), back-to-back 8192-cubed bf16
+/// GEMMs varied by 1.47% launch to launch (robust relative standard deviation), cuDNN's fused
+/// attention by 0.99%; a training step's compute-bound time is mostly GEMMs, so the GEMMs'
+/// figure is kept. One GPU's measurement, assumed for every GPU; the correlation time is
+/// [`DEFAULT_KERNEL_JITTER_CORRELATION_S`].
+pub const DEFAULT_GPU_KERNEL_JITTER: f64 = 0.0147;
+
 /// Default spread of GPU speed within one model: Sinha et al., "Not All GPUs Are Created Equal"
 /// (SC22, arXiv 2208.11035) measured 8% average performance variation (22% at most) between
 /// GPUs of one SKU over five clusters of thousands of GPUs, outliers excluded. As the range
@@ -153,6 +163,17 @@ impl SimOptions {
         match self.device_variability {
             Some(v) => v,
             None if device.kind == DeviceKind::Gpu => DEFAULT_GPU_DEVICE_VARIABILITY,
+            None => 0.0,
+        }
+    }
+
+    /// The spread of compute-bound kernel speed the engine applies on `cluster` (one value for
+    /// the whole cluster): [`DEFAULT_GPU_KERNEL_JITTER`] where it has GPUs, none on clusters of
+    /// FPGAs and CPU devices (whose measured kernel times are their own), unless set.
+    pub fn kernel_jitter(&self, cluster: &crate::hardware::ClusterSpec) -> f64 {
+        match self.kernel_jitter {
+            Some(j) => j,
+            None if cluster.has_kind(DeviceKind::Gpu) => DEFAULT_GPU_KERNEL_JITTER,
             None => 0.0,
         }
     }
@@ -226,7 +247,7 @@ pub(super) fn parse_options(o: Option<Obj>) -> Result<SimOptions> {
                     format!("{j}: expected a relative standard deviation of a kernel's time in [0, 1]"),
                 ));
             }
-            opts.kernel_jitter = j;
+            opts.kernel_jitter = Some(j);
         }
         if let Some(t) = o.non_negative("kernel_jitter_correlation_s")? {
             opts.kernel_jitter_correlation_s = t;

@@ -411,13 +411,13 @@ pub(super) fn check_elastic(o: &Obj, plan: &Plan, c: &ClusterSpec) -> Result<()>
 /// run's seed unless `simulation.seed` is given. Both keys, with different spreads, are refused.
 pub(super) fn share_kernel_jitter(r: &RunSpec, options: &mut super::SimOptions) -> Result<()> {
     let Some(k) = r.variability.kernel_jitter else { return Ok(()) };
-    if options.kernel_jitter > 0.0 && options.kernel_jitter != k {
+    if let Some(given) = options.kernel_jitter.filter(|&g| g != k) {
         return Err(invalid(
             "run.variability.kernel_jitter",
-            format!("{k} but simulation.kernel_jitter is {}: give the per-kernel spread once", options.kernel_jitter),
+            format!("{k} but simulation.kernel_jitter is {given}: give the per-kernel spread once"),
         ));
     }
-    options.kernel_jitter = k;
+    options.kernel_jitter = Some(k);
     // The run's iterations each draw their own waits.
     options.kernel_jitter_draws = true;
     if options.seed == 0 {

@@ -246,7 +246,8 @@ fn expected_maximum_of_normal_draws() {
 }
 
 /// A calibration profile's measured kernel spread becomes the scenario's kernel jitter, with a
-/// note; a spread the scenario gives is kept; a profile without one changes nothing.
+/// note, in place of the GPU default (no longer listed among the defaults); a spread the
+/// scenario gives is kept; a profile without one changes nothing: the GPU default stands.
 #[test]
 fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
     let rates = |kernel_jitter| super::MeasuredRates {
@@ -261,18 +262,25 @@ fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
         device: "cpu thread 0".into(),
         device_kind: crate::hardware::DeviceKind::Cpu,
     };
+    let listed = |s: &super::Scenario| s.defaults_applied.iter().any(|d| d.starts_with("simulation.kernel_jitter = "));
     let mut s = parse(&base().to_string(), &|_| Err("no files".into())).expect("valid");
+    assert!(listed(&s), "{:?}", s.defaults_applied);
     s.calibrate(&rates(Some(0.02)));
-    assert_eq!(s.options.kernel_jitter, 0.02);
+    assert_eq!(s.options.kernel_jitter, Some(0.02));
+    assert_eq!(s.options.kernel_jitter(&s.cluster), 0.02);
+    assert!(!listed(&s), "{:?}", s.defaults_applied);
     assert!(s.notes.iter().any(|n| n.contains("simulation.kernel_jitter = 0.0200")), "{:?}", s.notes);
     let mut given = base();
     given["simulation"] = json!({"kernel_jitter": 0.05});
     let mut s = parse(&given.to_string(), &|_| Err("no files".into())).expect("valid");
     s.calibrate(&rates(Some(0.02)));
-    assert_eq!(s.options.kernel_jitter, 0.05);
+    assert_eq!(s.options.kernel_jitter, Some(0.05));
+    assert!(!listed(&s), "{:?}", s.defaults_applied);
     let mut s = parse(&base().to_string(), &|_| Err("no files".into())).expect("valid");
     s.calibrate(&rates(None));
-    assert_eq!(s.options.kernel_jitter, 0.0);
+    assert_eq!(s.options.kernel_jitter, None);
+    assert_eq!(s.options.kernel_jitter(&s.cluster), super::options::DEFAULT_GPU_KERNEL_JITTER);
+    assert!(listed(&s), "{:?}", s.defaults_applied);
 }
 
 /// A GPU profile's GEMM rate applies only to training at the precision it was measured in: a

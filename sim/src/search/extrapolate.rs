@@ -14,7 +14,10 @@
 //! warm-up and congruent to `M` modulo `p`), and the extrapolation stands only where the
 //! three lie on one line (their second difference at most [`TOLERANCE_NS`]) and agree on the
 //! peak, on host and NVMe memory and on whether the plan fits. Anything else (GPipe's peak
-//! grows with `M`; under kernel jitter a stretch's wait is not linear in its length) is simulated in full, as is a plan whose
+//! grows with `M`; under kernel jitter the wait of a stretch that spans the micro-batches,
+//! such as a gradient reduction after the whole backward, grows as about its square root) is
+//! simulated in full (the search first prunes such a plan by its jitter-free runs where it
+//! can: `search::evaluate`), as is a plan whose
 //! full program the simulator would refuse as too large, so the search reports what
 //! `simulate` reports. On every plan of the tests' spaces the extrapolated time equals the
 //! full simulation's to the nanosecond (`search::tests`).
@@ -61,7 +64,9 @@ pub fn short_counts(pp: u32, virtual_stages: u32, m: u32) -> Option<[u32; 3]> {
 /// settle on a line (then the caller simulates it in full).
 pub fn extrapolated(s: &Scenario) -> Option<Estimate> {
     let plan = &s.plan;
-    if s.options.kernel_jitter > 0.0 || plan.token_slices.is_some() || plan.partition_policy.is_some() {
+    // Drawn waits differ run to run (their three runs would not lie on a line anyway).
+    let drawn = s.options.kernel_jitter_draws && s.options.kernel_jitter(&s.cluster) > 0.0;
+    if drawn || plan.token_slices.is_some() || plan.partition_policy.is_some() {
         return None;
     }
     let m = plan.micro_batches;

@@ -80,15 +80,17 @@ pub struct Progress {
     pub enumerated: usize,
     /// Plans the reader refused (a constraint of the scenario or of the reader).
     pub invalid: usize,
-    /// Pruned by the memory bound.
+    /// Pruned by the memory bound, or under kernel jitter by the jitter-free runs' peak (see
+    /// `evaluate`).
     pub pruned_memory: usize,
-    /// Pruned by the time bound (unable to enter the top K or the front).
+    /// Pruned by the time bound (unable to enter the top K or the front), or under kernel
+    /// jitter by the plan's jitter-free time and peak (see `evaluate`).
     pub pruned_time: usize,
     /// Evaluated: simulated, or a twin of a simulated plan (see `simulated`).
     pub evaluated: usize,
     /// Simulations run: a plan whose simulation is the same as an evaluated one's (a rank
     /// order that only relabels nodes, selective recomputation with nothing to recompute)
-    /// takes that result.
+    /// takes that result. A plan pruned by its jitter-free runs is not counted.
     pub simulated: usize,
     /// Of the simulations, those of many micro-batches measured from three short runs of the
     /// same plan ([`extrapolate`]).
@@ -183,15 +185,61 @@ fn twin_key(s: &Scenario) -> String {
     format!("{plan:?}")
 }
 
-/// Simulate one plan (from three short runs where `extrapolate` and they settle on a line);
-/// `None` when the simulator refuses it.
-fn evaluate(s: &Scenario, index: usize, c: &space::Candidate, b: Bounds, extrapolate: bool) -> Option<Evaluated> {
+/// What evaluating one plan gave.
+#[derive(Clone, Debug)]
+enum Eval {
+    Done(Evaluated),
+    /// Under kernel jitter, its jitter-free runs already showed that it cannot fit (`memory`)
+    /// or change the answer (see [`evaluate`]).
+    Pruned {
+        memory: bool,
+    },
+    /// The simulator refused it.
+    Failed,
+}
+
+/// Simulate one plan (from three short runs where `extrapolate` and they settle on a line).
+///
+/// Under kernel jitter (`simulation.kernel_jitter`, on by default on GPUs) a collective that
+/// ends a stretch spanning many micro-batches (a gradient reduction after the whole backward)
+/// waits in proportion to about the square root of the stretch, so such plans' short runs do
+/// not lie on a line and would be simulated in full. With `gate` (the fitting plans so far and
+/// the K of the top K), the plan is first measured without jitter, from three short runs: a
+/// wait only delays a collective, so that time is at most the jittered one, and the peak is
+/// the same (`search::tests` checks both on their spaces). A plan that cannot fit by it, or
+/// whose time and peak cannot change the top K or the front ([`cannot_matter`]), is pruned
+/// there; the others are measured with jitter.
+fn evaluate(
+    s: &Scenario,
+    index: usize,
+    c: &space::Candidate,
+    b: Bounds,
+    extrapolate: bool,
+    gate: Option<(&[Evaluated], usize)>,
+) -> Eval {
+    if let Some((fitting, k)) = gate.filter(|_| extrapolate && s.options.kernel_jitter(&s.cluster) > 0.0) {
+        let mut calm = s.clone();
+        calm.options.kernel_jitter = Some(0.0);
+        if let Some(e) = extrapolate::extrapolated(&calm) {
+            let tight = Bounds {
+                iteration_s: e.iteration_s.max(b.iteration_s),
+                peak_memory_bytes: e.peak_memory_bytes.max(b.peak_memory_bytes),
+                may_fit: e.fits,
+            };
+            if !tight.may_fit || cannot_matter(&tight, fitting, k) {
+                return Eval::Pruned { memory: !tight.may_fit };
+            }
+        }
+    }
     let (r, extrapolated) = match extrapolate.then(|| extrapolate::extrapolated(s)).flatten() {
         Some(e) => (e, true),
-        None => (extrapolate::Estimate::of(&crate::try_simulate(s, false).ok()?.report), false),
+        None => match crate::try_simulate(s, false) {
+            Ok(sim) => (extrapolate::Estimate::of(&sim.report), false),
+            Err(_) => return Eval::Failed,
+        },
     };
     let usable = s.options.usable_bytes(&s.cluster.node.device);
-    Some(Evaluated {
+    Eval::Done(Evaluated {
         index,
         plan: c.plan.clone(),
         micro_batch: c.micro_batch,
@@ -241,7 +289,7 @@ pub fn search(
     queue.sort_by(|a, b| a.1.iteration_s.total_cmp(&b.1.iteration_s).then(a.0.cmp(&b.0)));
     let mut simulated: Vec<Evaluated> = Vec::new();
     let mut fitting: Vec<Evaluated> = Vec::new();
-    let mut memo: std::collections::HashMap<String, Option<Evaluated>> = std::collections::HashMap::new();
+    let mut memo: std::collections::HashMap<String, Eval> = std::collections::HashMap::new();
     let mut next = 0;
     while next < queue.len() {
         let mut round = Vec::with_capacity(ROUND);
@@ -269,39 +317,52 @@ pub fn search(
             .filter(|&(j, k)| !memo.contains_key(&k.3) && !keyed[..j].iter().any(|e| e.3 == k.3))
             .map(|(_, k)| k)
             .collect();
-        let ran: Vec<Option<Evaluated>> = fresh
+        // The fitting plans as the round starts (the same on any thread count).
+        let gate = opts.prune.then_some((fitting.as_slice(), opts.top));
+        let ran: Vec<Eval> = fresh
             .par_iter()
-            .map(|(i, b, s, _)| s.as_ref().and_then(|s| evaluate(s, *i, &candidates[*i], *b, opts.extrapolate)))
+            .map(|(i, b, s, _)| match s {
+                Some(s) => evaluate(s, *i, &candidates[*i], *b, opts.extrapolate, gate),
+                None => Eval::Failed,
+            })
             .collect();
         for (k, r) in fresh.iter().zip(ran) {
-            prog.extrapolated += usize::from(r.as_ref().is_some_and(|e| e.extrapolated));
+            if let Eval::Done(e) = &r {
+                prog.extrapolated += usize::from(e.extrapolated);
+            }
+            prog.simulated += usize::from(!matches!(r, Eval::Pruned { .. }));
             memo.insert(k.3.clone(), r);
-            prog.simulated += 1;
         }
-        let results: Vec<Option<Evaluated>> = keyed
+        let results: Vec<Eval> = keyed
             .iter()
-            .map(|(i, b, _, key)| {
-                memo[key].as_ref().map(|e| Evaluated {
+            .map(|(i, b, _, key)| match &memo[key] {
+                Eval::Done(e) => Eval::Done(Evaluated {
                     index: *i,
                     plan: candidates[*i].plan.clone(),
                     micro_batch: candidates[*i].micro_batch,
                     framework: candidates[*i].framework,
                     bounds: *b,
                     ..e.clone()
-                })
+                }),
+                other => other.clone(),
             })
             .collect();
         for r in results {
-            prog.evaluated += 1;
             match r {
-                Some(e) => {
+                Eval::Done(e) => {
+                    prog.evaluated += 1;
                     if e.fits {
                         let at = fitting.partition_point(|x| cmp(x, &e).is_lt());
                         fitting.insert(at, e.clone());
                     }
                     simulated.push(e);
                 }
-                None => prog.failed += 1,
+                Eval::Pruned { memory: true } => prog.pruned_memory += 1,
+                Eval::Pruned { memory: false } => prog.pruned_time += 1,
+                Eval::Failed => {
+                    prog.evaluated += 1;
+                    prog.failed += 1;
+                }
             }
         }
         progress(&prog);
@@ -319,9 +380,9 @@ fn confirm_best(input: &SearchInput, candidates: &[space::Candidate], fitting: &
     // Each pass clears the flag of the first plan or removes it, so this ends.
     while let Some(best) = fitting.first().filter(|e| e.extrapolated) {
         let c = &candidates[best.index];
-        let full = scenario_of(input, c).ok().and_then(|s| evaluate(&s, best.index, c, best.bounds, false));
+        let full = scenario_of(input, c).ok().map(|s| evaluate(&s, best.index, c, best.bounds, false, None));
         match full {
-            Some(e) if e.fits => fitting[0] = e,
+            Some(Eval::Done(e)) if e.fits => fitting[0] = e,
             _ => {
                 fitting.remove(0);
             }

@@ -302,36 +302,74 @@ fn given_recompute_modules_apply_to_the_selective_candidates() {
 }
 
 /// A small model whose replicas run many micro-batches (`global_batch` 512 on 8 GPUs), with
-/// the plan keys `plan` fixed.
+/// the plan keys `plan` fixed, under the default kernel jitter.
 fn many_micro_batches(plan: &str) -> SearchInput {
+    many_micro_batches_under(plan, "{}")
+}
+
+/// [`many_micro_batches`] with the `simulation` object `sim`.
+fn many_micro_batches_under(plan: &str, sim: &str) -> SearchInput {
     input(&format!(
         r#"{{"workload": {{"transformer": {{"layers": 4, "hidden": 512, "heads": 8, "vocab": 32000}}}},
             "cluster": {{"node": "dgx-1-v100", "nodes": 1}},
-            "training": {{"global_batch": 512, "seq_len": 512}}, "plan": {plan}}}"#
+            "training": {{"global_batch": 512, "seq_len": 512}}, "plan": {plan}, "simulation": {sim}}}"#
     ))
 }
 
 /// Every plan the search measures from three short runs has the full simulation's time (to the
 /// bit: both are whole nanoseconds), peak, fit and MFU (GPT-style layers, 1F1B, interleaved, GPipe, 2BW, ZeRO 0-3, offload and
 /// recomputation as the space holds them); plans whose short runs do not settle on a line are
-/// simulated in full.
+/// simulated in full. Without kernel jitter most plans settle; with it (the GPU default) the
+/// plans whose gradient reduction waits out a stretch over every micro-batch do not, and the
+/// rest are still exact.
 #[test]
 fn every_extrapolated_plan_equals_its_full_simulation() {
-    let inp = many_micro_batches(r#"{"rank_order": "tp-dp-pp"}"#);
-    let full = search(&inp, Options { top: 3, prune: false, extrapolate: false }, &none).unwrap();
-    let short = search(&inp, Options { top: 3, prune: false, extrapolate: true }, &none).unwrap();
-    assert_eq!(full.progress.extrapolated, 0);
-    assert!(short.progress.extrapolated * 4 > short.progress.simulated, "{:?}", short.progress);
-    assert_eq!(full.simulated.len(), short.simulated.len());
-    for (f, s) in full.simulated.iter().zip(&short.simulated) {
-        assert_eq!((f.index, f.fits, f.peak_memory_bytes), (s.index, s.fits, s.peak_memory_bytes), "{}", s.plan);
-        assert_eq!(f.iteration_s, s.iteration_s, "{}: {f:?} {s:?}", s.plan);
-        assert!((f.mfu - s.mfu).abs() <= 1e-9 * f.mfu, "{}", s.plan);
+    for (sim, settled) in [(r#"{"kernel_jitter": 0}"#, 4), ("{}", 8)] {
+        let inp = many_micro_batches_under(r#"{"rank_order": "tp-dp-pp"}"#, sim);
+        let full = search(&inp, Options { top: 3, prune: false, extrapolate: false }, &none).unwrap();
+        let short = search(&inp, Options { top: 3, prune: false, extrapolate: true }, &none).unwrap();
+        assert_eq!(full.progress.extrapolated, 0);
+        assert!(short.progress.extrapolated * settled > short.progress.simulated, "{sim}: {:?}", short.progress);
+        assert_eq!(full.simulated.len(), short.simulated.len());
+        for (f, s) in full.simulated.iter().zip(&short.simulated) {
+            assert_eq!((f.index, f.fits, f.peak_memory_bytes), (s.index, s.fits, s.peak_memory_bytes), "{}", s.plan);
+            assert_eq!(f.iteration_s, s.iteration_s, "{sim} {}: {f:?} {s:?}", s.plan);
+            assert!((f.mfu - s.mfu).abs() <= 1e-9 * f.mfu, "{}", s.plan);
+        }
+        assert_eq!(indices(&short.top), indices(&full.top));
+        assert_eq!(indices(&short.pareto), indices(&full.pareto));
+        // The best plan is confirmed by a full simulation.
+        assert!(!short.best.as_ref().unwrap().extrapolated);
     }
-    assert_eq!(indices(&short.top), indices(&full.top));
-    assert_eq!(indices(&short.pareto), indices(&full.pareto));
-    // The best plan is confirmed by a full simulation.
-    assert!(!short.best.as_ref().unwrap().extrapolated);
+}
+
+/// Under kernel jitter the search prunes by each plan's jitter-free short runs: their time is
+/// never above the jittered simulation's and their peak is the same (checked on every plan of
+/// the space), and the pruned search returns the exhaustive one's top and front while
+/// simulating fewer plans.
+#[test]
+fn jitter_free_runs_bound_the_jittered_plan_and_prune_exactly() {
+    let inp = many_micro_batches(r#"{"rank_order": "tp-dp-pp", "offload": "none", "recompute": "none"}"#);
+    let all = search(&inp, Options { top: 3, prune: false, extrapolate: false }, &none).unwrap();
+    let cands = space::enumerate(&inp);
+    let mut checked = 0;
+    for e in &all.simulated {
+        let mut calm = scenario_of(&inp, &cands[e.index]).unwrap();
+        assert!(calm.options.kernel_jitter(&calm.cluster) > 0.0);
+        calm.options.kernel_jitter = Some(0.0);
+        if let Some(c) = extrapolate::extrapolated(&calm) {
+            assert!(c.iteration_s <= e.iteration_s, "{}: {} > {}", e.plan, c.iteration_s, e.iteration_s);
+            assert_eq!(c.peak_memory_bytes, e.peak_memory_bytes, "{}", e.plan);
+            checked += 1;
+        }
+    }
+    assert!(checked * 4 > all.simulated.len(), "{checked} of {}", all.simulated.len());
+    let pruned = search(&inp, Options { top: 3, prune: true, extrapolate: true }, &none).unwrap();
+    assert_eq!(indices(&pruned.top), indices(&all.top));
+    assert_eq!(indices(&pruned.pareto), indices(&all.pareto));
+    let p = pruned.progress;
+    assert_eq!(p.evaluated + p.pruned() + p.invalid, p.enumerated, "{p:?}");
+    assert!(p.simulated * 2 < all.progress.simulated, "{p:?} against {:?}", all.progress);
 }
 
 /// The short runs: past the warm-up, congruent to the plan's count modulo the pipeline depth,
