@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Weak scaling of GPT-3 175B on DGX H100 nodes at fixed work per GPU (tp 8, pp 8 interleaved with
 # 3 chunks, 32 micro-batches per replica; dp 2, 8, 32, 160): the committed scenarios, then
-# variants written to a temporary folder (no device spread, 3% per-kernel jitter, expected and drawn with seeds 0-2,
+# variants written to a temporary folder (no spread of devices or kernels, the device spread alone, 3% per-kernel
+# jitter, expected and drawn with seeds 0-2,
 # a fixed bucket size, a hypothetical 1 us latency above the SuperPOD's scalable units, and the
 # same plan under 1F1B with and without Megatron-Core's overlapped parameter gather), then the
 # data-parallel reduce-scatter alone (nccl-test). Prints the Markdown tables of README.md.
@@ -58,20 +59,21 @@ def one_f_one_b(overlap):
 def bucket(b):
     def change(s):
         s["plan"]["bucket_bytes"] = b
-        s["simulation"] = {"device_variability": 0}
+        s["simulation"] = {"device_variability": 0, "kernel_jitter": 0}
     return change
 
 def superpod_latency(s):
     s["cluster"]["fabric"] = {"preset": "dgx-superpod", "extra_latency_s": 1e-6}
 
 variants = [
-    ("device_variability 0", sim_key(device_variability=0), [128, 512, 2048, 10240]),
+    ("device_variability 0, kernel_jitter 0 (no spread)", sim_key(device_variability=0, kernel_jitter=0), [128, 512, 2048, 10240]),
+    ("kernel_jitter 0 (the device spread alone)", sim_key(kernel_jitter=0), [128, 10240]),
     ("kernel_jitter 0.03 (expected waits)", sim_key(kernel_jitter=0.03), [128, 10240]),
     ("kernel_jitter 0.03 (seed 0)", sim_key(kernel_jitter=0.03, kernel_jitter_draws=True), [128, 10240]),
     ("kernel_jitter 0.03 (seed 1)", sim_key(kernel_jitter=0.03, kernel_jitter_draws=True, seed=1), [128, 10240]),
     ("kernel_jitter 0.03 (seed 2)", sim_key(kernel_jitter=0.03, kernel_jitter_draws=True, seed=2), [128, 10240]),
-    ("device_variability 0, bucket_bytes 640e6", bucket(640e6), [128]),
-    ("device_variability 0, bucket_bytes 160e6", bucket(160e6), [10240]),
+    ("no spread, bucket_bytes 640e6", bucket(640e6), [128]),
+    ("no spread, bucket_bytes 160e6", bucket(160e6), [10240]),
     ("dgx-superpod, extra_latency_s 1e-6 (hypothetical)", superpod_latency, [128, 10240]),
     ("1F1B (no virtual stages)", one_f_one_b(True), [128, 10240]),
     ("1F1B, param_gather_overlap false", one_f_one_b(False), [128, 10240]),
