@@ -343,10 +343,10 @@ fn every_extrapolated_plan_equals_its_full_simulation() {
     }
 }
 
-/// Under kernel jitter the search prunes by each plan's jitter-free short runs: their time is
-/// never above the jittered simulation's and their peak is the same (checked on every plan of
-/// the space), and the pruned search returns the exhaustive one's top and front while
-/// simulating fewer plans.
+/// Under kernel jitter the search prunes by each plan's jitter-free short runs, taken
+/// `JITTER_FREE_SLACK` lower: on every plan of the space they bound the jittered simulation's
+/// time and peak from below, and the pruned search returns the exhaustive one's top and front
+/// while simulating fewer plans.
 #[test]
 fn jitter_free_runs_bound_the_jittered_plan_and_prune_exactly() {
     let inp = many_micro_batches(r#"{"rank_order": "tp-dp-pp", "offload": "none", "recompute": "none"}"#);
@@ -358,8 +358,9 @@ fn jitter_free_runs_bound_the_jittered_plan_and_prune_exactly() {
         assert!(calm.options.kernel_jitter(&calm.cluster) > 0.0);
         calm.options.kernel_jitter = Some(0.0);
         if let Some(c) = extrapolate::extrapolated(&calm) {
-            assert!(c.iteration_s <= e.iteration_s, "{}: {} > {}", e.plan, c.iteration_s, e.iteration_s);
-            assert_eq!(c.peak_memory_bytes, e.peak_memory_bytes, "{}", e.plan);
+            let slack = 1.0 - JITTER_FREE_SLACK;
+            assert!(c.iteration_s * slack <= e.iteration_s, "{}: {} > {}", e.plan, c.iteration_s, e.iteration_s);
+            assert!(c.peak_memory_bytes * slack <= e.peak_memory_bytes, "{}", e.plan);
             checked += 1;
         }
     }
