@@ -1,5 +1,6 @@
-//! Per-kernel time variability (`simulation.kernel_jitter`): each synchronisation waits for
-//! the slowest of its members.
+//! Per-kernel time variability (`simulation.kernel_jitter`; on GPU clusters 0.0147 unless
+//! given, `scenario::DEFAULT_GPU_KERNEL_JITTER`): each synchronisation waits for the slowest
+//! of its members.
 //!
 //! A device's compute-bound kernels run slower or faster than their nominal times by a relative
 //! standard deviation `cv`, independently across devices (memory-bound kernels, which the clock

@@ -30,8 +30,8 @@ mod training;
 mod workload;
 
 pub use options::{
-    DEFAULT_GPU_DEVICE_VARIABILITY, DEFAULT_GPU_HOST_OP_S, DEFAULT_GPU_MEMORY_HEADROOM, SimOptions,
-    expected_max_std_normal,
+    DEFAULT_GPU_DEVICE_VARIABILITY, DEFAULT_GPU_HOST_OP_S, DEFAULT_GPU_KERNEL_JITTER, DEFAULT_GPU_MEMORY_HEADROOM,
+    SimOptions, expected_max_std_normal,
 };
 pub use reader::{Result, ScenarioError};
 pub use run::{CheckpointInterval, CheckpointSpec, FreezePolicy, FreezeSpec, RunSpec, RunVariability};
