@@ -74,12 +74,13 @@ pub fn print_summary(r: &sim::report::Report) {
         if r.fits { "fits" } else { "DOES NOT FIT" }
     );
     println!(
-        "              weights {}, gradients {}, optimizer {}, activations {}, buffers {}",
+        "              weights {}, gradients {}, optimizer {}, activations {}, buffers {}{}",
         gib(m.weights),
         gib(m.gradients),
         gib(m.optimizer),
         gib(m.activations),
-        gib(m.buffers)
+        gib(m.buffers),
+        if r.nccl_buffer_bytes > 0.0 { format!(" (NCCL's {})", gib(r.nccl_buffer_bytes)) } else { String::new() }
     );
     if !r.peak_activations.is_empty() {
         let mbs: std::collections::BTreeSet<u32> = r.peak_activations.iter().filter_map(|a| a.micro_batch).collect();

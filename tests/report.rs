@@ -218,8 +218,8 @@ fn symmetric_and_full_simulation_agree() {
     }
 }
 
-/// The activations listed at the peak add up to the breakdown's activations, and a 1F1B first
-/// stage holds exactly min(p, m) micro-batches then (the schedule's in-flight bound).
+/// The activations listed at the peak add up to the breakdown's activations, and a 1F1B stage s
+/// holds exactly min(p - s, m) micro-batches then (the schedule's in-flight bound).
 #[test]
 fn peak_activations_are_itemised_by_layer_and_micro_batch() {
     for (pp, m) in [(4u32, 8u32), (4, 2), (2, 6), (4, 96)] {
@@ -229,10 +229,12 @@ fn peak_activations_are_itemised_by_layer_and_micro_batch() {
         let listed: f64 = r.peak_activations.iter().map(|a| a.bytes).sum();
         let act = r.memory_breakdown.activations;
         assert!((listed - act).abs() <= 1e-6 * act, "pp={pp} m={m}: {listed} vs {act}");
-        // The first stage (devices 0..dp) holds the most micro-batches, so it peaks.
-        assert!(r.peak_memory_device < 8 / pp, "pp={pp} m={m}: peak on device {}", r.peak_memory_device);
+        // Stage s (devices s x dp..) holds min(p - s, m) micro-batches at its peak. (The first
+        // stage holds the most, but a middle stage keeps NCCL buffers for two pipeline peers
+        // and may peak higher.)
+        let stage = r.peak_memory_device / (8 / pp);
         let mbs: std::collections::BTreeSet<u32> = r.peak_activations.iter().filter_map(|a| a.micro_batch).collect();
-        assert_eq!(mbs.len() as u32, pp.min(m), "pp={pp} m={m}: {mbs:?}");
+        assert_eq!(mbs.len() as u32, (pp - stage).min(m), "pp={pp} m={m} stage {stage}: {mbs:?}");
     }
 }
 

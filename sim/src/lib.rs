@@ -457,7 +457,11 @@ impl EngineInputs {
 }
 
 /// Step four: the report and timeline of the run.
-pub fn finish(s: &scenario::Scenario, program: lower::Program, mut result: engine::RunResult) -> Simulation {
+pub fn finish(s: &scenario::Scenario, mut program: lower::Program, mut result: engine::RunResult) -> Simulation {
+    // NCCL's communicator buffers are static: every peak and timeline carries them.
+    for (m, &nccl) in program.static_memory.iter_mut().zip(&result.nccl_buffer_bytes) {
+        m.buffers += nccl;
+    }
     let report = report::build(s, &program, &result);
     let mut timeline = std::mem::take(&mut result.timeline);
     timeline.static_hbm = program.static_memory.clone();

@@ -8,6 +8,7 @@
 
 mod attribution;
 pub mod collective;
+pub mod communicators;
 mod contention;
 mod expanded;
 mod jitter;

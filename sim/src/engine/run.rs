@@ -108,6 +108,9 @@ pub struct RunResult {
     pub time_parts_ns: Vec<[u64; crate::report::breakdown::PARTS]>,
     /// FLOPs of the forward ops the simulated devices ran again (activation recomputation).
     pub recompute_flops: f64,
+    /// GPU memory of the NCCL communicators the program's collectives and sends open, per
+    /// simulated device (`engine::communicators`).
+    pub nccl_buffer_bytes: Vec<f64>,
     pub timeline: Timeline,
 }
 
@@ -282,6 +285,7 @@ pub fn run(
             peak_buffers: vec![0.0; nd],
             peak_time_ns: vec![0; nd],
             peak_live: vec![Vec::new(); nd],
+            nccl_buffer_bytes: super::communicators::nccl_buffer_bytes(p, topo),
             ..RunResult::default()
         },
         flows: 0,

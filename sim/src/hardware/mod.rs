@@ -27,6 +27,7 @@ pub mod fabric;
 pub mod kernels;
 pub mod nccl;
 pub mod nccl_env;
+pub mod nccl_memory;
 pub mod nccl_p2p;
 pub mod power;
 #[cfg(test)]

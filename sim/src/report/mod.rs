@@ -150,6 +150,12 @@ pub struct Report {
     /// The breakdown's buffers include this allowance for the framework (CUDA context,
     /// library workspaces); set it with `simulation.framework_overhead_bytes`.
     pub framework_overhead_bytes: f64,
+    /// The breakdown's buffers also hold the peak device's NCCL communicator buffers: each
+    /// connection's protocol buffers on every channel of the algorithms its collectives use,
+    /// NVLS's, all-to-all's and pipeline sends' (`hardware::nccl_memory`; 0 off NVIDIA GPUs).
+    /// Outside the framework's caching allocator: `nvidia-smi` counts them,
+    /// `torch.cuda.memory_reserved` does not.
+    pub nccl_buffer_bytes: f64,
     /// Host time to issue one kernel on the (first class of) device; see
     /// `simulation.host_op_s`.
     pub host_op_s: f64,
@@ -332,6 +338,7 @@ pub fn build(s: &Scenario, p: &Program, r: &RunResult) -> Report {
         },
         peak_memory_device: p.devices[worst],
         framework_overhead_bytes: s.options.framework_bytes(&s.cluster.node.device),
+        nccl_buffer_bytes: r.nccl_buffer_bytes.get(worst).copied().unwrap_or(0.0),
         host_op_s: s.options.host_op_s(&s.cluster.node.device),
         memory_breakdown: totals[worst],
         peak_activations,

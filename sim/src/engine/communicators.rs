@@ -1,0 +1,114 @@
+//! The GPU memory of the NCCL communicators a program opens (`hardware::nccl_memory` has the
+//! sizes and their sources).
+//!
+//! A communicator is a set of members: every process group a framework creates runs its
+//! collectives on a communicator of its own. Its memory on each member is what the algorithms
+//! its collectives take (as NCCL's tuning picks them, [`nccl_plan`]) connect, each once:
+//! rings and trees on all of the communicator's channels, NVLS on its own, all-to-all on
+//! every peer's point-to-point channels. Pipeline sends connect their two ranks on the
+//! pair's point-to-point channels (inside a node) or the shared network buffers (across).
+
+use std::collections::HashMap;
+
+use super::collective::{by_node, nccl_plan};
+use crate::hardware::Topology;
+use crate::hardware::nccl::Algo;
+use crate::hardware::nccl_memory as mem;
+use crate::hardware::nccl_p2p::P2pChannels;
+use crate::lower::{CollectiveKind, NONE, Program};
+
+/// What a communicator's collectives connected: channels of each algorithm used (0: unused).
+#[derive(Default)]
+struct Connected {
+    ring: u32,
+    tree: u32,
+    nvls: u32,
+    all_to_all: bool,
+}
+
+/// NCCL's buffers on each simulated device (indices as in `Program::devices`), in bytes;
+/// zeros off NVIDIA GPUs.
+pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
+    let mut out = vec![0.0; p.devices.len()];
+    let Some(sys) = topo.nccl() else {
+        return out;
+    };
+    let simulated = |d: u32| {
+        let m = p.mirror.get(d as usize).copied().unwrap_or(NONE);
+        (m != NONE && p.devices[m as usize] == d).then_some(m as usize)
+    };
+    // Distinct calls per communicator (the member set, in sorted order).
+    let mut comms: HashMap<Vec<u32>, Vec<(CollectiveKind, u64)>> = HashMap::new();
+    for c in &p.collectives {
+        if c.members.len() < 2 || c.bytes <= 0.0 {
+            continue;
+        }
+        let mut key = c.members.clone();
+        key.sort_unstable();
+        let calls = comms.entry(key).or_default();
+        let call = (c.kind, c.bytes.to_bits());
+        if !calls.contains(&call) {
+            calls.push(call);
+        }
+    }
+    let mut keys: Vec<&Vec<u32>> = comms.keys().collect();
+    keys.sort_unstable();
+    for members in keys {
+        let mut used = Connected::default();
+        for &(kind, bits) in &comms[members] {
+            let c = crate::lower::Collective::new(kind, members.clone(), f64::from_bits(bits));
+            let Some(plan) = nccl_plan(&c, topo) else { continue };
+            match plan.algo {
+                Algo::Ring => used.ring = used.ring.max(plan.max_channels),
+                Algo::Tree => used.tree = used.tree.max(plan.max_channels),
+                Algo::Nvls => used.nvls = used.nvls.max(plan.max_channels),
+                Algo::P2p => used.all_to_all = true,
+            }
+        }
+        let nodes = by_node(members, topo);
+        let per_node = members.len() as f64 / nodes.len() as f64;
+        let n = nodes.len() as u32;
+        let ring = mem::ring_channel_bytes(per_node, n);
+        let shared = (used.ring + used.tree + used.nvls) > 0 || used.all_to_all;
+        if !shared {
+            continue;
+        }
+        let common = used.ring as f64 * ring + used.tree as f64 * 2.0 * ring;
+        let a2a = P2pChannels::new(sys, members.len() as u32, n);
+        for (_, local) in &nodes {
+            let mut bytes = common + mem::nvls_bytes(used.nvls, local.len() as u32);
+            if used.all_to_all {
+                // Peers in the node on their point-to-point channels; those across nodes
+                // through the communicator's shared network buffers.
+                bytes += (local.len() - 1) as f64 * a2a.per_peer as f64 * mem::p2p_connection_bytes();
+                if n > 1 {
+                    bytes += mem::shared_net_bytes(a2a.total);
+                }
+            }
+            for &d in local {
+                if let Some(i) = simulated(d) {
+                    out[i] += bytes;
+                }
+            }
+        }
+    }
+    // Pipeline sends: each pair of neighbouring stages, connected both ways.
+    let mut pairs: Vec<(u32, u32)> =
+        p.transfers.iter().filter(|t| t.source != t.target).map(|t| (t.source.min(t.target), t.source.max(t.target))).collect();
+    pairs.sort_unstable();
+    pairs.dedup();
+    let mut across = vec![false; out.len()];
+    for (a, b) in pairs {
+        let same_node = topo.node_of(a) == topo.node_of(b);
+        for d in [a, b] {
+            let Some(i) = simulated(d) else { continue };
+            if same_node {
+                out[i] += P2pChannels::new(sys, 2, 1).per_peer as f64 * mem::p2p_connection_bytes();
+            } else if !across[i] {
+                across[i] = true;
+                out[i] += mem::shared_net_bytes(P2pChannels::new(sys, 2, 2).total);
+            }
+        }
+    }
+    out
+}
