@@ -112,3 +112,82 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::nccl_buffer_bytes;
+    use crate::hardware::{ClusterSpec, Topology, catalog};
+    use crate::lower::{Collective, CollectiveKind as K, Program, Transfer};
+
+    const MIB: f64 = 1_048_576.0;
+
+    fn program(devices: u32, collectives: Vec<Collective>, transfers: Vec<Transfer>) -> Program {
+        Program {
+            devices: (0..devices).collect(),
+            mirror: (0..devices).collect(),
+            collectives,
+            transfers,
+            ..Program::default()
+        }
+    }
+
+    fn topology(node: &str, nodes: u32) -> Topology {
+        Topology::new(&ClusterSpec::new(catalog::node_preset(node).expect("preset"), nodes))
+    }
+
+    #[test]
+    fn a_ring_holds_one_connection_per_channel_once_per_communicator() {
+        let topo = topology("dgx-a100-80gb", 1);
+        let all: Vec<u32> = (0..8).collect();
+        let mut reversed = all.clone();
+        reversed.reverse();
+        // FSDP's gathers and reductions on one process group: the ring, on DGX A100's 24
+        // channels (`nccl::tests::ring_graph_channels_follow_the_search`), 12 MiB each.
+        let calls = vec![
+            Collective::new(K::AllGather, all.clone(), 1e9),
+            Collective::new(K::ReduceScatter, reversed, 1e9),
+            Collective::new(K::AllGather, all, 3e8),
+        ];
+        let bytes = nccl_buffer_bytes(&program(8, calls, vec![]), &topo);
+        assert_eq!(bytes, vec![24.0 * 12.0 * MIB; 8]);
+        // A second process group over half the GPUs is a communicator of its own.
+        let half = Collective::new(K::AllGather, (0..4).collect(), 1e9);
+        let first = Collective::new(K::AllGather, (0..8).collect(), 1e9);
+        let bytes = nccl_buffer_bytes(&program(8, vec![first, half], vec![]), &topo);
+        assert!(bytes[0] > bytes[7] && bytes[7] == 24.0 * 12.0 * MIB, "{bytes:?}");
+    }
+
+    #[test]
+    fn an_all_to_all_on_eight_h100s_connects_every_peer_as_nccl_1685_measured() {
+        // NVIDIA/nccl#1685: 32 channels per pair, 10 MiB + 2 MiB each; the user's GPUs held
+        // 3.28 GB more after the first all-to-all. trainsim: 7 x 32 x 12 MiB = 2.82 GB.
+        let topo = topology("dgx-h100", 1);
+        let a2a = Collective::new(K::AllToAll, (0..8).collect(), 64e6);
+        let bytes = nccl_buffer_bytes(&program(8, vec![a2a], vec![]), &topo);
+        assert_eq!(bytes[3], 7.0 * 32.0 * 12.0 * MIB);
+        let measured = 4.34e9 - 1.06e9;
+        assert!((bytes[3] / measured - 1.0).abs() < 0.15, "{} vs {measured}", bytes[3]);
+    }
+
+    #[test]
+    fn nvls_adds_its_buffers_and_pipeline_peers_their_channels() {
+        let topo = topology("dgx-h100", 2);
+        // A large all-reduce in one H100 node takes NVLS: 16 x 2 x 1 MiB x 8 heads.
+        let ar = Collective::new(K::AllReduce, (0..8).collect(), 1e9);
+        let alone = nccl_buffer_bytes(&program(16, vec![ar.clone()], vec![]), &topo);
+        assert_eq!(alone[0], 256.0 * MIB);
+        assert_eq!(alone[8], 0.0);
+        // Pipeline sends: 0 -> 1 in the node, 1 -> 9 across nodes (shared network buffers).
+        let send = |source, target| Transfer { source, target, bytes: 1e7 };
+        let piped = nccl_buffer_bytes(&program(16, vec![ar], vec![send(0, 1), send(1, 0), send(1, 9)]), &topo);
+        assert!(piped[0] > alone[0] && piped[1] > piped[0] - alone[0] && piped[9] > 0.0, "{piped:?}");
+        assert_eq!(piped[2], 256.0 * MIB);
+    }
+
+    #[test]
+    fn no_nccl_no_buffers() {
+        let topo = Topology::new(&ClusterSpec::new(catalog::node_preset("host-cpu").expect("preset"), 1));
+        let c = Collective::new(K::AllReduce, (0..2).collect(), 1e6);
+        assert!(nccl_buffer_bytes(&program(2, vec![c], vec![]), &topo).iter().all(|&b| b == 0.0));
+    }
+}

@@ -7,7 +7,7 @@
 //! - Channels. A communicator has `p2pnChannels` point-to-point channels: its collective
 //!   channels rounded up to a power of two (`src/graph/paths.cc`,
 //!   `ncclTopoComputeP2pChannels`). Each peer gets up to `p2pnChannelsPerPeer`: the fewest any
-//!   peer is given by `ncclTopoGetNchannels` (an NVLink peer 2 per NVLink, a PCIe peer 2, a
+//!   peer is given by `ncclTopoGetNchannels` (an NVLink peer 2 per NVLink between the two, a PCIe peer 2, a
 //!   network peer one per local NIC and enough to carry the NICs at
 //!   `NCCL_P2P_PER_CHANNEL_NET_BW` = 14 GB/s each), a power of two; across nodes it is halved
 //!   until a channel holds at most 8 peers (`NCCL_MAX_DEV_WORK_P2P_PER_BATCH`).
@@ -78,7 +78,11 @@ impl P2pChannels {
             sys.channels
         };
         let total = pow2_up(collective.min(MAX_CHANNELS)).min(MAX_CHANNELS);
-        let local = if sys.nvlink { 2 * sys.nvlinks.max(1) } else { 2 };
+        // A V100 node (DGX-1, AWS p3) wires its GPUs as a hybrid cube-mesh, not through a
+        // switch: a pair shares one or two of a GPU's six NVLinks (NVIDIA DGX-1 System
+        // Architecture whitepaper, 2017), so a peer gets at most 2 x 2 channels.
+        let pair_links = if sys.arch == super::nccl::Arch::Volta { sys.nvlinks.min(2) } else { sys.nvlinks };
+        let local = if sys.nvlink { 2 * pair_links.max(1) } else { 2 };
         let mut per_peer = pow2_up(if nodes > 1 { local.min(sys.net_channels) } else { local });
         if nodes > 1 {
             while per_peer * ranks.div_ceil(P2P_PER_BATCH) > total && per_peer > 1 {
