@@ -93,8 +93,12 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
         }
     }
     // Pipeline sends: each pair of neighbouring stages, connected both ways.
-    let mut pairs: Vec<(u32, u32)> =
-        p.transfers.iter().filter(|t| t.source != t.target).map(|t| (t.source.min(t.target), t.source.max(t.target))).collect();
+    let mut pairs: Vec<(u32, u32)> = p
+        .transfers
+        .iter()
+        .filter(|t| t.source != t.target)
+        .map(|t| (t.source.min(t.target), t.source.max(t.target)))
+        .collect();
     pairs.sort_unstable();
     pairs.dedup();
     let mut across = vec![false; out.len()];
