@@ -82,6 +82,8 @@ pub fn load_profile(path: &Path) -> Result<MeasuredRates, String> {
         link_latency_s: num("/link/latency_s").ok(),
         // Profiles from before session 16 have none.
         kernel_jitter: num("/kernel_jitter").ok(),
+        // Profiles from before session 40 timed it right after a warm-up.
+        kernel_jitter_settled_s: num("/kernel_jitter_settled_s").ok(),
         // Profiles from before session 18 timed f32 GEMMs and do not say so.
         gemm_element_bytes: num("/element_bytes").ok(),
         memory_op_bytes_per_s: v["memory_ops"]
@@ -332,7 +334,7 @@ fn profile_readme(p: &Profile, quick: bool) -> String {
          | large-GEMM rate | {:.2} GFLOP/s | [{:.2}, {:.2}] |\n| GEMM overhead | {:.2} us | |\n\
          | streaming memory bandwidth | {:.2} GB/s | [{:.2}, {:.2}] |\n| op launch overhead | {:.2} us | |\n\
          {}{}\
-         | kernel time spread, launch to launch | {:.1}% (robust relative standard deviation of 31 runs of one GEMM; `simulation.kernel_jitter`) | |\n\n\
+         | kernel time spread, launch to launch | {:.1}% (robust relative standard deviation of 31 runs of one GEMM{}; `simulation.kernel_jitter`) | |\n\n\
          `profile.json` holds every measured point. Use it with `trainsim simulate --profile` or `trainsim validate --profile`.\n",
         p.backend,
         p.device,
@@ -352,6 +354,11 @@ fn profile_readme(p: &Profile, quick: bool) -> String {
         fit_row("device-to-device link", &p.link, "peer copies between GPUs are not timed"),
         fit_row("host-to-device copies (pinned)", &p.host_link, "CPU threads share one memory"),
         p.kernel_jitter * 100.0,
+        if p.kernel_jitter_settled_s > 0.0 {
+            format!(", after {:.0} s of back-to-back GEMMs", p.kernel_jitter_settled_s)
+        } else {
+            String::new()
+        },
     )
 }
 

@@ -122,10 +122,21 @@ pub struct Profile {
     pub host_link: Option<BandwidthFit>,
     /// Launch-to-launch spread of one kernel's time: the robust relative standard deviation
     /// (1.4826 x the median absolute deviation over the median) of [`SPREAD_RUNS`] runs of a
-    /// mid-size GEMM after a warm-up, the median over the devices measured. What the
-    /// simulator's `simulation.kernel_jitter` is (a calibrated scenario takes it).
+    /// mid-size GEMM after the largest ran back to back for `kernel_jitter_settled_s`, the median over
+    /// the devices measured. What the simulator's `simulation.kernel_jitter` is (a calibrated
+    /// scenario takes it on a GPU only when it was measured settled, [`GPU_SPREAD_SETTLE_S`]).
     pub kernel_jitter: f64,
+    /// Seconds GEMMs ran back to back before the spread was timed (0 in profiles from before
+    /// session 40, timed after one warm-up run, and on CPUs).
+    pub kernel_jitter_settled_s: f64,
 }
+
+/// How long a GPU runs its largest calibration GEMM back to back before the spread's runs are
+/// timed. Right after a
+/// warm-up a GPU's clock still swings toward its power limit, 3-6% for seconds; 15 s of
+/// 8192-cubed GEMMs settled an H200 at a 1.5% spread (`experiments/executor/gpu/jitter.py`,
+/// `traces/2026-11-27-cuda-h200/`). A 2048-cubed GEMM draws less power; the same 15 s is kept.
+pub const GPU_SPREAD_SETTLE_S: f64 = 15.0;
 
 /// Timed runs of one GEMM for [`Profile::kernel_jitter`].
 pub const SPREAD_RUNS: usize = 31;
@@ -154,6 +165,8 @@ pub struct Scale {
     pub op_mib: f64,
     /// Side of the GEMM timed for the launch-to-launch spread.
     pub spread_side: f64,
+    /// Seconds the largest GEMM runs back to back before that GEMM's runs are timed.
+    pub spread_settle_s: f64,
     /// Bytes per element of operands and activations.
     pub element_bytes: f64,
 }
@@ -167,6 +180,7 @@ impl Scale {
             memory_mib: &[1.0, 4.0, 16.0, 64.0],
             op_mib: 16.0,
             spread_side: 256.0,
+            spread_settle_s: 0.0,
             element_bytes: 4.0,
         }
     }
@@ -183,6 +197,7 @@ impl Scale {
             memory_mib: &[16.0, 64.0, 256.0, 1024.0],
             op_mib: 256.0,
             spread_side: 2048.0,
+            spread_settle_s: GPU_SPREAD_SETTLE_S,
             element_bytes: 2.0,
         }
     }
@@ -319,6 +334,14 @@ fn measure(dev: &mut dyn Device, scale: Scale, quick: bool, progress: &(dyn Fn(&
     progress("kernel time spread");
     let side = scale.spread_side;
     let probe = gemm_op(1.0, side, side, side);
+    // Settle first: the largest GEMM back to back (a device busy as in training, not idling
+    // between short probes), then the probe's runs.
+    let largest = scale.gemm_sizes.iter().copied().fold(side, f64::max);
+    let load = gemm_op(1.0, largest, largest, largest);
+    let mut settled = 0.0;
+    while settled < scale.spread_settle_s {
+        settled += dev.run_op(&load, &ctx)?;
+    }
     dev.run_op(&probe, &ctx)?;
     let runs: Vec<f64> = (0..SPREAD_RUNS).map(|_| dev.run_op(&probe, &ctx)).collect::<Result<_>>()?;
     Ok(Raw { gemm, memory, ops, launch_s, spread: robust_spread(&runs) })
@@ -419,6 +442,7 @@ pub fn calibrate(
         memory_ops,
         launch_s,
         kernel_jitter,
+        kernel_jitter_settled_s: scale.spread_settle_s,
         link,
         host_link,
     })

@@ -84,6 +84,11 @@ pub struct MeasuredRates {
     /// Launch-to-launch spread of a kernel's time (a relative standard deviation), if the
     /// profile measured one: the scenario's `simulation.kernel_jitter` unless it gives one.
     pub kernel_jitter: Option<f64>,
+    /// Seconds the device ran GEMMs back to back before that spread was timed (`None` or 0:
+    /// right after a warm-up, as `trainsim calibrate` did before session 40). A GPU's spread is
+    /// taken only when measured settled: just after a warm-up its clock still swings 3-6%
+    /// toward its power limit, twice the settled drift the GPU default stands for.
+    pub kernel_jitter_settled_s: Option<f64>,
     /// Bytes per element of the GEMMs the profile timed (4: f32, 2: bf16), if it says: its
     /// GEMM rate describes training at a precision of that size only. Profiles from before
     /// session 18 timed f32.
@@ -161,7 +166,16 @@ impl Scenario {
         d.mem_efficiency = m.mem_bytes_per_s / d.mem_bandwidth_bytes_per_s;
         d.kernel_launch_s = m.launch_s;
         self.op_rates = m.memory_op_bytes_per_s.clone();
-        if let Some(j) = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none()) {
+        let settled = m.device_kind != DeviceKind::Gpu || m.kernel_jitter_settled_s.is_some_and(|s| s > 0.0);
+        if let Some(j) = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none())
+            && !settled
+        {
+            self.notes.push(format!(
+                "the profile's kernel spread ({:.2}%) was timed right after a warm-up, while a GPU's clock still swings \
+                 toward its power limit; the settled default is kept (calibrate again to measure it settled)",
+                100.0 * j
+            ));
+        } else if let Some(j) = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none()) {
             let j = j.min(1.0);
             self.options.kernel_jitter = Some(j);
             self.defaults_applied.retain(|d| !d.starts_with("simulation.kernel_jitter ="));

@@ -247,7 +247,8 @@ fn expected_maximum_of_normal_draws() {
 
 /// A calibration profile's measured kernel spread becomes the scenario's kernel jitter, with a
 /// note, in place of the GPU default (no longer listed among the defaults); a spread the
-/// scenario gives is kept; a profile without one changes nothing: the GPU default stands.
+/// scenario gives is kept; a profile without one changes nothing: the GPU default stands; a
+/// GPU profile's spread timed right after a warm-up (before session 40) leaves the default.
 #[test]
 fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
     let rates = |kernel_jitter| super::MeasuredRates {
@@ -258,6 +259,7 @@ fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
         link_latency_s: None,
         memory_op_bytes_per_s: Vec::new(),
         kernel_jitter,
+        kernel_jitter_settled_s: None,
         gemm_element_bytes: None,
         device: "cpu thread 0".into(),
         device_kind: crate::hardware::DeviceKind::Cpu,
@@ -281,6 +283,24 @@ fn a_profile_s_kernel_spread_is_the_kernel_jitter_unless_given() {
     assert_eq!(s.options.kernel_jitter, None);
     assert_eq!(s.options.kernel_jitter(&s.cluster), super::options::DEFAULT_GPU_KERNEL_JITTER);
     assert!(listed(&s), "{:?}", s.defaults_applied);
+    // A GPU's spread counts only when timed after the GPU settled at its power limit.
+    let gpu = |settled: Option<f64>| super::MeasuredRates {
+        device: "cuda:0".into(),
+        device_kind: crate::hardware::DeviceKind::Gpu,
+        kernel_jitter_settled_s: settled,
+        ..rates(Some(0.035))
+    };
+    for cold in [None, Some(0.0)] {
+        let mut s = parse(&base().to_string(), &|_| Err("no files".into())).expect("valid");
+        s.calibrate(&gpu(cold));
+        assert_eq!(s.options.kernel_jitter, None, "{cold:?}");
+        assert!(listed(&s), "{:?}", s.defaults_applied);
+        assert!(s.notes.iter().any(|n| n.contains("timed right after a warm-up")), "{:?}", s.notes);
+    }
+    let mut s = parse(&base().to_string(), &|_| Err("no files".into())).expect("valid");
+    s.calibrate(&gpu(Some(15.0)));
+    assert_eq!(s.options.kernel_jitter, Some(0.035));
+    assert!(!listed(&s), "{:?}", s.defaults_applied);
 }
 
 /// A GPU profile's GEMM rate applies only to training at the precision it was measured in: a
@@ -297,6 +317,7 @@ fn a_profile_s_gemm_rate_applies_only_at_its_precision() {
         link_latency_s: None,
         memory_op_bytes_per_s: Vec::new(),
         kernel_jitter: None,
+        kernel_jitter_settled_s: None,
         gemm_element_bytes: bytes,
         device: "cuda:0 (NVIDIA A100-SXM4-80GB, sm_80, 79 GiB)".into(),
         device_kind: crate::hardware::DeviceKind::Gpu,
