@@ -175,7 +175,9 @@ impl Scenario {
                  toward its power limit; the settled default is kept (calibrate again to measure it settled)",
                 100.0 * j
             ));
-        } else if let Some(j) = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none()) {
+        } else if let Some(j) =
+            m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none())
+        {
             let j = j.min(1.0);
             self.options.kernel_jitter = Some(j);
             self.defaults_applied.retain(|d| !d.starts_with("simulation.kernel_jitter ="));
