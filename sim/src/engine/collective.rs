@@ -260,11 +260,21 @@ fn expand_steps(c: &Collective, topo: &Topology) -> Steps {
 /// Members grouped by node, keeping ring order.
 pub(super) fn by_node(members: &[u32], topo: &Topology) -> Vec<(u32, Vec<u32>)> {
     let mut nodes: Vec<(u32, Vec<u32>)> = Vec::new();
+    // Each node's place in `nodes`, looked up directly once there are many.
+    let mut index: HashMap<u32, usize> = HashMap::new();
     for &m in members {
         let n = topo.node_of(m);
-        match nodes.iter_mut().find(|(x, _)| *x == n) {
-            Some((_, v)) => v.push(m),
-            None => nodes.push((n, vec![m])),
+        // Members mostly come node by node: the last node seen is the likely one.
+        let at = match nodes.last() {
+            Some((x, _)) if *x == n => Some(nodes.len() - 1),
+            _ => index.get(&n).copied(),
+        };
+        match at {
+            Some(i) => nodes[i].1.push(m),
+            None => {
+                index.insert(n, nodes.len());
+                nodes.push((n, vec![m]));
+            }
         }
     }
     nodes

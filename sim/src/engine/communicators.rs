@@ -37,18 +37,27 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
         let m = p.mirror.get(d as usize).copied().unwrap_or(NONE);
         (m != NONE && p.devices[m as usize] == d).then_some(m as usize)
     };
-    // Distinct calls per communicator (the member set, in sorted order).
-    let mut comms: HashMap<Vec<u32>, Vec<(CollectiveKind, u64)>> = HashMap::new();
+    // Distinct calls per member list, then per communicator (the member set, in sorted order).
+    let mut lists: HashMap<&[u32], Vec<(CollectiveKind, u64)>> = HashMap::new();
     for c in &p.collectives {
         if c.members.len() < 2 || c.bytes <= 0.0 {
             continue;
         }
-        let mut key = c.members.clone();
-        key.sort_unstable();
-        let calls = comms.entry(key).or_default();
+        let calls = lists.entry(&c.members[..]).or_default();
         let call = (c.kind, c.bytes.to_bits());
         if !calls.contains(&call) {
             calls.push(call);
+        }
+    }
+    let mut comms: HashMap<Vec<u32>, Vec<(CollectiveKind, u64)>> = HashMap::new();
+    for (members, calls) in lists {
+        let mut key = members.to_vec();
+        key.sort_unstable();
+        let all = comms.entry(key).or_default();
+        for call in calls {
+            if !all.contains(&call) {
+                all.push(call);
+            }
         }
     }
     let mut keys: Vec<&Vec<u32>> = comms.keys().collect();
