@@ -173,6 +173,8 @@ pub fn run(a: &Args) -> Result<(), String> {
             _ => break,
         }
     }
+    let sizes: Vec<f64> = rows.iter().map(|r| r.bytes).collect();
+    let buffers = sim::engine::lone::sweep_buffer_bytes(&cluster, kind, gpus, &sizes);
     if a.json {
         let results: Vec<serde_json::Value> = rows
             .iter()
@@ -198,6 +200,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             "nccl_algo": a.algo,
             "nccl_proto": a.proto,
             "results": results,
+            "nccl_buffer_bytes": buffers,
         });
         println!("{}", serde_json::to_string_pretty(&v).expect("serializable"));
         return Ok(());
@@ -211,6 +214,12 @@ pub fn run(a: &Args) -> Result<(), String> {
         println!(
             "# {} is not an NVIDIA GPU: generic ring and hierarchical collectives, no NCCL plan",
             cluster.node.device.name
+        );
+    }
+    if buffers > 0.0 {
+        println!(
+            "# the communicator's buffers after the sweep: {:.0} MiB per GPU (the algorithms it used, NCCL 2.30's sizes)",
+            buffers / 1048576.0
         );
     }
     println!(

@@ -477,3 +477,21 @@ fn a_node_file_is_simulated_as_it_describes() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
+
+/// The communicator's buffers a sweep leaves (`nccl_buffer_bytes`): an all-to-all over the 8
+/// H100s of a node connects every peer on 32 channels, 10 + 2 MiB each, within 15% of the 3.28
+/// GB a user measured after the first all-to-all (NVIDIA/nccl#1685); an all-reduce sweep there
+/// connects the ring (24 channels x 12 MiB) and NVLS (16 x 2 x 1 MiB x 8 heads).
+#[test]
+fn a_sweep_reports_its_communicators_buffers() {
+    let json = |op: &str| {
+        let o = crate::util::run_cli(&["nccl-test", "--node", "dgx-h100", "--op", op, "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<Value>(&o.stdout).expect("json")
+    };
+    let mib = 1048576.0;
+    let a2a = f(&json("all_to_all"), "nccl_buffer_bytes");
+    assert_eq!(a2a, 7.0 * 32.0 * 12.0 * mib);
+    assert!((a2a / 3.28e9 - 1.0).abs() < 0.15, "{a2a}");
+    assert_eq!(f(&json("all_reduce"), "nccl_buffer_bytes"), (24.0 * 12.0 + 256.0) * mib);
+}

@@ -23,6 +23,28 @@ pub struct LoneRun {
     pub plan: Option<Plan>,
 }
 
+/// GPU memory (bytes, on the member that holds the most) of the NCCL communicator a sweep of
+/// `kind` over `sizes` runs on, the first `per_node` devices of each node: every algorithm its
+/// calls take connects once (`engine::communicators`); 0 off NVIDIA GPUs.
+pub fn sweep_buffer_bytes(cluster: &ClusterSpec, kind: CollectiveKind, per_node: u32, sizes: &[f64]) -> f64 {
+    let topo = Topology::new(cluster);
+    let members = lone_members(cluster, per_node);
+    let devices = cluster.device_count();
+    let p = Program {
+        devices: (0..devices).collect(),
+        mirror: (0..devices).collect(),
+        collectives: sizes.iter().map(|&b| Collective::new(kind, members.clone(), b)).collect(),
+        ..Program::default()
+    };
+    super::communicators::nccl_buffer_bytes(&p, &topo).into_iter().fold(0.0, f64::max)
+}
+
+/// The first `per_node` devices of each of the cluster's nodes.
+fn lone_members(cluster: &ClusterSpec, per_node: u32) -> Vec<u32> {
+    let per_node = per_node.clamp(1, cluster.node.devices);
+    (0..cluster.nodes).flat_map(|n| (0..per_node).map(move |i| n * cluster.node.devices + i)).collect()
+}
+
 /// nccl-tests' bus-bandwidth factor for `kind` over `ranks`.
 pub fn bus_factor(kind: CollectiveKind, ranks: u32) -> f64 {
     let n = ranks as f64;
@@ -47,9 +69,7 @@ pub fn lone_collective(
     network: NetworkKind,
 ) -> Result<LoneRun, RunError> {
     let topo = Topology::new(cluster);
-    let per_node = per_node.clamp(1, cluster.node.devices);
-    let members: Vec<u32> =
-        (0..cluster.nodes).flat_map(|n| (0..per_node).map(move |i| n * cluster.node.devices + i)).collect();
+    let members = lone_members(cluster, per_node);
     let devices = cluster.device_count();
     let mut p = Program {
         devices: (0..devices).collect(),
