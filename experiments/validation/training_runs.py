@@ -188,8 +188,13 @@ def flagperf_scenario(r):
         plan["sequence_parallel"] = r['sequence_parallel']
     if r['pp'] > 1:
         plan["schedule"] = "1f1b"
+    # NCCL before 2.21 on every row: the mcore rows ran in NGC's PyTorch 24.02 container
+    # (February 2024), FlagScale in 23.09, the DeepSpeed rows on DeepSpeed 0.11 (October 2023);
+    # NCCL 2.21.5 is of April 2024 (PyPI nvidia-nccl-cu12's release dates). So each communicator
+    # connected rings, trees and NVLS when created, NVLS with 4 MiB buffers (cluster.nccl.version
+    # decides only that memory; "2.19" stands for 2.18-2.20, which hold the same).
     return {"name": r['id'], "workload": {"transformer": workload},
-            "cluster": {"node": FLAGPERF_NODES[r['hardware']], "nodes": r['nodes']},
+            "cluster": {"node": FLAGPERF_NODES[r['hardware']], "nodes": r['nodes'], "nccl": {"version": "2.19"}},
             "training": {"global_batch": r['global_batch'], "micro_batch": r['micro_batch'],
                          "seq_len": r['seq_len'], "precision": r['precision'], "optimizer": "adam",
                          "attention": "te" if code == 'mcore' else "flash2", "framework": framework},

@@ -5,7 +5,8 @@
 //! collectives on a communicator of its own. Its memory on each member is what the algorithms
 //! its collectives take (as NCCL's tuning picks them, [`nccl_plan`]) connect, each once:
 //! rings and trees on all of the communicator's channels, NVLS on its own, all-to-all on
-//! every peer's point-to-point channels. Pipeline sends connect their two ranks on the
+//! every peer's point-to-point channels. Before NCCL 2.22 (`cluster.nccl.version`, or
+//! `runtime_connect` false) its first collective connected rings, trees and NVLS at once. Pipeline sends connect their two ranks on the
 //! pair's point-to-point channels (inside a node) or the shared network buffers (across).
 
 use std::collections::HashMap;
@@ -15,7 +16,7 @@ use crate::hardware::Topology;
 use crate::hardware::nccl::Algo;
 use crate::hardware::nccl_memory as mem;
 use crate::hardware::nccl_p2p::P2pChannels;
-use crate::lower::{CollectiveKind, NONE, Program};
+use crate::lower::{Collective, CollectiveKind, NONE, Program};
 
 /// What a communicator's collectives connected: channels of each algorithm used (0: unused).
 #[derive(Default)]
@@ -62,10 +63,11 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
     }
     let mut keys: Vec<&Vec<u32>> = comms.keys().collect();
     keys.sort_unstable();
+    let at_creation = sys.env.connects_at_creation();
     for members in keys {
         let mut used = Connected::default();
         for &(kind, bits) in &comms[members] {
-            let c = crate::lower::Collective::new(kind, members.clone(), f64::from_bits(bits));
+            let c = Collective::new(kind, members.clone(), f64::from_bits(bits));
             let Some(plan) = nccl_plan(&c, topo) else { continue };
             match plan.algo {
                 Algo::Ring => used.ring = used.ring.max(plan.max_channels),
@@ -75,6 +77,18 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
             }
         }
         let nodes = by_node(members, topo);
+        if at_creation && (used.ring + used.tree + used.nvls > 0 || used.all_to_all) {
+            // Created by its first collective, the communicator connected its rings and trees
+            // on all of its channels (those of its ring graph: a large all-gather's), and NVLS
+            // where the node has it and it holds two GPUs of a node.
+            let gather = Collective::new(CollectiveKind::AllGather, members.clone(), 1e9);
+            let channels = nccl_plan(&gather, topo).map_or(sys.channels, |p| p.max_channels);
+            used.ring = used.ring.max(channels);
+            used.tree = used.tree.max(channels);
+            if nodes.iter().any(|(_, local)| local.len() >= 2) {
+                used.nvls = used.nvls.max(sys.nvls_channels());
+            }
+        }
         let per_node = members.len() as f64 / nodes.len() as f64;
         let n = nodes.len() as u32;
         let ring = mem::ring_channel_bytes(per_node, n);
@@ -82,10 +96,12 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
         if !shared {
             continue;
         }
-        let common = used.ring as f64 * ring + used.tree as f64 * 2.0 * ring;
+        // A tree's chain gives an inner rank two neighbours; of two ranks each has one.
+        let tree_links = if members.len() <= 2 { 1.0 } else { 2.0 };
+        let common = used.ring as f64 * ring + used.tree as f64 * tree_links * ring;
         let a2a = P2pChannels::new(sys, members.len() as u32, n);
         for (_, local) in &nodes {
-            let mut bytes = common + mem::nvls_bytes(used.nvls, local.len() as u32);
+            let mut bytes = common + mem::nvls_bytes(used.nvls, local.len() as u32, sys.env.nvls_buffer_bytes());
             if used.all_to_all {
                 // Peers in the node on their point-to-point channels; those across nodes
                 // through the communicator's shared network buffers.
@@ -195,6 +211,29 @@ mod tests {
         let piped = nccl_buffer_bytes(&program(16, vec![ar], vec![send(0, 1), send(1, 0), send(1, 9)]), &topo);
         assert!(piped[0] > alone[0] && piped[1] > piped[0] - alone[0] && piped[9] > 0.0, "{piped:?}");
         assert_eq!(piped[2], 256.0 * MIB);
+    }
+
+    #[test]
+    fn before_nccl_2_22_a_communicator_connects_everything_when_created() {
+        let node = catalog::node_preset("dgx-h100").expect("preset");
+        let topo = |version: Option<&str>, connect: Option<bool>| {
+            let mut cluster = ClusterSpec::new(node.clone(), 1);
+            cluster.nccl = crate::hardware::nccl_env::NcclEnv::default().with_release(version, connect).expect("valid");
+            Topology::new(&cluster)
+        };
+        let gather = || vec![Collective::new(K::AllGather, (0..8).collect(), 1e9)];
+        let at = |version, connect| nccl_buffer_bytes(&program(8, gather(), vec![]), &topo(version, connect))[0];
+        // 2.30: the all-gather's ring only, 24 x 12 MiB.
+        assert_eq!(at(None, None), 288.0 * MIB);
+        // NCCL_RUNTIME_CONNECT=0: the ring, the tree (two links a rank, 24 x 24 MiB) and NVLS
+        // (16 x 2 x 1 MiB x 8 heads).
+        assert_eq!(at(None, Some(false)), (288.0 + 576.0 + 256.0) * MIB);
+        // 2.19: the same with NVLS buffers of 4 MiB (src/transport/nvls.cc at v2.19.4-1).
+        assert_eq!(at(Some("2.19"), None), (288.0 + 576.0 + 1024.0) * MIB);
+        // Two ranks: a tree link each; NVLS over the two.
+        let pair = vec![Collective::new(K::AllGather, vec![0, 1], 1e9)];
+        let bytes = nccl_buffer_bytes(&program(8, pair, vec![]), &topo(Some("2.21"), None))[0];
+        assert_eq!(bytes, (288.0 + 288.0 + 16.0 * 2.0 * 2.0) * MIB);
     }
 
     #[test]

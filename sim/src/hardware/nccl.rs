@@ -194,7 +194,7 @@ const SPEEDS_INTER_SM100: [f64; 16] =
 /// `NVLS_NCHANNELS_SM90`, `NVLS_NCHANNELS_SM100`.
 const NVLS_CHANNELS: [u32; 4] = [0, 0, 16, 32];
 /// `NCCL_NVLS_CHUNKSIZE`'s default (`src/transport/nvls.cc`), bytes.
-const NVLS_CHUNK_BYTES: f64 = 131072.0;
+pub(crate) const NVLS_CHUNK_BYTES: f64 = 131072.0;
 /// Warp groups an NVLS all-reduce's chunks pass through on one node (`src/device/all_reduce.h`,
 /// `RunWorkColl<.., NCCL_ALGO_NVLS, ..>`): scatter into the NVLS buffer, reduce and multicast
 /// through the switch, gather out of it. NCCL splits a channel's warps among them.
@@ -305,6 +305,11 @@ impl NcclSystem {
             net_channels,
             env: cluster.nccl.clone(),
         })
+    }
+
+    /// NVLS channels (NCCL's `nvlsChannels`), 0 where the node has no NVLink SHARP.
+    pub fn nvls_channels(&self) -> u32 {
+        if self.nvls { NVLS_CHANNELS[self.arch.index()] } else { 0 }
     }
 
     /// The system as a communicator across nodes sees it, its rings leaving each node through

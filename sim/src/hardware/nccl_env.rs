@@ -1,6 +1,7 @@
 //! The algorithms and protocols a run lets NCCL use: its `NCCL_ALGO` and `NCCL_PROTO`
 //! environment variables (`cluster.nccl` in a scenario, `--algo` and `--proto` in
-//! `trainsim nccl-test`).
+//! `trainsim nccl-test`); and the NCCL release and `NCCL_RUNTIME_CONNECT`, which decide what
+//! memory its communicators hold (`hardware::nccl_memory`).
 //!
 //! The syntax is NCCL's (NVIDIA/nccl `src/graph/tuning.cc`, `parseList`, read at 2.30): a
 //! comma-separated list of names, case-insensitive, that enables only those; a list that starts
@@ -42,13 +43,44 @@ pub struct NcclEnv {
     algos: u8,
     #[serde(skip)]
     protos: u8,
+    /// The NCCL release the run uses, as given ("2.19"), if any: it decides the
+    /// communicators' memory only (the tuning model is 2.30's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `NCCL_RUNTIME_CONNECT` as given (NCCL 2.22 and later), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_connect: Option<bool>,
+    /// The release's minor number (2.x): 30, the model's, unless `version` says.
+    #[serde(skip)]
+    minor: u32,
 }
 
 impl Default for NcclEnv {
     fn default() -> NcclEnv {
-        NcclEnv { algo: None, proto: None, algos: u8::MAX, protos: u8::MAX }
+        NcclEnv {
+            algo: None,
+            proto: None,
+            algos: u8::MAX,
+            protos: u8::MAX,
+            version: None,
+            runtime_connect: None,
+            minor: MODEL_MINOR,
+        }
     }
 }
+
+/// The NCCL release trainsim's tuning constants are read from: 2.30.
+const MODEL_MINOR: u32 = 30;
+/// The first release with `NCCL_RUNTIME_CONNECT` (2.22.3, June 2024; `src/init.cc`): before
+/// it every communicator connected its rings and trees, and NVLS where the node has it, when
+/// it was created.
+const RUNTIME_CONNECT_MINOR: u32 = 22;
+/// The first release whose NVLS buffers are `NCCL_NVLS_CHUNKSIZE` (128 KiB) x 8 steps (2.21.5,
+/// `src/transport/nvls.cc`); before it a buffer was the Simple protocol's 4 MiB.
+const NVLS_CHUNK_MINOR: u32 = 21;
+/// The oldest release accepted: 2.4, NCCL's tree algorithm (and the first of the 2.x
+/// generations trainsim's model describes at all).
+const OLDEST_MINOR: u32 = 4;
 
 fn algo_bit(a: Algo) -> u8 {
     match a {
@@ -111,6 +143,50 @@ impl NcclEnv {
         Ok(env)
     }
 
+    /// The same environment run on NCCL release `version` ("2.19", "2.21.5") with
+    /// `NCCL_RUNTIME_CONNECT` = `runtime_connect` (either may be unset), or what is wrong.
+    pub fn with_release(mut self, version: Option<&str>, runtime_connect: Option<bool>) -> Result<NcclEnv, String> {
+        if let Some(v) = version {
+            let parts: Vec<&str> = v.trim().split('.').collect();
+            let nums: Option<Vec<u32>> = parts.iter().map(|p| p.parse::<u32>().ok()).collect();
+            let minor = match nums.as_deref() {
+                Some([2, minor, ..]) if parts.len() <= 3 => *minor,
+                _ => {
+                    return Err(format!(
+                        "{v:?} is not an NCCL 2.x release; expected \"2.MINOR\" or \"2.MINOR.PATCH\", e.g. \"2.19\""
+                    ));
+                }
+            };
+            if !(OLDEST_MINOR..=MODEL_MINOR).contains(&minor) {
+                return Err(format!("{v:?}; allowed: 2.{OLDEST_MINOR} to 2.{MODEL_MINOR}"));
+            }
+            self.minor = minor;
+            self.version = Some(v.trim().to_string());
+        }
+        if let Some(rc) = runtime_connect {
+            if rc && self.minor < RUNTIME_CONNECT_MINOR {
+                return Err(format!(
+                    "true needs NCCL 2.{RUNTIME_CONNECT_MINOR} or later (NCCL_RUNTIME_CONNECT is new in \
+                     2.22.3); version {} connects every communicator when it is created",
+                    self.version.as_deref().unwrap_or("")
+                ));
+            }
+            self.runtime_connect = Some(rc);
+        }
+        Ok(self)
+    }
+
+    /// Whether a communicator connects its rings and trees (and NVLS, where the node has it)
+    /// when created, not each algorithm when a collective first takes it.
+    pub fn connects_at_creation(&self) -> bool {
+        self.runtime_connect == Some(false) || self.minor < RUNTIME_CONNECT_MINOR
+    }
+
+    /// Bytes of one NVLS buffer (`nccl_memory::nvls_buffer_bytes`) on this release.
+    pub fn nvls_buffer_bytes(&self) -> f64 {
+        super::nccl_memory::nvls_buffer_bytes(self.minor >= NVLS_CHUNK_MINOR)
+    }
+
     /// Whether NCCL may run `algo` with `proto`.
     pub fn allows(&self, algo: Algo, proto: Proto) -> bool {
         self.algos & algo_bit(algo) != 0 && self.protos & proto_bit(proto) != 0
@@ -123,7 +199,7 @@ impl NcclEnv {
 
     /// Nothing restricted (serde's test for leaving it out of a report).
     pub fn is_default(&self) -> bool {
-        !self.restricted()
+        !self.restricted() && self.version.is_none() && self.runtime_connect.is_none()
     }
 
     /// `NCCL_ALGO=... NCCL_PROTO=...` as given, for messages.
@@ -155,6 +231,29 @@ mod tests {
         assert!(!all.restricted() && all.allows(Algo::Nvls, Proto::Ll));
         // Grouped sends are never restricted by NCCL_ALGO.
         assert!(NcclEnv::parse(Some("tree"), None).expect("valid").allows(Algo::P2p, Proto::Simple));
+    }
+
+    #[test]
+    fn a_release_decides_when_communicators_connect_and_nvls_s_step() {
+        let model = NcclEnv::default();
+        assert!(!model.connects_at_creation() && model.is_default());
+        assert_eq!(model.nvls_buffer_bytes(), 1048576.0);
+        let old = NcclEnv::default().with_release(Some("2.19.4"), None).expect("valid");
+        assert!(old.connects_at_creation() && !old.is_default());
+        assert_eq!(old.nvls_buffer_bytes(), 4194304.0);
+        let v21 = NcclEnv::default().with_release(Some("2.21"), None).expect("valid");
+        assert!(v21.connects_at_creation() && v21.nvls_buffer_bytes() == 1048576.0);
+        let off = NcclEnv::default().with_release(None, Some(false)).expect("valid");
+        assert!(off.connects_at_creation());
+        for (v, rc, says) in [
+            (Some("3.0"), None, "not an NCCL 2.x release"),
+            (Some("2.x"), None, "not an NCCL 2.x release"),
+            (Some("2.31"), None, "allowed: 2.4 to 2.30"),
+            (Some("2.19"), Some(true), "needs NCCL 2.22 or later"),
+        ] {
+            let e = NcclEnv::default().with_release(v, rc).expect_err("refused");
+            assert!(e.contains(says), "{v:?} {rc:?}: {e}");
+        }
     }
 
     #[test]

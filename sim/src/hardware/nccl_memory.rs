@@ -32,7 +32,13 @@
 //!
 //! Since NCCL 2.22 a communicator connects an algorithm's channels the first time a
 //! collective runs on it (`NCCL_RUNTIME_CONNECT`, default 1; `src/enqueue.cc`,
-//! `initAlgoChannels`), so only the algorithms its collectives use cost memory.
+//! `initAlgoChannels`), so only the algorithms its collectives use cost memory. Before it
+//! (`cluster.nccl.version` below 2.22, or `runtime_connect` false) a communicator connected its
+//! rings and trees on every channel, and set up NVLS where the node has it, when it was created
+//! (`src/init.cc` at v2.19.4-1); and before 2.21 an NVLS buffer was the Simple protocol's 4 MiB,
+//! not 8 steps of 128 KiB (`src/transport/nvls.cc` at v2.19.4-1 against v2.21.5-1): 1 GiB per
+//! communicator of 8 H100s, why NeMo's launcher and JAX's containers set `NCCL_NVLS_ENABLE=0` for memory
+//! (NVIDIA/NeMo-Framework-Launcher#127, NVIDIA/JAX-Toolbox#383).
 //!
 //! Checked against #1685: 7 peers x 32 channels x 12 MiB = 2.82 GB where the user measured
 //! 3.28 GB more after the first all-to-all (-14%); NCCL's maintainer in NVIDIA/nccl#986: "Ring
@@ -47,8 +53,8 @@ pub const LL128_BYTES: f64 = 120.0 * 640.0 * STEPS * 8.0;
 pub const SIMPLE_BYTES: f64 = 4_194_304.0;
 /// `CUDA_IPC_MIN`: the granularity each end's allocation is rounded up to.
 const IPC_MIN: f64 = 2_097_152.0;
-/// `NCCL_NVLS_CHUNKSIZE` default.
-const NVLS_CHUNK: f64 = 131_072.0;
+/// `NCCL_NVLS_CHUNKSIZE` default: an NVLS buffer's step since NCCL 2.21.
+pub const NVLS_CHUNK: f64 = super::nccl::NVLS_CHUNK_BYTES;
 /// `NCCL_SHARED_STEPS` and `NCCL_P2P_NET_CHUNKSIZE`: the shared network buffer's slots.
 const SHARED_STEPS: f64 = 16.0;
 const P2P_NET_CHUNK: f64 = 131_072.0;
@@ -82,9 +88,16 @@ pub fn ring_channel_bytes(per_node: f64, nodes: u32) -> f64 {
     (1.0 - net) * p2p_connection_bytes() + net * net_connection_bytes()
 }
 
-/// NVLS's buffers on each GPU: `channels` x 2 x (chunk x steps) x `heads`.
-pub fn nvls_bytes(channels: u32, heads: u32) -> f64 {
-    channels as f64 * 2.0 * NVLS_CHUNK * STEPS * heads as f64
+/// NVLS's buffers on each GPU: `channels` x 2 x `buffer` x `heads`, a buffer being
+/// [`nvls_buffer_bytes`].
+pub fn nvls_bytes(channels: u32, heads: u32, buffer: f64) -> f64 {
+    channels as f64 * 2.0 * buffer * heads as f64
+}
+
+/// One NVLS buffer: [`NVLS_CHUNK`] x 8 steps (1 MiB) since NCCL 2.21, the Simple protocol's
+/// whole buffer ([`SIMPLE_BYTES`], 4 MiB) before (`with_chunk` false).
+pub fn nvls_buffer_bytes(with_chunk: bool) -> f64 {
+    if with_chunk { NVLS_CHUNK * STEPS } else { SIMPLE_BYTES }
 }
 
 /// The shared buffers of a communicator's point-to-point work over the network, for sends and
@@ -109,7 +122,9 @@ mod tests {
         assert_eq!(ring_channel_bytes(1.0, 4), 20.0 * MIB);
         assert_eq!(ring_channel_bytes(4.0, 2), 14.0 * MIB);
         // 16 channels x 2 x 1 MiB x 8 heads.
-        assert_eq!(nvls_bytes(16, 8), 256.0 * MIB);
+        assert_eq!(nvls_bytes(16, 8, nvls_buffer_bytes(true)), 256.0 * MIB);
+        // Before NCCL 2.21 a step was the Simple buffer: 1 GiB on 8 GPUs.
+        assert_eq!(nvls_bytes(16, 8, nvls_buffer_bytes(false)), 1024.0 * MIB);
         assert_eq!(shared_net_bytes(16), 64.0 * MIB);
     }
 }

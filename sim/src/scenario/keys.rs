@@ -113,8 +113,9 @@ pub const NODE: &[&str] =
 /// `cluster`.
 pub const CLUSTER: &[&str] = &["node", "nodes", "inter_node", "fabric", "device_overrides", "nccl"];
 
-/// `cluster.nccl`: the algorithms and protocols NCCL may use (`NCCL_ALGO`, `NCCL_PROTO`).
-pub const NCCL: &[&str] = &["algo", "proto"];
+/// `cluster.nccl`: the algorithms and protocols NCCL may use (`NCCL_ALGO`, `NCCL_PROTO`), its
+/// release and `NCCL_RUNTIME_CONNECT`.
+pub const NCCL: &[&str] = &["algo", "proto", "version", "runtime_connect"];
 
 /// `cluster.fabric` (an object): pods of nodes and the level above them.
 pub const FABRIC: &[&str] = &["preset", "pod_nodes", "oversubscription", "rail_optimized", "extra_latency_s"];
