@@ -55,6 +55,10 @@ pub struct Args {
     /// The protocols NCCL may use, as NCCL_PROTO says it (e.g. Simple; ^LL128). Default: all.
     #[arg(long)]
     proto: Option<String>,
+    /// The NCCL release the run uses (e.g. 2.19): before 2.22 the communicator connects its
+    /// rings, trees and NVLS when created, so the buffers line counts them all. Default: 2.30.
+    #[arg(long)]
+    nccl_version: Option<String>,
     /// Link sharing model: fair or ideal.
     #[arg(long, default_value = "fair")]
     network: String,
@@ -163,7 +167,9 @@ pub fn run(a: &Args) -> Result<(), String> {
     let mut cluster = ClusterSpec::new(node, a.nodes);
     cluster.nccl = NcclEnv::parse(a.algo.as_deref(), None)
         .map_err(|e| format!("--algo: {e}"))
-        .and_then(|_| NcclEnv::parse(a.algo.as_deref(), a.proto.as_deref()).map_err(|e| format!("--proto: {e}")))?;
+        .and_then(|_| NcclEnv::parse(a.algo.as_deref(), a.proto.as_deref()).map_err(|e| format!("--proto: {e}")))?
+        .with_release(a.nccl_version.as_deref(), None)
+        .map_err(|e| format!("--nccl-version: {e}"))?;
     let mut rows: Vec<LoneRun> = Vec::new();
     let mut size = min;
     loop {
@@ -199,6 +205,7 @@ pub fn run(a: &Args) -> Result<(), String> {
             "network": a.network,
             "nccl_algo": a.algo,
             "nccl_proto": a.proto,
+            "nccl_version": a.nccl_version,
             "results": results,
             "nccl_buffer_bytes": buffers,
         });
@@ -218,8 +225,10 @@ pub fn run(a: &Args) -> Result<(), String> {
     }
     if buffers > 0.0 {
         println!(
-            "# the communicator's buffers after the sweep: {:.0} MiB per GPU (the algorithms it used, NCCL 2.30's sizes)",
-            buffers / 1048576.0
+            "# the communicator's buffers after the sweep: {:.0} MiB per GPU ({}, NCCL {}'s sizes)",
+            buffers / 1048576.0,
+            if cluster.nccl.connects_at_creation() { "all it connects when created" } else { "the algorithms it used" },
+            cluster.nccl.version.as_deref().unwrap_or("2.30")
         );
     }
     println!(

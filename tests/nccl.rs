@@ -481,7 +481,8 @@ fn a_node_file_is_simulated_as_it_describes() {
 /// The communicator's buffers a sweep leaves (`nccl_buffer_bytes`): an all-to-all over the 8
 /// H100s of a node connects every peer on 32 channels, 10 + 2 MiB each, within 15% of the 3.28
 /// GB a user measured after the first all-to-all (NVIDIA/nccl#1685); an all-reduce sweep there
-/// connects the ring (24 channels x 12 MiB) and NVLS (16 x 2 x 1 MiB x 8 heads).
+/// connects the ring (24 channels x 12 MiB) and NVLS (16 x 2 x 1 MiB x 8 heads); at NCCL 2.19
+/// the tree and larger NVLS buffers too.
 #[test]
 fn a_sweep_reports_its_communicators_buffers() {
     let json = |op: &str| {
@@ -494,4 +495,19 @@ fn a_sweep_reports_its_communicators_buffers() {
     assert_eq!(a2a, 7.0 * 32.0 * 12.0 * mib);
     assert!((a2a / 3.28e9 - 1.0).abs() < 0.15, "{a2a}");
     assert_eq!(f(&json("all_reduce"), "nccl_buffer_bytes"), (24.0 * 12.0 + 256.0) * mib);
+    // NCCL 2.19 connected the ring, the tree and NVLS (4 MiB buffers) when it created it.
+    let o = crate::util::run_cli(&[
+        "nccl-test",
+        "--node",
+        "dgx-h100",
+        "--op",
+        "all_reduce",
+        "--nccl-version",
+        "2.19",
+        "--json",
+    ]);
+    let old: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(f(&old, "nccl_buffer_bytes"), (288.0 + 576.0 + 1024.0) * mib);
+    let o = crate::util::run_cli(&["nccl-test", "--node", "dgx-h100", "--nccl-version", "2.x"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--nccl-version"));
 }
