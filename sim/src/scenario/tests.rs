@@ -549,3 +549,26 @@ fn power_limits_are_checked() {
     assert_eq!((p.rated_w, p.limit_w), (700.0, 500.0));
     assert!(s.notes.iter().any(|n| n.contains("500 W limit")), "{:?}", s.notes);
 }
+
+/// `cluster.nccl.version` and `runtime_connect` are read with the key named in each refusal.
+#[test]
+fn nccl_release_and_runtime_connect_are_read_and_checked() {
+    let with = |nccl: Value| {
+        let mut v = base();
+        v["cluster"]["nccl"] = nccl;
+        parse(&v.to_string(), &|_| Err("no files".into()))
+    };
+    let s = with(json!({"version": "2.19.4"})).expect("valid");
+    assert!(s.cluster.nccl.connects_at_creation());
+    assert_eq!(s.cluster.nccl.version.as_deref(), Some("2.19.4"));
+    assert!(!with(json!({"algo": "ring"})).expect("valid").cluster.nccl.connects_at_creation());
+    assert!(with(json!({"runtime_connect": false})).expect("valid").cluster.nccl.connects_at_creation());
+    for (nccl, key) in [
+        (json!({"version": "two"}), "cluster.nccl.version"),
+        (json!({"version": "2.19", "runtime_connect": true}), "cluster.nccl.runtime_connect"),
+        (json!({"runtime_connect": "no"}), "cluster.nccl.runtime_connect"),
+    ] {
+        let e = with(nccl.clone()).expect_err("refused").to_string();
+        assert!(e.contains(key), "{nccl}: {e}");
+    }
+}
