@@ -6,8 +6,9 @@
 //! its collectives take (as NCCL's tuning picks them, [`nccl_plan`]) connect, each once:
 //! rings and trees on all of the communicator's channels, NVLS on its own, all-to-all on
 //! every peer's point-to-point channels. Before NCCL 2.22 (`cluster.nccl.version`, or
-//! `runtime_connect` false) its first collective connected rings, trees and NVLS at once. Pipeline sends connect their two ranks on the
-//! pair's point-to-point channels (inside a node) or the shared network buffers (across).
+//! `runtime_connect` false) its first collective connected rings, trees and NVLS at once.
+//! Pipeline sends connect their two ranks on the pair's point-to-point channels (inside a
+//! node) or the shared network buffers (across).
 
 use std::collections::HashMap;
 
@@ -92,8 +93,7 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
         let per_node = members.len() as f64 / nodes.len() as f64;
         let n = nodes.len() as u32;
         let ring = mem::ring_channel_bytes(per_node, n);
-        let shared = (used.ring + used.tree + used.nvls) > 0 || used.all_to_all;
-        if !shared {
+        if used.ring + used.tree + used.nvls == 0 && !used.all_to_all {
             continue;
         }
         // A tree's chain gives an inner rank two neighbours; of two ranks each has one.
@@ -101,7 +101,9 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
         let common = used.ring as f64 * ring + used.tree as f64 * tree_links * ring;
         let a2a = P2pChannels::new(sys, members.len() as u32, n);
         for (_, local) in &nodes {
-            let mut bytes = common + mem::nvls_bytes(used.nvls, local.len() as u32, sys.env.nvls_buffer_bytes());
+            // NVLS needs two of the communicator's GPUs on the node (`ncclNvlsInit`).
+            let heads = if local.len() >= 2 { local.len() as u32 } else { 0 };
+            let mut bytes = common + mem::nvls_bytes(used.nvls, heads, sys.env.nvls_buffer_bytes());
             if used.all_to_all {
                 // Peers in the node on their point-to-point channels; those across nodes
                 // through the communicator's shared network buffers.
