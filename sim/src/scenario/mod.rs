@@ -167,24 +167,23 @@ impl Scenario {
         d.kernel_launch_s = m.launch_s;
         self.op_rates = m.memory_op_bytes_per_s.clone();
         let settled = m.device_kind != DeviceKind::Gpu || m.kernel_jitter_settled_s.is_some_and(|s| s > 0.0);
-        if let Some(j) = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none())
-            && !settled
-        {
-            self.notes.push(format!(
+        let spread = m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none());
+        match spread {
+            Some(j) if !settled => self.notes.push(format!(
                 "the profile's kernel spread ({:.2}%) was timed right after a warm-up, while a GPU's clock still swings \
                  toward its power limit; the settled default is kept (calibrate again to measure it settled)",
                 100.0 * j
-            ));
-        } else if let Some(j) =
-            m.kernel_jitter.filter(|j| j.is_finite() && *j > 0.0 && self.options.kernel_jitter.is_none())
-        {
-            let j = j.min(1.0);
-            self.options.kernel_jitter = Some(j);
-            self.defaults_applied.retain(|d| !d.starts_with("simulation.kernel_jitter ="));
-            self.notes.push(format!(
-                "simulation.kernel_jitter = {j:.4} from the profile (the spread of repeated runs of one GEMM on {})",
-                m.device
-            ));
+            )),
+            Some(j) => {
+                let j = j.min(1.0);
+                self.options.kernel_jitter = Some(j);
+                self.defaults_applied.retain(|d| !d.starts_with("simulation.kernel_jitter ="));
+                self.notes.push(format!(
+                    "simulation.kernel_jitter = {j:.4} from the profile (the spread of repeated runs of one GEMM on {})",
+                    m.device
+                ));
+            }
+            None => {}
         }
         d.source = format!("{} (calibrated)", d.source);
         if let (Some(bw), Some(lat), Some(link)) =
