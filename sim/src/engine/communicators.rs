@@ -128,16 +128,18 @@ pub fn nccl_buffer_bytes(p: &Program, topo: &Topology) -> Vec<f64> {
         .collect();
     pairs.sort_unstable();
     pairs.dedup();
+    let in_node = P2pChannels::new(sys, 2, 1).per_peer as f64 * mem::p2p_connection_bytes();
+    let network = mem::shared_net_bytes(P2pChannels::new(sys, 2, 2).total);
     let mut across = vec![false; out.len()];
     for (a, b) in pairs {
         let same_node = topo.node_of(a) == topo.node_of(b);
         for d in [a, b] {
             let Some(i) = simulated(d) else { continue };
             if same_node {
-                out[i] += P2pChannels::new(sys, 2, 1).per_peer as f64 * mem::p2p_connection_bytes();
+                out[i] += in_node;
             } else if !across[i] {
                 across[i] = true;
-                out[i] += mem::shared_net_bytes(P2pChannels::new(sys, 2, 2).total);
+                out[i] += network;
             }
         }
     }

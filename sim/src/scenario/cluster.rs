@@ -351,8 +351,11 @@ pub(super) fn parse_cluster(o: &Obj) -> Result<ClusterSpec> {
         NcclEnv::parse(algo, None).map_err(|e| invalid(&no.key("algo"), e))?;
         let env = NcclEnv::parse(algo, proto).map_err(|e| invalid(&no.key("proto"), e))?;
         let (version, connect) = (no.string("version")?, no.boolean("runtime_connect")?);
-        env.clone().with_release(version, None).map_err(|e| invalid(&no.key("version"), e))?;
-        cluster.nccl = env.with_release(version, connect).map_err(|e| invalid(&no.key("runtime_connect"), e))?;
+        cluster.nccl = env
+            .with_release(version, None)
+            .map_err(|e| invalid(&no.key("version"), e))?
+            .with_release(None, connect)
+            .map_err(|e| invalid(&no.key("runtime_connect"), e))?;
     }
     if let Some(v) = o.get("device_overrides") {
         let key = o.key("device_overrides");
